@@ -1,0 +1,117 @@
+package v1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// InferenceImageCacheSpec is one image, to be pulled and pinned on every target node. prewarm
+// writes it, one per (image, placement), shared by every parent that uses that image there.
+type InferenceImageCacheSpec struct {
+	// image is the image to pull and pin.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Image string `json:"image"`
+
+	// imagePullSecrets are Secrets in the operator namespace used to pull the image.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=16
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+
+	// placement is the set of target nodes.
+	// +required
+	Placement Placement `json:"placement"`
+
+	// parentReferences are the parents that use this image cache; it is deleted when the last
+	// one goes.
+	// +optional
+	// +listType=map
+	// +listMapKey=uid
+	// +kubebuilder:validation:MaxItems=1000
+	ParentReferences []ParentReference `json:"parentReferences,omitempty"`
+}
+
+// NodeImageStatus is one node's copy of the image.
+type NodeImageStatus struct {
+	// name is the node's name.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// phase is the node's pull phase.
+	// +required
+	Phase ImageCachePhase `json:"phase"`
+	// reason is the pull's reason, e.g. ErrImagePull or ImagePullBackOff.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason,omitempty"`
+	// message is the pull's message.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+}
+
+// InferenceImageCacheStatus is what prewarm observed of an image cache.
+type InferenceImageCacheStatus struct {
+	// observedGeneration is the generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// phase is the cache's overall phase.
+	// +optional
+	Phase ImageCachePhase `json:"phase,omitempty"`
+	// cachedNodes is the number of nodes that hold the image.
+	// +optional
+	CachedNodes int32 `json:"cachedNodes"`
+	// targetNodes is the number of nodes that should hold it.
+	// +optional
+	TargetNodes int32 `json:"targetNodes"`
+	// imageDigest is the digest the nodes resolved the image to.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	ImageDigest string `json:"imageDigest,omitempty"`
+	// nodes is each target node's copy.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=5000
+	Nodes []NodeImageStatus `json:"nodes,omitempty"`
+	// conditions say what is true of the cache and why.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=iic;mic;modelimagecache,categories=prewarm
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Cached",type=integer,JSONPath=`.status.cachedNodes`
+// +kubebuilder:printcolumn:name="Target",type=integer,JSONPath=`.status.targetNodes`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// InferenceImageCache is an inference image, pulled and pinned on every target node. It lives in
+// the operator namespace and is shared by every parent that uses the image on those nodes.
+type InferenceImageCache struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired cache.
+	// +required
+	Spec InferenceImageCacheSpec `json:"spec"`
+	// status is the observed cache.
+	// +optional
+	Status InferenceImageCacheStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// InferenceImageCacheList is a list of InferenceImageCache.
+type InferenceImageCacheList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []InferenceImageCache `json:"items"`
+}

@@ -1,0 +1,126 @@
+package v1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ModelDataCacheConfigSpec is one model's weights, to be held on the local disk of every target
+// node. prewarm writes it for a parent with weightsCache.enabled.
+type ModelDataCacheConfigSpec struct {
+	// parentReference is the InferenceEndpointConfig or JumpStartModel this cache serves.
+	// +required
+	ParentReference ParentReference `json:"parentReference"`
+
+	// modelSourceConfig is where the weights come from, resolved (a JumpStart model id is
+	// already turned into its concrete source).
+	// +required
+	ModelSourceConfig ModelSourceConfig `json:"modelSourceConfig"`
+
+	// hostPath is the node directory that holds the cache.
+	// +required
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') && self != '/'",message="hostPath must be an absolute path other than /"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('(^|/)[.][.](/|$)')",message="hostPath must not contain '..'"
+	HostPath string `json:"hostPath"`
+
+	// placement is the set of target nodes.
+	// +required
+	Placement Placement `json:"placement"`
+}
+
+// NodeCacheStatus is one node's copy of a weights cache.
+type NodeCacheStatus struct {
+	// name is the node's name.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// state is the node's cache state.
+	// +required
+	State CacheState `json:"state"`
+	// bytesDone is how many bytes the node holds, verified or downloaded.
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+	// bytesTotal is the size of the model.
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+	// bytesPerSecond is the current download rate.
+	// +optional
+	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+	// reason is a CamelCase word for why the node is in this state.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason,omitempty"`
+	// message says, for people, why the node is in this state.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+	// lastTransitionTime is when state last changed.
+	// +optional
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+}
+
+// ModelDataCacheConfigStatus is what prewarm observed of a weights cache.
+type ModelDataCacheConfigStatus struct {
+	// observedGeneration is the generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// state is the cache's overall state.
+	// +optional
+	State CacheState `json:"state,omitempty"`
+	// targetNodes is the number of nodes that should hold the cache.
+	// +optional
+	TargetNodes int32 `json:"targetNodes"`
+	// readyNodes is the number of nodes that hold it, verified.
+	// +optional
+	ReadyNodes int32 `json:"readyNodes"`
+	// resolvedRevision pins the source: the commit of a Hugging Face repository.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	ResolvedRevision string `json:"resolvedRevision,omitempty"`
+	// totalBytes is the size of the model.
+	// +optional
+	TotalBytes int64 `json:"totalBytes,omitempty"`
+	// nodes is each target node's copy.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=5000
+	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
+	// conditions say what is true of the cache and why.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=mdcc;modelweightscacheconfig,categories=prewarm
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Target",type=integer,JSONPath=`.status.targetNodes`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyNodes`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// ModelDataCacheConfig is a model's weights cache: the model's files on the local disk of every
+// target node. It lives in its parent's namespace.
+type ModelDataCacheConfig struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired cache.
+	// +required
+	Spec ModelDataCacheConfigSpec `json:"spec"`
+	// status is the observed cache.
+	// +optional
+	Status ModelDataCacheConfigStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// ModelDataCacheConfigList is a list of ModelDataCacheConfig.
+type ModelDataCacheConfigList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ModelDataCacheConfig `json:"items"`
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Builds, from the Go module proxy, the pinned binaries that prewarm's tests run for real:
+# kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok (with its "fast" stages)
+# and versitygw. Everything lands in one cache folder outside the work tree, keyed by version,
+# so a second run (and every CI run on the same machine) only checks that the files are there.
+#
+#   hack/testbin.sh            build what is missing, print the folder
+#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw) if missing
+#   hack/testbin.sh --print    print the folder without building
+#
+# The folder is $PREWARM_TESTBIN if set, else ${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/testbin.
+set -euo pipefail
+
+K8S_VERSION=v1.37.2          # k8s.io/kubernetes; staging modules at v0.${K8S_VERSION#v1.}
+ETCD_VERSION=v3.7.0          # the etcd server that kubernetes $K8S_VERSION is built against
+KWOK_VERSION=v0.8.0
+VERSITYGW_VERSION=v1.8.0
+
+STAGING_VERSION="v0.${K8S_VERSION#v1.}"
+root="${PREWARM_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/testbin}"
+dir="$root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-versitygw-$VERSITYGW_VERSION"
+
+if [[ "${1:-}" == "--print" ]]; then
+  echo "$dir"
+  exit 0
+fi
+
+want() { # want COMPONENT: true when no components were named, or this one was
+  [[ -z "$only" || " $only " == *" $1 "* ]]
+}
+only="$*"
+
+mkdir -p "$dir"
+export GOFLAGS="${GOFLAGS:-} -mod=mod -trimpath"
+export CGO_ENABLED=0
+log() { printf 'testbin: %s\n' "$*" >&2; }
+
+# build_in MODULE_DIR OUTPUT PACKAGE: go build inside a scratch module, atomically into $dir.
+build_in() {
+  local mod=$1 out=$2 pkg=$3
+  local start=$SECONDS
+  log "building $out from $pkg"
+  (cd "$mod" && go build -ldflags="-s -w" -o "$dir/.$out.tmp" "$pkg")
+  mv -f "$dir/.$out.tmp" "$dir/$out"
+  log "built $out in $((SECONDS - start))s"
+}
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+# --- Kubernetes control plane ------------------------------------------------------------------
+k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler)
+need_k8s=()
+for b in "${k8s_bins[@]}"; do [[ -x "$dir/$b" ]] || need_k8s+=("$b"); done
+if want k8s && ((${#need_k8s[@]})); then
+  m="$scratch/k8s"
+  mkdir -p "$m"
+  (
+    cd "$m"
+    go mod init prewarm.local/testbin-k8s >/dev/null 2>&1
+    # k8s.io/kubernetes points its staging modules at ./staging with replace lines that do not
+    # apply to a dependent module; point each at its published version instead.
+    modfile=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+    sed -n '/^replace (/,/^)/p' "$modfile" | awk '$2 == "=>" {print $1}' | while read -r staged; do
+      go mod edit -replace "$staged=$staged@$STAGING_VERSION"
+    done
+    go mod edit -require "k8s.io/kubernetes@$K8S_VERSION"
+  )
+  for b in "${need_k8s[@]}"; do
+    build_in "$m" "$b" "k8s.io/kubernetes/cmd/$b"
+  done
+fi
+
+# --- etcd ----------------------------------------------------------------------------------------
+if want etcd && [[ ! -x "$dir/etcd" ]]; then
+  m="$scratch/etcd"
+  mkdir -p "$m"
+  (
+    cd "$m"
+    go mod init prewarm.local/testbin-etcd >/dev/null 2>&1
+    go mod edit -require "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+    for sib in api/v3 client/pkg/v3 client/v3 pkg/v3; do
+      go mod edit -replace "go.etcd.io/etcd/$sib=go.etcd.io/etcd/$sib@$ETCD_VERSION"
+    done
+  )
+  build_in "$m" etcd go.etcd.io/etcd/server/v3
+fi
+
+# --- kwok and its stages -------------------------------------------------------------------------
+if want kwok && [[ ! -x "$dir/kwok" || ! -f "$dir/kwok-stages.yaml" ]]; then
+  m="$scratch/kwok"
+  mkdir -p "$m"
+  (cd "$m" && go mod init prewarm.local/testbin-kwok >/dev/null 2>&1 && go mod edit -require "sigs.k8s.io/kwok@$KWOK_VERSION")
+  build_in "$m" kwok sigs.k8s.io/kwok/cmd/kwok
+  src=$(cd "$m" && go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  # One multi-document file: every "fast" node and pod stage, passed to kwok with --config.
+  : >"$dir/.kwok-stages.tmp"
+  for f in "$src"/kustomize/stage/node/fast/*.yaml "$src"/kustomize/stage/pod/fast/*.yaml; do
+    printf -- '---\n' >>"$dir/.kwok-stages.tmp"
+    grep -v '^---$' "$f" >>"$dir/.kwok-stages.tmp"
+  done
+  mv -f "$dir/.kwok-stages.tmp" "$dir/kwok-stages.yaml"
+fi
+
+# --- versitygw (S3 server) -----------------------------------------------------------------------
+if want versitygw && [[ ! -x "$dir/versitygw" ]]; then
+  m="$scratch/versitygw"
+  mkdir -p "$m"
+  (cd "$m" && go mod init prewarm.local/testbin-versitygw >/dev/null 2>&1 && go mod edit -require "github.com/versity/versitygw@$VERSITYGW_VERSION")
+  build_in "$m" versitygw github.com/versity/versitygw/cmd/versitygw
+fi
+
+echo "$dir"

@@ -1,0 +1,135 @@
+// Package testutil holds what prewarm's tests share: a real control plane built by
+// hack/testbin.sh, object builders and fixture servers.
+package testutil
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// ModuleRoot returns the directory that holds prewarm's go.mod, found from the working
+// directory upwards (go test runs each package in its own directory).
+func ModuleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			strings.HasPrefix(string(data), "module github.com/prewarm/prewarm\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("prewarm's go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// TestBinDir returns the folder that holds the binaries hack/testbin.sh builds, failing with
+// a message that says how to build them when kube-apiserver is not there.
+func TestBinDir() (string, error) {
+	if dir := os.Getenv("PREWARM_TESTBIN_DIR"); dir != "" {
+		return dir, checkTestBin(dir)
+	}
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.Command("bash", filepath.Join(root, "hack", "testbin.sh"), "--print").Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/testbin.sh --print: %w", err)
+	}
+	dir := strings.TrimSpace(string(out))
+	return dir, checkTestBin(dir)
+}
+
+func checkTestBin(dir string) error {
+	for _, name := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("%s is not built in %s: run `make testbin` (hack/testbin.sh) first", name, dir)
+		}
+	}
+	return nil
+}
+
+// Scheme returns a scheme with the built-in kinds and prewarm's compatibility API.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := inferencev1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// APIServer is a real kube-apiserver and etcd with prewarm's CRDs installed.
+type APIServer struct {
+	// Config reaches the server as a cluster admin.
+	Config *rest.Config
+	// Client is a controller-runtime client (no cache) on Config.
+	Client client.Client
+	// Root is the module root, for tests that read files of the repository.
+	Root string
+
+	env *envtest.Environment
+}
+
+// StartAPIServer starts kube-apiserver and etcd from hack/testbin.sh's folder and installs the
+// CRDs in config/crd/bases. Stop it when done.
+func StartAPIServer() (*APIServer, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return nil, err
+	}
+	bin, err := TestBinDir()
+	if err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory:    bin,
+		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
+		ErrorIfCRDPathMissing:    true,
+		ControlPlaneStartTimeout: 60 * time.Second,
+		ControlPlaneStopTimeout:  30 * time.Second,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bin, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	if err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
+	return &APIServer{Config: cfg, Client: c, Root: root, env: env}, nil
+}
+
+// KubeConfig returns a kubeconfig for a new cluster-admin user of the server, for processes
+// (controller-manager, scheduler, kwok, prewarm's own binaries) that the tests start.
+func (s *APIServer) KubeConfig() ([]byte, error) {
+	user, err := s.env.AddUser(envtest.User{Name: "prewarm-test-admin", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return user.KubeConfig()
+}
+
+// Stop stops the server and etcd and removes their data.
+func (s *APIServer) Stop() error { return s.env.Stop() }

@@ -1,0 +1,92 @@
+// Package architecture checks the import rules that keep prewarm's layers apart.
+package architecture
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+type pkg struct {
+	ImportPath string
+	Imports    []string
+	Deps       []string
+}
+
+// list runs `go list -json` on patterns in the module root.
+func list(t *testing.T, patterns ...string) []pkg {
+	t.Helper()
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", append([]string{"list", "-json=ImportPath,Imports,Deps"}, patterns...)...)
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %v: %v", patterns, err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) == 0 {
+		t.Fatalf("go list %v found no packages", patterns)
+	}
+	return pkgs
+}
+
+func isStdlib(path string) bool { return !strings.Contains(strings.SplitN(path, "/", 2)[0], ".") }
+
+// API types are imported by every client of prewarm: they may depend only on apimachinery,
+// k8s.io/api and each other, never on controller-runtime, client-go or prewarm's internals.
+func TestAPIImportsOnlyAPIMachineryAndCoreAPI(t *testing.T) {
+	for _, p := range list(t, "./api/...") {
+		for _, imp := range p.Imports {
+			switch {
+			case isStdlib(imp),
+				strings.HasPrefix(imp, "k8s.io/apimachinery/"),
+				strings.HasPrefix(imp, "k8s.io/api/"),
+				strings.HasPrefix(imp, "github.com/prewarm/prewarm/api/"):
+			default:
+				t.Errorf("%s imports %s; api/ may import only apimachinery and k8s.io/api", p.ImportPath, imp)
+			}
+		}
+	}
+}
+
+// The download engine runs in the agent, in inference pods' init containers and on laptops:
+// nothing from Kubernetes may reach it, not even indirectly.
+func TestEngineImportsNothingFromKubernetes(t *testing.T) {
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "pkg", "engine")); errors.Is(err, os.ErrNotExist) {
+		t.Skip("pkg/engine does not exist yet")
+	}
+	for _, p := range list(t, "./pkg/engine/...") {
+		for _, dep := range p.Deps {
+			if strings.HasPrefix(dep, "k8s.io/") || strings.HasPrefix(dep, "sigs.k8s.io/") ||
+				strings.HasPrefix(dep, "github.com/prewarm/prewarm/api/") ||
+				strings.HasPrefix(dep, "github.com/prewarm/prewarm/internal/") {
+				t.Errorf("%s depends on %s; pkg/engine must not depend on Kubernetes", p.ImportPath, dep)
+			}
+		}
+	}
+}

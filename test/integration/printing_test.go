@@ -1,0 +1,204 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+// table fetches a list as the server's Table, the form `kubectl get` prints.
+func table(t *testing.T, path string) *metav1.Table {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(server.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(server.Config.Host, "/")+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s: %s", req.URL, resp.Status, body)
+	}
+	tab := &metav1.Table{}
+	if err := json.Unmarshal(body, tab); err != nil {
+		t.Fatal(err)
+	}
+	return tab
+}
+
+// headers returns the column names kubectl prints by default (priority 0), as kubectl
+// prints them: upper-cased.
+func headers(tab *metav1.Table) []string {
+	var out []string
+	for _, c := range tab.ColumnDefinitions {
+		if c.Priority == 0 {
+			out = append(out, strings.ToUpper(c.Name))
+		}
+	}
+	return out
+}
+
+func TestModelDataCacheConfigTableMatchesSeed(t *testing.T) {
+	ctx := context.Background()
+	mdcc := testutil.MakeModelDataCacheConfig("default", "example-model-cache")
+	if err := server.Client.Create(ctx, mdcc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = server.Client.Delete(ctx, mdcc) })
+	mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheReady, TargetNodes: 10, ReadyNodes: 10}
+	if err := server.Client.Status().Update(ctx, mdcc); err != nil {
+		t.Fatal(err)
+	}
+
+	tab := table(t, "/apis/inference.sagemaker.aws.amazon.com/v1/namespaces/default/modeldatacacheconfigs")
+	if diff := cmp.Diff([]string{"NAME", "STATE", "TARGET", "READY", "AGE"}, headers(tab)); diff != "" {
+		t.Errorf("columns (-want +got):\n%s", diff)
+	}
+	if len(tab.Rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(tab.Rows))
+	}
+	// Cells as JSON decodes them: strings and float64 numbers. AGE is checked for presence.
+	cells := tab.Rows[0].Cells
+	if diff := cmp.Diff([]any{"example-model-cache", "Ready", float64(10), float64(10)}, cells[:4]); diff != "" {
+		t.Errorf("row (-want +got):\n%s", diff)
+	}
+	if age, _ := cells[4].(string); age == "" {
+		t.Errorf("AGE cell = %#v, want a duration", cells[4])
+	}
+}
+
+func TestInferenceImageCacheTableMatchesSeed(t *testing.T) {
+	ctx := context.Background()
+	iic := testutil.MakeInferenceImageCache("default", "iic-vllm-openai-ml-g5-24xlarge-a1b2")
+	if err := server.Client.Create(ctx, iic); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = server.Client.Delete(ctx, iic) })
+	iic.Status = inferencev1.InferenceImageCacheStatus{Phase: inferencev1.ImageComplete, CachedNodes: 10, TargetNodes: 10}
+	if err := server.Client.Status().Update(ctx, iic); err != nil {
+		t.Fatal(err)
+	}
+
+	tab := table(t, "/apis/inference.sagemaker.aws.amazon.com/v1/namespaces/default/inferenceimagecaches")
+	if diff := cmp.Diff([]string{"NAME", "PHASE", "CACHED", "TARGET", "AGE"}, headers(tab)); diff != "" {
+		t.Errorf("columns (-want +got):\n%s", diff)
+	}
+	if len(tab.Rows) != 1 {
+		t.Fatalf("%d rows, want 1", len(tab.Rows))
+	}
+	if diff := cmp.Diff([]any{"iic-vllm-openai-ml-g5-24xlarge-a1b2", "Complete", float64(10), float64(10)}, tab.Rows[0].Cells[:4]); diff != "" {
+		t.Errorf("row (-want +got):\n%s", diff)
+	}
+}
+
+// Every short name resolves, through the same discovery and shortcut expansion kubectl uses.
+func TestShortNamesResolve(t *testing.T) {
+	dc, err := discovery.NewDiscoveryClientForConfig(server.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := memory.NewMemCacheClient(dc)
+	mapper := restmapper.NewShortcutExpander(restmapper.NewDeferredDiscoveryRESTMapper(cached), cached, func(string) {})
+	for short, want := range map[string]string{
+		"mdcc":                    "modeldatacacheconfigs",
+		"modelweightscacheconfig": "modeldatacacheconfigs",
+		"iic":                     "inferenceimagecaches",
+		"mic":                     "inferenceimagecaches",
+		"modelimagecache":         "inferenceimagecaches",
+		"modeldatacacheconfig":    "modeldatacacheconfigs",
+		"inferenceimagecache":     "inferenceimagecaches",
+		"inferenceendpointconfig": "inferenceendpointconfigs",
+		"jumpstartmodel":          "jumpstartmodels",
+	} {
+		gvr, err := mapper.ResourceFor(schema.GroupVersionResource{Resource: short})
+		if err != nil {
+			t.Errorf("%s: %v", short, err)
+			continue
+		}
+		if gvr.Group != inferencev1.GroupVersion.Group || gvr.Resource != want {
+			t.Errorf("%s resolves to %v, want %s.%s", short, gvr, want, inferencev1.GroupVersion.Group)
+		}
+	}
+
+	list, err := dc.ServerResourcesForGroupVersion(inferencev1.GroupVersion.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == "modeldatacacheconfigs" && !slices.Equal(r.ShortNames, []string{"mdcc", "modelweightscacheconfig"}) {
+			t.Errorf("modeldatacacheconfigs short names = %v", r.ShortNames)
+		}
+		if r.Name == "inferenceimagecaches" && !slices.Equal(r.ShortNames, []string{"iic", "mic", "modelimagecache"}) {
+			t.Errorf("inferenceimagecaches short names = %v", r.ShortNames)
+		}
+	}
+}
+
+// An HPA or `kubectl scale` drives spec.replicas through /scale, and reads status.replicas
+// and the selector back.
+func TestInferenceEndpointConfigScaleSubresource(t *testing.T) {
+	ctx := context.Background()
+	o := testutil.MakeInferenceEndpointConfig("default", "scaled").Obj()
+	if err := server.Client.Create(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = server.Client.Delete(ctx, o) })
+	o.Status.Replicas = 1
+	o.Status.Selector = "app.kubernetes.io/instance=scaled"
+	if err := server.Client.Status().Update(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+
+	scale := &autoscalingv1.Scale{}
+	if err := server.Client.SubResource("scale").Get(ctx, o, scale); err != nil {
+		t.Fatal(err)
+	}
+	if scale.Spec.Replicas != 1 || scale.Status.Replicas != 1 || scale.Status.Selector != "app.kubernetes.io/instance=scaled" {
+		t.Errorf("scale = spec %d, status %d, selector %q; want 1, 1, app.kubernetes.io/instance=scaled",
+			scale.Spec.Replicas, scale.Status.Replicas, scale.Status.Selector)
+	}
+
+	scale.Spec.Replicas = 5
+	if err := server.Client.SubResource("scale").Update(ctx, o, client.WithSubResourceBody(scale)); err != nil {
+		t.Fatal(err)
+	}
+	got := &inferencev1.InferenceEndpointConfig{}
+	if err := server.Client.Get(ctx, client.ObjectKeyFromObject(o), got); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(ptr.To[int32](5), got.Spec.Replicas); diff != "" {
+		t.Errorf("spec.replicas after scaling (-want +got):\n%s", diff)
+	}
+
+	// Scaling below zero is refused by the same validation as the spec.
+	scale.Spec.Replicas = -1
+	if err := server.Client.SubResource("scale").Update(ctx, o, client.WithSubResourceBody(scale)); err == nil {
+		t.Error("scale to -1 accepted")
+	}
+}
