@@ -96,6 +96,7 @@ if want kwok && [[ ! -x "$dir/kwok" || ! -f "$dir/kwok-stages.yaml" ]]; then
   # One multi-document file: every "fast" node and pod stage, passed to kwok with --config.
   : >"$dir/.kwok-stages.tmp"
   for f in "$src"/kustomize/stage/node/fast/*.yaml "$src"/kustomize/stage/pod/fast/*.yaml; do
+    grep -q '^kind: Stage$' "$f" || continue # skip kustomization.yaml
     printf -- '---\n' >>"$dir/.kwok-stages.tmp"
     grep -v '^---$' "$f" >>"$dir/.kwok-stages.tmp"
   done

@@ -9,7 +9,9 @@ import (
 )
 
 // IECWrapper builds an InferenceEndpointConfig for tests.
-type IECWrapper struct{ inferencev1.InferenceEndpointConfig }
+type IECWrapper struct {
+	inferencev1.InferenceEndpointConfig
+}
 
 // MakeInferenceEndpointConfig returns a valid InferenceEndpointConfig shaped like the seed's:
 // an S3 model on ml.g5.24xlarge nodes with both caches enabled.

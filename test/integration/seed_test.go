@@ -18,7 +18,7 @@ import (
 
 // createFromFile creates the object in a YAML file exactly as written, as `kubectl create -f`
 // would: no typed round trip that could drop or add fields on the way.
-func createFromFile(t *testing.T, path string) *unstructured.Unstructured {
+func createFromFile(t *testing.T, path string) {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -32,7 +32,6 @@ func createFromFile(t *testing.T, path string) *unstructured.Unstructured {
 		t.Fatalf("creating %s unchanged: %v", path, err)
 	}
 	t.Cleanup(func() { _ = server.Client.Delete(context.Background(), u) })
-	return u
 }
 
 // The samples in config/samples are the seed's manifests, byte for byte.

@@ -1,0 +1,288 @@
+package testutil
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// KwokNodeAnnotation marks the nodes kwok manages.
+const KwokNodeAnnotation = "kwok.x-k8s.io/node"
+
+// Cluster is an API server plus kube-controller-manager, kube-scheduler and kwok: Deployments
+// and DaemonSets get real pods, scheduled onto simulated nodes that kwok keeps Ready.
+type Cluster struct {
+	*APIServer
+	// KubeconfigPath is a cluster-admin kubeconfig, for processes the tests start.
+	KubeconfigPath string
+	// LogDir holds every process's log.
+	LogDir string
+
+	procs []*Process
+}
+
+// Process is a child process started by the harness, with its output in a log file.
+type Process struct {
+	Name    string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+}
+
+// StartProcess starts a binary with its stdout and stderr in logDir/<name>.log.
+func StartProcess(logDir, name, path string, args ...string) (*Process, error) {
+	logPath := filepath.Join(logDir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Exited reports whether the process has ended, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.waitErr
+	default:
+		return false, nil
+	}
+}
+
+// Stop sends SIGTERM, then SIGKILL after the grace period, and waits for the exit.
+func (p *Process) Stop(grace time.Duration) {
+	if done, _ := p.Exited(); done {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// Kill ends the process at once with SIGKILL, as a crash or OOM kill would.
+func (p *Process) Kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// LogTail returns the last n bytes of the process's log, for failure messages.
+func (p *Process) LogTail(n int64) string {
+	data, err := os.ReadFile(p.LogPath)
+	if err != nil {
+		return err.Error()
+	}
+	if int64(len(data)) > n {
+		data = data[int64(len(data))-n:]
+	}
+	return string(data)
+}
+
+// StartCluster starts the API server, kube-controller-manager (deployment, replicaset,
+// daemonset, garbage-collector and node-lifecycle controllers), kube-scheduler and kwok.
+func StartCluster() (*Cluster, error) {
+	api, err := StartAPIServer()
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{APIServer: api}
+	if err := c.start(); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) start() error {
+	bin, err := TestBinDir()
+	if err != nil {
+		return err
+	}
+	if c.LogDir, err = os.MkdirTemp("", "prewarm-cluster-"); err != nil {
+		return err
+	}
+	kubeconfig, err := c.KubeConfig()
+	if err != nil {
+		return err
+	}
+	c.KubeconfigPath = filepath.Join(c.LogDir, "kubeconfig")
+	if err := os.WriteFile(c.KubeconfigPath, kubeconfig, 0o600); err != nil {
+		return err
+	}
+	specs := []struct {
+		name string
+		args []string
+	}{
+		{"kube-controller-manager", []string{
+			"--kubeconfig=" + c.KubeconfigPath,
+			"--controllers=deployment-controller,replicaset-controller,daemonset-controller,garbage-collector-controller,node-lifecycle-controller",
+			"--leader-elect=false", "--secure-port=0",
+			"--concurrent-deployment-syncs=5", "--concurrent-replicaset-syncs=5",
+		}},
+		{"kube-scheduler", []string{"--kubeconfig=" + c.KubeconfigPath, "--leader-elect=false", "--secure-port=0"}},
+		{"kwok", []string{
+			"--kubeconfig=" + c.KubeconfigPath,
+			"--config=" + filepath.Join(bin, "kwok-stages.yaml"),
+			"--manage-all-nodes=false",
+			"--manage-nodes-with-annotation-selector=" + KwokNodeAnnotation + "=fake",
+			"--node-lease-duration-seconds=40",
+			"--server-address=127.0.0.1:0",
+		}},
+	}
+	for _, s := range specs {
+		p, err := StartProcess(c.LogDir, s.name, filepath.Join(bin, s.name), s.args...)
+		if err != nil {
+			return err
+		}
+		c.procs = append(c.procs, p)
+	}
+	// Give each process a moment to fail on bad flags before tests rely on it.
+	time.Sleep(500 * time.Millisecond)
+	return c.CheckProcesses()
+}
+
+// CheckProcesses returns an error naming any harness process that has exited, with its log.
+func (c *Cluster) CheckProcesses() error {
+	var errs []error
+	for _, p := range c.procs {
+		if done, err := p.Exited(); done {
+			status := "exit status 0"
+			if err != nil {
+				status = err.Error()
+			}
+			errs = append(errs, fmt.Errorf("%s exited (%s); log %s:\n%s", p.Name, status, p.LogPath, p.LogTail(4000)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Stop stops kwok, the scheduler, the controller-manager and the API server.
+func (c *Cluster) Stop() error {
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		c.procs[i].Stop(10 * time.Second)
+	}
+	err := c.APIServer.Stop()
+	if err == nil && c.LogDir != "" && os.Getenv("PREWARM_KEEP_LOGS") == "" {
+		_ = os.RemoveAll(c.LogDir)
+	}
+	return err
+}
+
+// NodeOptions describe a simulated node.
+type NodeOptions struct {
+	// InstanceType is the node.kubernetes.io/instance-type label.
+	InstanceType string
+	// GPUs is the node's nvidia.com/gpu capacity.
+	GPUs int64
+	// Labels are extra labels.
+	Labels map[string]string
+	// Taints are the node's taints.
+	Taints []corev1.Taint
+}
+
+// AddNode creates a kwok-managed node with the given instance type and capacity, and waits until
+// it is Ready.
+func (c *Cluster) AddNode(ctx context.Context, name string, opts NodeOptions) (*corev1.Node, error) {
+	labels := map[string]string{
+		"kubernetes.io/hostname":      name,
+		"kubernetes.io/os":            "linux",
+		"kubernetes.io/arch":          "amd64",
+		"type":                        "kwok",
+		inferencev1.InstanceTypeLabel: opts.InstanceType,
+	}
+	for k, v := range opts.Labels {
+		labels[k] = v
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{KwokNodeAnnotation: "fake"}},
+		Spec:       corev1.NodeSpec{Taints: opts.Taints},
+	}
+	if err := c.Client.Create(ctx, node); err != nil {
+		return nil, err
+	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("96"),
+		corev1.ResourceMemory: resource.MustParse("384Gi"),
+		corev1.ResourcePods:   resource.MustParse("110"),
+	}
+	if opts.GPUs > 0 {
+		capacity["nvidia.com/gpu"] = *resource.NewQuantity(opts.GPUs, resource.DecimalSI)
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity}})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Client.Status().Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return nil, err
+	}
+	err = Eventually(ctx, 30*time.Second, func() (bool, error) {
+		if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
+			return false, err
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node %s not Ready: %w", name, errors.Join(err, c.CheckProcesses()))
+	}
+	return node, nil
+}
+
+// Eventually polls cond every 100ms until it returns true, returns an error, or timeout passes.
+func Eventually(ctx context.Context, timeout time.Duration, cond func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var lastErr error
+	for {
+		ok, err := cond()
+		if ok && err == nil {
+			return nil
+		}
+		lastErr = err
+		select {
+		case <-ctx.Done():
+			if lastErr != nil {
+				return fmt.Errorf("timed out after %s: %w", timeout, lastErr)
+			}
+			return fmt.Errorf("timed out after %s", timeout)
+		case <-tick.C:
+		}
+	}
+}
