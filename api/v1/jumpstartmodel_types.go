@@ -110,37 +110,6 @@ type JumpStartServer struct {
 	ExecutionRole string `json:"executionRole,omitempty"`
 }
 
-// JumpStartModelStatus is what prewarm observed of a JumpStart model's deployment.
-type JumpStartModelStatus struct {
-	// observedGeneration is the generation this status describes.
-	// +optional
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// state is the deployment's overall state.
-	// +optional
-	State DeploymentState `json:"state,omitempty"`
-	// replicas is the number of inference pods.
-	// +optional
-	Replicas int32 `json:"replicas,omitempty"`
-	// selector is the label selector of the inference pods, as a string.
-	// +optional
-	Selector string `json:"selector,omitempty"`
-	// weightsCacheStatus rolls up the weights cache.
-	// +optional
-	WeightsCacheStatus *WeightsCacheRollup `json:"weightsCacheStatus,omitempty"`
-	// imageCacheStatus rolls up the image cache.
-	// +optional
-	ImageCacheStatus *ImageCacheRollup `json:"imageCacheStatus,omitempty"`
-	// deploymentStatus names the Deployment that serves the model.
-	// +optional
-	DeploymentStatus *DeploymentRef `json:"deploymentStatus,omitempty"`
-	// conditions say what is true of the deployment and why.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	// +kubebuilder:validation:MaxItems=32
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
-}
-
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
@@ -160,7 +129,7 @@ type JumpStartModel struct {
 	Spec JumpStartModelSpec `json:"spec"`
 	// status is the observed deployment.
 	// +optional
-	Status JumpStartModelStatus `json:"status,omitempty"`
+	Status ParentStatus `json:"status,omitempty"`
 }
 
 // +kubebuilder:object:root=true

@@ -1,5 +1,9 @@
 package v1
 
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
 // DeploymentState is a parent's overall state.
 // +kubebuilder:validation:Enum=DeploymentPending;DeploymentInProgress;DeploymentComplete;DeploymentFailed;DeletionPending;DeletionInProgress;DeletionFailed;DeletionComplete
 type DeploymentState string
@@ -93,4 +97,44 @@ type DeploymentRef struct {
 	// readyReplicas is the Deployment's number of ready pods.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+}
+
+// ParentStatus is what prewarm observed of a parent's deployment: an InferenceEndpointConfig's
+// or a JumpStartModel's.
+type ParentStatus struct {
+	// observedGeneration is the generation this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// state is the deployment's overall state.
+	// +optional
+	State DeploymentState `json:"state,omitempty"`
+
+	// replicas is the number of inference pods (the scale subresource reads it).
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// selector is the label selector of the inference pods, as a string (the scale subresource
+	// reads it).
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
+	// weightsCacheStatus rolls up the weights cache.
+	// +optional
+	WeightsCacheStatus *WeightsCacheRollup `json:"weightsCacheStatus,omitempty"`
+
+	// imageCacheStatus rolls up the image cache.
+	// +optional
+	ImageCacheStatus *ImageCacheRollup `json:"imageCacheStatus,omitempty"`
+
+	// deploymentStatus names the Deployment that serves the model.
+	// +optional
+	DeploymentStatus *DeploymentRef `json:"deploymentStatus,omitempty"`
+
+	// conditions say what is true of the deployment and why.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
