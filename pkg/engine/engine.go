@@ -1,0 +1,201 @@
+// Package engine turns "this model at this source" into "these exact bytes, verified, in this
+// directory", as fast as the disk and the network allow. It has no Kubernetes imports: the node
+// agent, the inference pods' init container and the command line all use it.
+//
+// A Fetch lists the source, checks that the files fit, downloads them as parallel ranged reads
+// written at their offsets into preallocated files in a partial directory beside the
+// destination, verifies every file (size always, and the strongest checksum the source gives),
+// writes a manifest, syncs, and renames the partial directory into place. A reader never sees a
+// partial result. A Fetch killed at any point resumes from a journal of what was written.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// Defaults, chosen by measurement (docs/benchmarks.md).
+const (
+	DefaultConcurrency = 32
+	DefaultPartSize    = 16 << 20
+	DefaultMaxAttempts = 10
+)
+
+// Engine downloads models. It is safe for concurrent use by several Fetch calls, each into its
+// own destination.
+type Engine struct {
+	concurrency      int
+	partSize         int64
+	maxAttempts      int
+	retryBase        time.Duration
+	retryMax         time.Duration
+	limiter          *rate.Limiter
+	progress         func(Progress)
+	progressInterval time.Duration
+	verifiers        int
+	freeSpace        func(dir string) (int64, error)
+	syncInterval     time.Duration
+	metrics          *metrics
+	now              func() time.Time
+}
+
+// Option configures an Engine.
+type Option func(*Engine)
+
+// WithConcurrency sets how many ranged reads are in flight at once, across all files.
+func WithConcurrency(n int) Option { return func(e *Engine) { e.concurrency = max(1, n) } }
+
+// WithPartSize sets the size of each ranged read.
+func WithPartSize(n int64) Option { return func(e *Engine) { e.partSize = max(64<<10, n) } }
+
+// WithRetry sets how many times a part is tried, and the backoff between tries (doubling from
+// base up to maxDelay, with full jitter).
+func WithRetry(attempts int, base, maxDelay time.Duration) Option {
+	return func(e *Engine) { e.maxAttempts, e.retryBase, e.retryMax = max(1, attempts), base, maxDelay }
+}
+
+// WithRateLimit caps the download rate in bytes per second (0: no cap).
+func WithRateLimit(bytesPerSecond int64) Option {
+	return func(e *Engine) {
+		if bytesPerSecond > 0 {
+			e.limiter = rate.NewLimiter(rate.Limit(bytesPerSecond), int(min(bytesPerSecond, chunkSize)))
+		}
+	}
+}
+
+// WithProgress calls fn with the download's progress every interval, and once at the end.
+func WithProgress(fn func(Progress), interval time.Duration) Option {
+	return func(e *Engine) { e.progress, e.progressInterval = fn, interval }
+}
+
+// WithFreeSpace replaces the free-space probe (for tests).
+func WithFreeSpace(fn func(dir string) (int64, error)) Option {
+	return func(e *Engine) { e.freeSpace = fn }
+}
+
+// WithRegisterer exports prewarm_engine_* metrics to reg.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(e *Engine) { e.metrics = newMetrics(reg) }
+}
+
+// New returns an Engine.
+func New(opts ...Option) *Engine {
+	e := &Engine{
+		concurrency:      DefaultConcurrency,
+		partSize:         DefaultPartSize,
+		maxAttempts:      DefaultMaxAttempts,
+		retryBase:        200 * time.Millisecond,
+		retryMax:         10 * time.Second,
+		progressInterval: time.Second,
+		verifiers:        max(1, runtime.GOMAXPROCS(0)),
+		freeSpace:        freeBytes,
+		syncInterval:     2 * time.Second,
+		now:              time.Now,
+	}
+	for _, o := range opts {
+		o(e)
+	}
+	if e.metrics == nil {
+		e.metrics = newMetrics(nil)
+	}
+	return e
+}
+
+// Request is one model to fetch.
+type Request struct {
+	// Source holds the model.
+	Source source.Source
+	// Dest is the directory that will hold the model's files, and nothing else but prewarm's
+	// dot-named manifest. It must not exist, be empty, or hold an earlier Fetch's result.
+	Dest string
+}
+
+// Result says what a Fetch did.
+type Result struct {
+	// Files and Bytes are the model's.
+	Files int
+	Bytes int64
+	// Fetched is how many bytes this call read from the source (less than Bytes when resumed).
+	Fetched int64
+	// Revision is the source revision that was fetched (a Hugging Face commit).
+	Revision string
+	// UpToDate is true when Dest already held this revision and nothing was fetched.
+	UpToDate bool
+	// Duration is the wall time of the call.
+	Duration time.Duration
+}
+
+// Phase is a step of a Fetch.
+type Phase string
+
+const (
+	PhaseListing     Phase = "Listing"
+	PhaseDownloading Phase = "Downloading"
+	PhaseVerifying   Phase = "Verifying"
+	PhasePublishing  Phase = "Publishing"
+	PhaseDone        Phase = "Done"
+)
+
+// Progress is a snapshot of a Fetch.
+type Progress struct {
+	Phase      Phase
+	BytesDone  int64
+	BytesTotal int64
+	FilesDone  int
+	FilesTotal int
+	// BytesPerSecond is the recent download rate.
+	BytesPerSecond float64
+	// Fetched is bytes read from the source by this call.
+	Fetched int64
+}
+
+// InsufficientSpaceError says a model does not fit.
+type InsufficientSpaceError struct {
+	Need, Free int64
+	Dir        string
+}
+
+func (e *InsufficientSpaceError) Error() string {
+	return fmt.Sprintf("needs %s, %s free under %s", HumanBytes(e.Need), HumanBytes(e.Free), e.Dir)
+}
+
+// VerificationError says a file's bytes are not what the source promised.
+type VerificationError struct {
+	Path, Kind, Want, Got string
+	file                  int
+}
+
+func (e *VerificationError) Error() string {
+	return fmt.Sprintf("%s: %s mismatch: want %s, got %s", e.Path, e.Kind, e.Want, e.Got)
+}
+
+// ErrDestNotOurs is returned when Dest holds something that is not a prewarm download.
+var ErrDestNotOurs = errors.New("destination exists and is not a prewarm download")
+
+// HumanBytes formats n in decimal units, e.g. "300.0 GB".
+func HumanBytes(n int64) string {
+	const unit = 1000
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %cB", float64(n)/float64(div), "kMGTPE"[exp])
+}
+
+// partialDir is where a download into dest is assembled: beside dest, dot-named, on the same
+// filesystem so the final rename is atomic.
+func partialDir(dest string) string {
+	return filepath.Join(filepath.Dir(dest), "."+filepath.Base(dest)+".prewarm-partial")
+}

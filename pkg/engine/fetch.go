@@ -1,0 +1,291 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// Fetch downloads req.Source into req.Dest. See the package documentation.
+func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
+	start := e.now()
+	dest, err := filepath.Abs(req.Dest)
+	if err != nil {
+		return Result{}, err
+	}
+	e.report(Progress{Phase: PhaseListing})
+	listing, err := req.Source.List(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("listing %s: %w", req.Source, err)
+	}
+	if err := checkPaths(listing.Files); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", req.Source, err)
+	}
+	res := Result{Files: len(listing.Files), Revision: listing.Revision}
+	for _, f := range listing.Files {
+		res.Bytes += f.Size
+	}
+
+	// Already there?
+	if m, err := ReadManifest(dest); err == nil {
+		if m.Matches(listing) {
+			res.UpToDate = true
+			res.Duration = e.now().Sub(start)
+			e.report(Progress{Phase: PhaseDone, BytesDone: res.Bytes, BytesTotal: res.Bytes, FilesDone: res.Files, FilesTotal: res.Files})
+			return res, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return res, err
+	} else if entries, err := os.ReadDir(dest); err == nil && len(entries) > 0 {
+		return res, fmt.Errorf("%s: %w (remove it or choose another directory)", dest, ErrDestNotOurs)
+	}
+
+	run, err := e.prepare(dest, req.Source, listing)
+	if err != nil {
+		return res, err
+	}
+	defer run.close()
+	if err := run.download(ctx); err != nil {
+		res.Fetched = run.fetched.Load()
+		return res, err
+	}
+	res.Fetched = run.fetched.Load()
+	e.report(run.snapshot(PhasePublishing))
+	if err := run.publish(dest, req.Source.String()); err != nil {
+		return res, err
+	}
+	res.Duration = e.now().Sub(start)
+	e.report(run.snapshot(PhaseDone))
+	return res, nil
+}
+
+// run is one Fetch's download into its partial directory.
+type run struct {
+	e       *Engine
+	src     source.Source
+	listing source.Listing
+	plan    string
+	dir     string
+	root    *os.Root
+	resume  resumeState
+	journal *journal
+
+	done      atomic.Int64 // bytes written (including resumed ones)
+	fetched   atomic.Int64 // bytes read from the source by this run
+	filesDone atomic.Int64
+	total     int64
+	allocated int64 // bytes of files already present in the partial directory
+	rate      rateMeter
+}
+
+func (e *Engine) prepare(dest string, src source.Source, listing source.Listing) (*run, error) {
+	r := &run{e: e, src: src, listing: listing, plan: planHash(listing.Files, listing.Revision), dir: partialDir(dest)}
+	for _, f := range listing.Files {
+		r.total += f.Size
+	}
+	jpath := filepath.Join(r.dir, journalName)
+	st, resuming, err := readJournal(jpath, r.plan)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", jpath, err)
+	}
+	if !resuming {
+		st = resumeState{written: map[int]*coverage{}, verified: map[int]bool{}}
+	}
+	// A file the journal calls written but whose size on disk is wrong was truncated or
+	// replaced: forget it. The others are already allocated.
+	var stale []int
+	for idx := range st.written {
+		f := listing.Files[idx]
+		info, err := os.Stat(filepath.Join(r.dir, filepath.FromSlash(f.Path)))
+		if err != nil || info.Size() != f.Size {
+			stale = append(stale, idx)
+			continue
+		}
+		r.allocated += f.Size
+	}
+	for _, idx := range stale {
+		delete(st.written, idx)
+		delete(st.verified, idx)
+	}
+	r.resume = st
+
+	// Nothing is written before the model is known to fit.
+	if err := e.checkSpace(r, dest); err != nil {
+		return nil, err
+	}
+
+	if !resuming {
+		// Nothing to resume, or the source changed since: start clean.
+		if err := os.RemoveAll(r.dir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(r.dir, 0o755); err != nil {
+			return nil, err
+		}
+		r.journal, err = createJournal(jpath, r.plan)
+	} else {
+		r.journal, err = appendJournal(jpath)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, idx := range stale {
+		r.journal.reset(idx)
+	}
+	if r.root, err = os.OpenRoot(r.dir); err != nil {
+		r.journal.close()
+		return nil, err
+	}
+	return r, r.journal.flush()
+}
+
+func (r *run) close() {
+	if r.root != nil {
+		r.root.Close()
+	}
+	if r.journal != nil {
+		r.journal.close()
+	}
+}
+
+// checkSpace fails before any byte is written when the rest of the model cannot fit.
+func (e *Engine) checkSpace(r *run, dest string) error {
+	need := r.total - r.allocated
+	free, err := e.freeSpace(existingAncestor(r.dir))
+	if err != nil {
+		return fmt.Errorf("checking free space under %s: %w", filepath.Dir(dest), err)
+	}
+	if need > free {
+		return &InsufficientSpaceError{Need: need, Free: free, Dir: filepath.Dir(dest)}
+	}
+	return nil
+}
+
+// existingAncestor returns dir or its nearest ancestor that exists.
+func existingAncestor(dir string) string {
+	for {
+		if _, err := os.Stat(dir); err == nil || filepath.Dir(dir) == dir {
+			return dir
+		}
+		dir = filepath.Dir(dir)
+	}
+}
+
+func freeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+func (r *run) snapshot(phase Phase) Progress {
+	return Progress{
+		Phase:          phase,
+		BytesDone:      r.done.Load(),
+		BytesTotal:     r.total,
+		FilesDone:      int(r.filesDone.Load()),
+		FilesTotal:     len(r.listing.Files),
+		BytesPerSecond: r.rate.rate(r.e.now(), r.fetched.Load()),
+		Fetched:        r.fetched.Load(),
+	}
+}
+
+func (e *Engine) report(p Progress) {
+	if e.progress != nil {
+		e.progress(p)
+	}
+}
+
+// rateMeter turns a byte counter into a recent rate (an exponentially weighted average).
+type rateMeter struct {
+	mu    sync.Mutex
+	last  time.Time
+	bytes int64
+	value float64
+}
+
+func (m *rateMeter) rate(now time.Time, total int64) float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.last.IsZero() {
+		m.last, m.bytes = now, total
+		return 0
+	}
+	dt := now.Sub(m.last).Seconds()
+	if dt < 0.05 {
+		return m.value
+	}
+	inst := float64(total-m.bytes) / dt
+	if m.value == 0 {
+		m.value = inst
+	} else {
+		m.value = 0.5*m.value + 0.5*inst
+	}
+	m.last, m.bytes = now, total
+	return m.value
+}
+
+// Manifest records what a destination holds; it is written last, just before the rename.
+type Manifest struct {
+	Version     int           `json:"version"`
+	Source      string        `json:"source"`
+	Revision    string        `json:"revision,omitempty"`
+	Files       []source.File `json:"files"`
+	CompletedAt time.Time     `json:"completedAt"`
+}
+
+// Matches reports whether the manifest records exactly this listing.
+func (m *Manifest) Matches(l source.Listing) bool {
+	return m.Revision == l.Revision && slices.EqualFunc(m.Files, l.Files, func(a, b source.File) bool {
+		return a.Path == b.Path && a.Size == b.Size && a.Version == b.Version
+	})
+}
+
+// ReadManifest reads the manifest of a completed destination.
+func ReadManifest(dest string) (*Manifest, error) {
+	data, err := os.ReadFile(filepath.Join(dest, manifestName))
+	if err != nil {
+		return nil, err
+	}
+	m := &Manifest{}
+	if err := json.Unmarshal(data, m); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dest, manifestName), err)
+	}
+	return m, nil
+}
+
+// CheckDest re-checks a completed destination cheaply: the manifest is there and every file
+// has its recorded size. It reads no file contents.
+func CheckDest(dest string) (*Manifest, error) {
+	m, err := ReadManifest(dest)
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(dest)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	for _, f := range m.Files {
+		info, err := root.Stat(filepath.FromSlash(f.Path))
+		if err != nil {
+			return m, err
+		}
+		if info.Size() != f.Size {
+			return m, fmt.Errorf("%s: size %d, manifest says %d", f.Path, info.Size(), f.Size)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,212 @@
+package engine
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// The journal records, in the partial directory, which byte ranges of which files are written
+// and which files are verified, so a download killed at any point resumes without fetching
+// those bytes again. Records are appended after the bytes are written (they survive the death
+// of the process: the kernel holds the data). Every so often the filesystem is synced and a
+// "S" record written; after a reboot only records before the last "S" are trusted.
+//
+//	{"plan":"<sha256 of the listing>","boot":"<boot id>"}
+//	W <file index> <offset> <length>
+//	V <file index>
+//	X <file index>      (the file failed verification: forget it)
+//	S
+
+type journalHeader struct {
+	Plan string `json:"plan"`
+	Boot string `json:"boot"`
+}
+
+// coverage is the written ranges of one file, merged.
+type coverage struct{ spans [][2]int64 }
+
+func (c *coverage) add(off, n int64) {
+	c.spans = append(c.spans, [2]int64{off, off + n})
+	sort.Slice(c.spans, func(i, j int) bool { return c.spans[i][0] < c.spans[j][0] })
+	merged := c.spans[:1]
+	for _, s := range c.spans[1:] {
+		last := &merged[len(merged)-1]
+		if s[0] <= last[1] {
+			last[1] = max(last[1], s[1])
+		} else {
+			merged = append(merged, s)
+		}
+	}
+	c.spans = merged
+}
+
+// covers reports whether [off, off+n) is written.
+func (c *coverage) covers(off, n int64) bool {
+	for _, s := range c.spans {
+		if s[0] <= off && off+n <= s[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// resumeState is what a journal says was done before.
+type resumeState struct {
+	written  map[int]*coverage
+	verified map[int]bool
+}
+
+func planHash(files []source.File, revision string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "rev %q\n", revision)
+	for _, f := range files {
+		fmt.Fprintf(h, "%q %d %q\n", f.Path, f.Size, f.Version)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func bootID() string {
+	data, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// readJournal returns the state a journal records for this plan, or ok=false when there is no
+// journal or it belongs to another plan.
+func readJournal(path, plan string) (st resumeState, ok bool, err error) {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	if !sc.Scan() {
+		return st, false, nil
+	}
+	var hdr journalHeader
+	if json.Unmarshal(sc.Bytes(), &hdr) != nil || hdr.Plan != plan {
+		return st, false, nil
+	}
+	sameBoot := hdr.Boot != "" && hdr.Boot == bootID()
+	type rec struct {
+		kind   byte
+		idx    int
+		off, n int64
+	}
+	var trusted, pending []rec
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 {
+			continue
+		}
+		switch fields[0] {
+		case "S":
+			trusted = append(trusted, pending...)
+			pending = pending[:0]
+		case "W":
+			if len(fields) != 4 {
+				continue // a torn last line
+			}
+			idx, err1 := strconv.Atoi(fields[1])
+			off, err2 := strconv.ParseInt(fields[2], 10, 64)
+			n, err3 := strconv.ParseInt(fields[3], 10, 64)
+			if err1 == nil && err2 == nil && err3 == nil {
+				pending = append(pending, rec{'W', idx, off, n})
+			}
+		case "V", "X":
+			if len(fields) != 2 {
+				continue
+			}
+			if idx, err := strconv.Atoi(fields[1]); err == nil {
+				pending = append(pending, rec{fields[0][0], idx, 0, 0})
+			}
+		}
+	}
+	if sameBoot {
+		trusted = append(trusted, pending...)
+	}
+	st = resumeState{written: map[int]*coverage{}, verified: map[int]bool{}}
+	for _, r := range trusted {
+		switch r.kind {
+		case 'W':
+			c := st.written[r.idx]
+			if c == nil {
+				c = &coverage{}
+				st.written[r.idx] = c
+			}
+			c.add(r.off, r.n)
+		case 'V':
+			st.verified[r.idx] = true
+		case 'X':
+			delete(st.written, r.idx)
+			delete(st.verified, r.idx)
+		}
+	}
+	return st, true, sc.Err()
+}
+
+// journal appends records. It is used from one goroutine.
+type journal struct {
+	f *os.File
+	w *bufio.Writer
+}
+
+func createJournal(path, plan string) (*journal, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	hdr, _ := json.Marshal(journalHeader{Plan: plan, Boot: bootID()})
+	j := &journal{f: f, w: bufio.NewWriter(f)}
+	_, _ = j.w.Write(hdr) // bufio errors are sticky: flush reports them
+	_ = j.w.WriteByte('\n')
+	return j, j.flush()
+}
+
+func appendJournal(path string) (*journal, error) {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	// A torn last line from a killed writer would glue onto the next record: start afresh.
+	j := &journal{f: f, w: bufio.NewWriter(f)}
+	_ = j.w.WriteByte('\n')
+	return j, j.flush()
+}
+
+// Record writers: a write error stays in the bufio.Writer and flush returns it.
+
+func (j *journal) written(idx int, off, n int64) {
+	_, _ = fmt.Fprintf(j.w, "W %d %d %d\n", idx, off, n)
+}
+
+func (j *journal) verified(idx int) { _, _ = fmt.Fprintf(j.w, "V %d\n", idx) }
+
+func (j *journal) reset(idx int) { _, _ = fmt.Fprintf(j.w, "X %d\n", idx) }
+
+func (j *journal) synced() { _, _ = j.w.WriteString("S\n") }
+
+// flush hands buffered records to the kernel: enough to survive the process being killed.
+func (j *journal) flush() error { return j.w.Flush() }
+
+func (j *journal) close() error {
+	err := j.flush()
+	if cerr := j.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,111 @@
+// Package fs reads a model from a local or mounted directory (FSx for Lustre is mounted like
+// this on nodes).
+package fs
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// Source is a directory tree. Symbolic links are not followed out of it: a link is listed as
+// the file it points to only when that file is inside the root.
+type Source struct {
+	root string
+}
+
+// New returns a source for the directory root.
+func New(root string) (*Source, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	info, err := os.Stat(abs)
+	if err != nil {
+		return nil, &source.NotFoundError{Err: err}
+	}
+	if !info.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory", abs)
+	}
+	return &Source{root: abs}, nil
+}
+
+func (s *Source) String() string { return s.root }
+
+// List walks the tree and returns its regular files.
+func (s *Source) List(ctx context.Context) (source.Listing, error) {
+	var files []source.File
+	root, err := os.OpenRoot(s.root)
+	if err != nil {
+		return source.Listing{}, err
+	}
+	defer root.Close()
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if d.IsDir() {
+			return nil
+		}
+		// Stat through the root: a symlink that leaves the tree fails here.
+		info, err := root.Stat(p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		files = append(files, source.File{
+			Path:    filepath.ToSlash(p),
+			Size:    info.Size(),
+			Version: fmt.Sprintf("%d-%d", info.Size(), info.ModTime().UnixNano()),
+		})
+		return nil
+	})
+	if err != nil {
+		return source.Listing{}, fmt.Errorf("listing %s: %w", s.root, err)
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	return source.Listing{Files: files}, nil
+}
+
+// OpenRange opens a byte range of a file, confined to the root.
+func (s *Source) OpenRange(_ context.Context, path string, offset, length int64) (io.ReadCloser, error) {
+	root, err := os.OpenRoot(s.root)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	f, err := root.Open(filepath.FromSlash(path))
+	if err != nil {
+		return nil, err
+	}
+	return &rangeReader{Reader: io.NewSectionReader(f, offset, length), f: f, want: length}, nil
+}
+
+type rangeReader struct {
+	io.Reader
+	f    *os.File
+	want int64
+	got  int64
+}
+
+func (r *rangeReader) Read(p []byte) (int, error) {
+	n, err := r.Reader.Read(p)
+	r.got += int64(n)
+	if err == io.EOF && r.got < r.want {
+		err = io.ErrUnexpectedEOF // the file shrank under us
+	}
+	return n, err
+}
+
+func (r *rangeReader) Close() error { return r.f.Close() }

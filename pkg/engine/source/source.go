@@ -1,0 +1,139 @@
+// Package source defines what the download engine needs of a place that holds a model's files:
+// a listing with sizes and checksums, and byte ranges of each file.
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"syscall"
+)
+
+// File is one file of a model.
+type File struct {
+	// Path is the file's path relative to the model's root, slash-separated.
+	Path string `json:"path"`
+	// Size is the file's size in bytes.
+	Size int64 `json:"size"`
+	// Checksums are what the source can vouch for; empty fields are unknown.
+	Checksums Checksums `json:"checksums,omitempty"`
+	// Version identifies this content at the source (an S3 ETag or version id, a Git blob id):
+	// a later listing with another Version means the file changed.
+	Version string `json:"version,omitempty"`
+}
+
+// Checksums of a file's whole content, lowercase hex.
+type Checksums struct {
+	SHA256 string `json:"sha256,omitempty"`
+	MD5    string `json:"md5,omitempty"`
+	// CRC32C and CRC64NVME are the S3 full-object checksums, base64 as S3 sends them.
+	CRC32C    string `json:"crc32c,omitempty"`
+	CRC64NVME string `json:"crc64nvme,omitempty"`
+}
+
+// Any reports whether at least one checksum is known.
+func (c Checksums) Any() bool {
+	return c.SHA256 != "" || c.MD5 != "" || c.CRC32C != "" || c.CRC64NVME != ""
+}
+
+// Listing is a model's files at one revision.
+type Listing struct {
+	// Files are the model's files, in a stable order.
+	Files []File
+	// Revision pins what was listed (a Hugging Face commit); empty when the source has none.
+	Revision string
+}
+
+// Source is a place that holds a model's files.
+type Source interface {
+	// List returns the model's files with their sizes and known checksums.
+	List(ctx context.Context) (Listing, error)
+	// OpenRange returns length bytes of the file at path, starting at offset. The reader
+	// returns fewer bytes only together with an error.
+	OpenRange(ctx context.Context, path string, offset, length int64) (io.ReadCloser, error)
+	// String names the source for messages, without credentials.
+	String() string
+}
+
+// StatusError is an HTTP answer other than success from a remote source.
+type StatusError struct {
+	// StatusCode is the HTTP status.
+	StatusCode int
+	// Code is the service's error code when it gave one (S3's Code, the Hub's X-Error-Code).
+	Code string
+	// Message says what failed, for people.
+	Message string
+}
+
+func (e *StatusError) Error() string {
+	if e.Code != "" {
+		return fmt.Sprintf("%s (HTTP %d, %s)", e.Message, e.StatusCode, e.Code)
+	}
+	return fmt.Sprintf("%s (HTTP %d)", e.Message, e.StatusCode)
+}
+
+// ErrAccessDenied is matched (errors.Is) by errors that more tries will not fix because the
+// credentials are missing or not allowed: a gated or private repository, a denied bucket.
+var ErrAccessDenied = errors.New("access denied")
+
+// ErrNotFound is matched by errors for a model, revision or file that does not exist.
+var ErrNotFound = errors.New("not found")
+
+// AccessError is an authorisation failure, with what the user must do about it.
+type AccessError struct {
+	// Gated is true for a Hugging Face gated repository.
+	Gated bool
+	// Err is the underlying error.
+	Err error
+	// Hint says what to do, e.g. "pass a token with --token-file".
+	Hint string
+}
+
+func (e *AccessError) Error() string {
+	msg := e.Err.Error()
+	if e.Hint != "" {
+		msg += ": " + e.Hint
+	}
+	return msg
+}
+
+func (e *AccessError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrAccessDenied) true.
+func (e *AccessError) Is(target error) bool { return target == ErrAccessDenied }
+
+// NotFoundError wraps an error for something that does not exist.
+type NotFoundError struct{ Err error }
+
+func (e *NotFoundError) Error() string { return e.Err.Error() }
+
+func (e *NotFoundError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrNotFound) true.
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// Retryable reports whether err is worth another try: server errors, throttling, timeouts,
+// resets and bodies cut short. Access and not-found errors, and cancellation, are not.
+func Retryable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrNotFound) {
+		return false
+	}
+	var se *StatusError
+	if errors.As(err, &se) {
+		return se.StatusCode >= 500 || se.StatusCode == http.StatusTooManyRequests || se.StatusCode == http.StatusRequestTimeout
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, ErrTransient)
+}
+
+// ErrTransient marks an error a source knows to be passing (e.g. the SDK's retryable class).
+var ErrTransient = errors.New("transient")

@@ -1,0 +1,93 @@
+package engine
+
+import (
+	"context"
+	"crypto/md5" //nolint:gosec // S3 ETags are MD5: this checks integrity, not authenticity
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"hash/crc64"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5) // CRC-64/NVME, reflected
+
+// checker picks the strongest checksum a file has: sha256, then the S3 full-object CRCs, then
+// MD5. It returns nil when the source gave none (size is then the only check).
+func checker(c source.Checksums) (kind, want string, h hash.Hash, encode func([]byte) string) {
+	hexEnc := hex.EncodeToString
+	switch {
+	case c.SHA256 != "":
+		return "sha256", strings.ToLower(c.SHA256), sha256.New(), hexEnc
+	case c.CRC64NVME != "":
+		return "crc64nvme", c.CRC64NVME, crc64.New(crc64NVME), base64.StdEncoding.EncodeToString
+	case c.CRC32C != "":
+		return "crc32c", c.CRC32C, crc32.New(crc32.MakeTable(crc32.Castagnoli)), base64.StdEncoding.EncodeToString
+	case c.MD5 != "":
+		return "md5", strings.ToLower(c.MD5), md5.New(), hexEnc //nolint:gosec // see import
+	}
+	return "", "", nil, nil
+}
+
+// verifyFile checks a written file's size and, when the source vouched for one, its checksum.
+func (r *run) verifyFile(ctx context.Context, idx int) error {
+	f := r.listing.Files[idx]
+	rel := filepath.FromSlash(f.Path)
+	info, err := r.root.Stat(rel)
+	if err != nil {
+		return err
+	}
+	if info.Size() != f.Size {
+		return &VerificationError{file: idx, Path: f.Path, Kind: "size", Want: fmt.Sprint(f.Size), Got: fmt.Sprint(info.Size())}
+	}
+	kind, want, h, encode := checker(f.Checksums)
+	if h == nil {
+		return nil
+	}
+	file, err := r.root.Open(rel)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	bufp := chunkPool.Get().(*[]byte)
+	defer chunkPool.Put(bufp)
+	if err := hashFile(ctx, h, file, *bufp); err != nil {
+		return fmt.Errorf("reading %s to verify it: %w", f.Path, err)
+	}
+	if got := encode(h.Sum(nil)); got != want {
+		return &VerificationError{file: idx, Path: f.Path, Kind: kind, Want: want, Got: got}
+	}
+	return nil
+}
+
+func hashFile(ctx context.Context, h hash.Hash, f *os.File, buf []byte) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n, err := f.Read(buf)
+		h.Write(buf[:n])
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// CRC64NVME returns the S3 full-object CRC64NVME checksum of data, base64 as S3 sends it.
+func CRC64NVME(data []byte) string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], crc64.Checksum(data, crc64NVME))
+	return base64.StdEncoding.EncodeToString(b[:])
+}
