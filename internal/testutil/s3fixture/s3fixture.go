@@ -1,0 +1,207 @@
+// Package s3fixture runs a real S3 server (versitygw, built by hack/testbin.sh) on loopback for
+// tests and benchmarks. It has no Kubernetes imports, so engine tests can use it.
+package s3fixture
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Credentials of the server's root user.
+const (
+	AccessKey = "prewarm-test"
+	SecretKey = "prewarm-test-secret"
+	Region    = "us-west-2"
+)
+
+// Server is a running versitygw with a posix backend in a temporary directory.
+type Server struct {
+	// Endpoint is the server's URL, e.g. http://127.0.0.1:40123.
+	Endpoint string
+	// Dir is the backend directory: one subdirectory per bucket.
+	Dir string
+	// Client is an S3 client for the server (path-style).
+	Client *s3.Client
+
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+}
+
+// BinDir finds hack/testbin.sh's folder: $PREWARM_TESTBIN_DIR, or the script's answer.
+func BinDir() (string, error) {
+	if d := os.Getenv("PREWARM_TESTBIN_DIR"); d != "" {
+		return d, nil
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		script := filepath.Join(dir, "hack", "testbin.sh")
+		if _, err := os.Stat(script); err == nil {
+			out, err := exec.Command("bash", script, "--print").Output()
+			return strings.TrimSpace(string(out)), err
+		}
+		if filepath.Dir(dir) == dir {
+			return "", errors.New("hack/testbin.sh not found above the working directory")
+		}
+		dir = filepath.Dir(dir)
+	}
+}
+
+// Start runs versitygw on a free loopback port with its data under dir (created if needed).
+func Start(dir string) (*Server, error) {
+	bin, err := BinDir()
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(bin, "versitygw")
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("versitygw is not built: run `make testbin` (%w)", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 3 { // the free port can be taken between probe and bind
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s, err := start(path, dir, port)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+	}
+	return nil, lastErr
+}
+
+func start(bin, dir string, port int) (*Server, error) {
+	s := &Server{
+		Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port),
+		Dir:      dir,
+		logPath:  filepath.Join(os.TempDir(), fmt.Sprintf("versitygw-%d.log", port)),
+		done:     make(chan struct{}),
+	}
+	logf, err := os.Create(s.logPath)
+	if err != nil {
+		return nil, err
+	}
+	s.cmd = exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--region", Region,
+		"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", dir)
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.done) }()
+	s.Client = s3.New(s3.Options{
+		Region:       Region,
+		BaseEndpoint: aws.String(s.Endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(AccessKey, SecretKey, ""),
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := s.Client.ListBuckets(ctx, &s3.ListBucketsInput{})
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		select {
+		case <-s.done:
+			log, _ := os.ReadFile(s.logPath)
+			return nil, fmt.Errorf("versitygw exited: %s", log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			return nil, fmt.Errorf("versitygw not answering on %s: %w", s.Endpoint, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Stop ends the server. The data directory stays.
+func (s *Server) Stop() {
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.done
+	}
+	_ = os.Remove(s.logPath)
+}
+
+// Restart stops the server and starts it again on the same port and data.
+func (s *Server) Restart() error {
+	s.Stop()
+	port := strings.TrimPrefix(s.Endpoint, "http://127.0.0.1:")
+	var p int
+	if _, err := fmt.Sscan(port, &p); err != nil {
+		return err
+	}
+	bin, err := BinDir()
+	if err != nil {
+		return err
+	}
+	var n *Server
+	for range 20 {
+		if n, err = start(filepath.Join(bin, "versitygw"), s.Dir, p); err == nil {
+			*s = *n
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// CreateBucket creates a bucket.
+func (s *Server) CreateBucket(ctx context.Context, bucket string) error {
+	_, err := s.Client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &bucket})
+	return err
+}
+
+// Put uploads one object in a single part (so its ETag is the MD5 of its bytes).
+func (s *Server) Put(ctx context.Context, bucket, key string, body io.Reader, size int64) error {
+	_, err := s.Client.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: body, ContentLength: aws.Int64(size)})
+	return err
+}
+
+// PutBytes uploads data as one object.
+func (s *Server) PutBytes(ctx context.Context, bucket, key string, data []byte) error {
+	return s.Put(ctx, bucket, key, bytes.NewReader(data), int64(len(data)))
+}

@@ -1,0 +1,262 @@
+package s3_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5" //nolint:gosec // S3 ETags
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
+	"github.com/prewarm/prewarm/internal/testutil/shaper"
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/source"
+	s3src "github.com/prewarm/prewarm/pkg/engine/source/s3"
+)
+
+const (
+	bucket = "example-bucket"
+	prefix = "models/example-model"
+)
+
+var (
+	server *s3fixture.Server
+	model  map[string][]byte
+)
+
+func randomBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 7))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "s3-test-")
+	if err != nil {
+		panic(err)
+	}
+	server, err = s3fixture.Start(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	model = map[string][]byte{
+		"config.json":                      []byte(`{"model_type":"llama"}`),
+		"model-00001-of-00002.safetensors": randomBytes(1, 6<<20+777),
+		"model-00002-of-00002.safetensors": randomBytes(2, 5<<20),
+		"tokenizer/tokenizer.json":         randomBytes(3, 123456),
+	}
+	ctx := context.Background()
+	must := func(err error) {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			server.Stop()
+			os.Exit(1)
+		}
+	}
+	must(server.CreateBucket(ctx, bucket))
+	for p, data := range model {
+		must(server.PutBytes(ctx, bucket, prefix+"/"+p, data))
+	}
+	// A sibling prefix that shares the first characters must not be listed.
+	must(server.PutBytes(ctx, bucket, prefix+"-v2/other.bin", []byte("not this model")))
+	code := m.Run()
+	server.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func newSource(t *testing.T, endpoint string, mutate ...func(*s3src.Options)) *s3src.Source {
+	t.Helper()
+	opts := s3src.Options{
+		Bucket: bucket, Prefix: prefix, Region: s3fixture.Region, Endpoint: endpoint, PathStyle: true,
+		AccessKeyID: s3fixture.AccessKey, SecretAccessKey: s3fixture.SecretKey,
+	}
+	for _, m := range mutate {
+		m(&opts)
+	}
+	src, err := s3src.New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+func testEngine(opts ...engine.Option) *engine.Engine {
+	return engine.New(append([]engine.Option{
+		engine.WithConcurrency(8), engine.WithPartSize(1 << 20), engine.WithRetry(10, 20*time.Millisecond, 500*time.Millisecond),
+	}, opts...)...)
+}
+
+func assertModel(t *testing.T, dest string) {
+	t.Helper()
+	for p, data := range model {
+		got, err := os.ReadFile(filepath.Join(dest, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, data) {
+			t.Errorf("%s differs from the object", p)
+		}
+	}
+	var names []string
+	entries, _ := os.ReadDir(dest)
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	want := []string{".prewarm-manifest.json", "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "tokenizer"}
+	if diff := cmp.Diff(want, names); diff != "" {
+		t.Errorf("entries of dest (-want +got):\n%s", diff)
+	}
+}
+
+func TestListGivesSizesAndMD5(t *testing.T) {
+	l, err := newSource(t, server.Endpoint).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]source.File{}
+	for _, f := range l.Files {
+		got[f.Path] = f
+	}
+	if len(got) != len(model) {
+		t.Fatalf("listed %d files, want %d: %+v", len(got), len(model), l.Files)
+	}
+	for p, data := range model {
+		sum := md5.Sum(data) //nolint:gosec // S3 ETag
+		f := got[p]
+		if f.Size != int64(len(data)) || f.Checksums.MD5 != hex.EncodeToString(sum[:]) || f.Version == "" {
+			t.Errorf("%s: %+v; want size %d, md5 %x", p, f, len(data), sum)
+		}
+	}
+}
+
+func TestFetchFromS3(t *testing.T) {
+	dest := filepath.Join(t.TempDir(), "m")
+	res, err := testEngine().Fetch(context.Background(), engine.Request{Source: newSource(t, server.Endpoint), Dest: dest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertModel(t, dest)
+	var total int64
+	for _, d := range model {
+		total += int64(len(d))
+	}
+	if diff := cmp.Diff(engine.Result{Files: 4, Bytes: total, Fetched: total}, res, cmpIgnoreDuration); diff != "" {
+		t.Errorf("result (-want +got):\n%s", diff)
+	}
+}
+
+var cmpIgnoreDuration = cmp.Transformer("noDuration", func(r engine.Result) engine.Result { r.Duration = 0; return r })
+
+func TestWrongCredentialsGiveAccessError(t *testing.T) {
+	src := newSource(t, server.Endpoint, func(o *s3src.Options) { o.SecretAccessKey = "wrong" })
+	_, err := testEngine().Fetch(context.Background(), engine.Request{Source: src, Dest: filepath.Join(t.TempDir(), "m")})
+	if !errors.Is(err, source.ErrAccessDenied) {
+		t.Fatalf("err = %v; want access denied", err)
+	}
+}
+
+func TestMissingPrefixGivesNotFound(t *testing.T) {
+	src := newSource(t, server.Endpoint, func(o *s3src.Options) { o.Prefix = "models/nothing-here" })
+	_, err := testEngine().Fetch(context.Background(), engine.Request{Source: src, Dest: filepath.Join(t.TempDir(), "m")})
+	if !errors.Is(err, source.ErrNotFound) {
+		t.Fatalf("err = %v; want not found", err)
+	}
+}
+
+// Injected 503s and connections cut mid-body are retried until every byte is right.
+func TestInjectedFailuresRetriedToSuccess(t *testing.T) {
+	proxy, err := shaper.Start(server.Endpoint, shaper.Options{Fault: func(r *http.Request, n int64) (int, int64) {
+		if r.Method != http.MethodGet || r.URL.Query().Has("list-type") {
+			return 0, -1
+		}
+		switch n % 4 {
+		case 1:
+			return http.StatusServiceUnavailable, -1
+		case 2:
+			return 0, 100_000 // reset after 100 kB
+		}
+		return 0, -1
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	dest := filepath.Join(t.TempDir(), "m")
+	if _, err := testEngine().Fetch(context.Background(), engine.Request{Source: newSource(t, proxy.URL), Dest: dest}); err != nil {
+		t.Fatal(err)
+	}
+	assertModel(t, dest)
+}
+
+// A byte flipped in the stored object (its ETag unchanged) fails verification; nothing is
+// published.
+func TestCorruptObjectFailsVerification(t *testing.T) {
+	ctx := context.Background()
+	data := randomBytes(9, 3<<20)
+	key := "corrupt/model.safetensors"
+	if err := server.PutBytes(ctx, bucket, key, data); err != nil {
+		t.Fatal(err)
+	}
+	onDisk := filepath.Join(server.Dir, bucket, key)
+	f, err := os.OpenFile(onDisk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{data[2<<20] ^ 0xff}, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	dest := filepath.Join(t.TempDir(), "m")
+	src := newSource(t, server.Endpoint, func(o *s3src.Options) { o.Prefix = "corrupt" })
+	_, err = testEngine().Fetch(ctx, engine.Request{Source: src, Dest: dest})
+	var verr *engine.VerificationError
+	// The SDK uploads with a full-object CRC64NVME, which the engine prefers to the MD5 ETag.
+	if !errors.As(err, &verr) || verr.Path != "model.safetensors" || verr.Kind != "crc64nvme" {
+		t.Fatalf("err = %v; want a crc64nvme VerificationError for model.safetensors", err)
+	}
+	if _, err := os.Stat(dest); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dest published: %v", err)
+	}
+}
+
+// The S3 server is killed part way and started again: the download resumes and verifies.
+func TestServerRestartMidDownload(t *testing.T) {
+	proxy, err := shaper.Start(server.Endpoint, shaper.Options{BytesPerSecond: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	var restarted atomic.Bool
+	restartErr := make(chan error, 1)
+	e := testEngine(engine.WithRetry(30, 50*time.Millisecond, 500*time.Millisecond), engine.WithProgress(func(p engine.Progress) {
+		if p.BytesDone > 2<<20 && restarted.CompareAndSwap(false, true) {
+			go func() { restartErr <- server.Restart() }()
+		}
+	}, 20*time.Millisecond))
+	dest := filepath.Join(t.TempDir(), "m")
+	if _, err := e.Fetch(context.Background(), engine.Request{Source: newSource(t, proxy.URL), Dest: dest}); err != nil {
+		t.Fatal(err)
+	}
+	if !restarted.Load() {
+		t.Fatal("the server was never restarted")
+	}
+	if err := <-restartErr; err != nil {
+		t.Fatal(err)
+	}
+	assertModel(t, dest)
+}
