@@ -2,7 +2,8 @@ package engine
 
 import (
 	"context"
-	"crypto/md5" //nolint:gosec // S3 ETags are MD5: this checks integrity, not authenticity
+	"crypto/md5"  //nolint:gosec // S3 ETags are MD5: this checks integrity, not authenticity
+	"crypto/sha1" //nolint:gosec // git blob ids
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
@@ -21,9 +22,10 @@ import (
 
 var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5) // CRC-64/NVME, reflected
 
-// checker picks the strongest checksum a file has: sha256, then the S3 full-object CRCs, then
-// MD5. It returns nil when the source gave none (size is then the only check).
-func checker(c source.Checksums) (kind, want string, h hash.Hash, encode func([]byte) string) {
+// checker picks the checksum to verify a file with: sha256, then the S3 full-object CRCs
+// (fast to compute, and as good as MD5 at catching damage), then MD5, then the git blob id. It
+// returns nil when the source gave none (size is then the only check). size is the file's.
+func checker(c source.Checksums, size int64) (kind, want string, h hash.Hash, encode func([]byte) string) {
 	hexEnc := hex.EncodeToString
 	switch {
 	case c.SHA256 != "":
@@ -34,6 +36,10 @@ func checker(c source.Checksums) (kind, want string, h hash.Hash, encode func([]
 		return "crc32c", c.CRC32C, crc32.New(crc32.MakeTable(crc32.Castagnoli)), base64.StdEncoding.EncodeToString
 	case c.MD5 != "":
 		return "md5", strings.ToLower(c.MD5), md5.New(), hexEnc //nolint:gosec // see import
+	case c.GitBlobSHA1 != "":
+		h := sha1.New() //nolint:gosec // git blob ids are SHA-1; integrity, not authenticity
+		fmt.Fprintf(h, "blob %d\x00", size)
+		return "git-sha1", strings.ToLower(c.GitBlobSHA1), h, hexEnc
 	}
 	return "", "", nil, nil
 }
@@ -49,7 +55,7 @@ func (r *run) verifyFile(ctx context.Context, idx int) error {
 	if info.Size() != f.Size {
 		return &VerificationError{file: idx, Path: f.Path, Kind: "size", Want: fmt.Sprint(f.Size), Got: fmt.Sprint(info.Size())}
 	}
-	kind, want, h, encode := checker(f.Checksums)
+	kind, want, h, encode := checker(f.Checksums, f.Size)
 	if h == nil {
 		return nil
 	}

@@ -32,11 +32,14 @@ type Checksums struct {
 	// CRC32C and CRC64NVME are the S3 full-object checksums, base64 as S3 sends them.
 	CRC32C    string `json:"crc32c,omitempty"`
 	CRC64NVME string `json:"crc64nvme,omitempty"`
+	// GitBlobSHA1 is a git blob id: sha1("blob <size>\x00" + content), as the Hugging Face
+	// Hub lists for files not stored in LFS.
+	GitBlobSHA1 string `json:"gitBlobSha1,omitempty"`
 }
 
 // Any reports whether at least one checksum is known.
 func (c Checksums) Any() bool {
-	return c.SHA256 != "" || c.MD5 != "" || c.CRC32C != "" || c.CRC64NVME != ""
+	return c.SHA256 != "" || c.MD5 != "" || c.CRC32C != "" || c.CRC64NVME != "" || c.GitBlobSHA1 != ""
 }
 
 // Listing is a model's files at one revision.

@@ -1,0 +1,188 @@
+package hf_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/source"
+	"github.com/prewarm/prewarm/pkg/engine/source/hf"
+)
+
+func randomBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 3))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func files() map[string][]byte {
+	return map[string][]byte{
+		"config.json":                      []byte(`{"model_type":"llama"}`),
+		"generation_config.json":           []byte(`{"do_sample":true}`),
+		"model-00001-of-00002.safetensors": randomBytes(1, 3<<20+5),
+		"model-00002-of-00002.safetensors": randomBytes(2, 2<<20),
+		"original/params.json":             []byte(`{"dim":4096}`),
+		"tokenizer.json":                   randomBytes(3, 40000),
+	}
+}
+
+func fetch(t *testing.T, opts hf.Options) (string, engine.Result, error) {
+	t.Helper()
+	src, err := hf.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dest := filepath.Join(t.TempDir(), "m")
+	res, err := engine.New(engine.WithConcurrency(4), engine.WithPartSize(1<<20), engine.WithRetry(3, time.Millisecond, time.Millisecond)).
+		Fetch(context.Background(), engine.Request{Source: src, Dest: dest})
+	return dest, res, err
+}
+
+func TestFetchResolvesBranchToCommitAndVerifies(t *testing.T) {
+	hub := hubfixture.Start()
+	defer hub.Close()
+	want := files()
+	commit := hub.AddCommit("meta-llama/Llama-3.1-8B-Instruct", "main", want)
+
+	dest, res, err := fetch(t, hf.Options{RepoID: "meta-llama/Llama-3.1-8B-Instruct", Endpoint: hub.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Revision != commit {
+		t.Errorf("revision = %q, want the commit main points at, %q", res.Revision, commit)
+	}
+	for p, data := range want {
+		got, err := os.ReadFile(filepath.Join(dest, p))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Errorf("%s: differs or missing (%v)", p, err)
+		}
+	}
+	m, err := engine.ReadManifest(dest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lfs, git int
+	for _, f := range m.Files {
+		if f.Checksums.SHA256 != "" {
+			lfs++
+		}
+		if f.Checksums.GitBlobSHA1 != "" {
+			git++
+		}
+	}
+	if lfs != 2 || git != 4 {
+		t.Errorf("manifest: %d files with sha256, %d with git ids; want 2 and 4 (every file checkable)", lfs, git)
+	}
+}
+
+// A later push to main does not change what an earlier pinned commit fetches.
+func TestPinnedCommitIsHonoured(t *testing.T) {
+	hub := hubfixture.Start()
+	defer hub.Close()
+	v1 := files()
+	first := hub.AddCommit("org/model", "main", v1)
+	hub.AddCommit("org/model", "main", map[string][]byte{"config.json": []byte(`{"v":2}`)})
+
+	dest, res, err := fetch(t, hf.Options{RepoID: "org/model", Revision: first, Endpoint: hub.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Revision != first || res.Files != len(v1) {
+		t.Errorf("fetched %d files at %s; want %d at %s", res.Files, res.Revision, len(v1), first)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dest, "config.json")); !bytes.Equal(b, v1["config.json"]) {
+		t.Error("config.json is not the pinned commit's")
+	}
+}
+
+func TestGatedRepository(t *testing.T) {
+	hub := hubfixture.Start()
+	defer hub.Close()
+	hub.AddCommit("meta-llama/Llama-3.1-8B-Instruct", "main", files())
+	hub.SetGated("meta-llama/Llama-3.1-8B-Instruct", "granted-token")
+
+	cases := []struct {
+		name, token, wantHint string
+	}{
+		{"no token", "", "accept its terms on the Hub, then pass a token"},
+		{"token not granted", "other-token", "has not been granted access"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := fetch(t, hf.Options{RepoID: "meta-llama/Llama-3.1-8B-Instruct", Endpoint: hub.URL, Token: tc.token})
+			var aerr *source.AccessError
+			if !errors.As(err, &aerr) || !aerr.Gated || !errors.Is(err, source.ErrAccessDenied) {
+				t.Fatalf("err = %v; want a gated AccessError", err)
+			}
+			if !strings.Contains(err.Error(), tc.wantHint) {
+				t.Errorf("message %q does not say %q", err, tc.wantHint)
+			}
+			if tc.token != "" && strings.Contains(err.Error(), tc.token) {
+				t.Errorf("the token appears in the error: %q", err)
+			}
+		})
+	}
+	t.Run("granted token", func(t *testing.T) {
+		// The fixture's content host refuses requests that carry the token: it must not leak there.
+		if _, _, err := fetch(t, hf.Options{RepoID: "meta-llama/Llama-3.1-8B-Instruct", Endpoint: hub.URL, Token: "granted-token"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestNotFound(t *testing.T) {
+	hub := hubfixture.Start()
+	defer hub.Close()
+	hub.AddCommit("org/model", "main", files())
+	for name, opts := range map[string]hf.Options{
+		"repository": {RepoID: "org/missing", Endpoint: hub.URL},
+		"revision":   {RepoID: "org/model", Revision: "no-such-branch", Endpoint: hub.URL},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := fetch(t, opts)
+			if !errors.Is(err, source.ErrNotFound) {
+				t.Fatalf("err = %v; want not found", err)
+			}
+		})
+	}
+}
+
+func TestCorruptLFSFileFailsVerification(t *testing.T) {
+	hub := hubfixture.Start()
+	defer hub.Close()
+	f := files()
+	hub.AddCommit("org/model", "main", f)
+	hub.Corrupt(f["model-00002-of-00002.safetensors"], 1000)
+	dest, _, err := fetch(t, hf.Options{RepoID: "org/model", Endpoint: hub.URL})
+	var verr *engine.VerificationError
+	if !errors.As(err, &verr) {
+		t.Fatalf("err = %v; want a VerificationError", err)
+	}
+	if diff := cmp.Diff([]string{"model-00002-of-00002.safetensors", "sha256"}, []string{verr.Path, verr.Kind}); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(dest); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dest published: %v", err)
+	}
+}
+
+func TestRepoIDValidated(t *testing.T) {
+	for _, bad := range []string{"llama", "../etc/passwd", "org/../x", "/org/x", "org/x/y"} {
+		if _, err := hf.New(hf.Options{RepoID: bad}); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
