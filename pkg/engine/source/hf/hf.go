@@ -171,8 +171,11 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 		var info revisionInfo
 		err = json.NewDecoder(resp.Body).Decode(&info)
 		resp.Body.Close()
-		if err != nil || !commitPattern.MatchString(info.SHA) {
-			return source.Listing{}, fmt.Errorf("%s: revision %s: unexpected answer (sha %q): %v", s.opts.RepoID, s.opts.Revision, info.SHA, err)
+		if err != nil {
+			return source.Listing{}, fmt.Errorf("%s: revision %s: %w", s.opts.RepoID, s.opts.Revision, err)
+		}
+		if !commitPattern.MatchString(info.SHA) {
+			return source.Listing{}, fmt.Errorf("%s: revision %s: the Hub answered sha %q, not a commit id", s.opts.RepoID, s.opts.Revision, info.SHA)
 		}
 		s.commit = info.SHA
 	}
@@ -236,7 +239,8 @@ func (s *Source) OpenRange(ctx context.Context, path string, off, n int64) (io.R
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode != http.StatusPartialContent && !(resp.StatusCode == http.StatusOK && off == 0) {
+	wholeFromStart := resp.StatusCode == http.StatusOK && off == 0
+	if resp.StatusCode != http.StatusPartialContent && !wholeFromStart {
 		resp.Body.Close()
 		return nil, fmt.Errorf("%s: %s: range request answered %s", s.opts.RepoID, path, resp.Status)
 	}
