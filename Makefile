@@ -58,9 +58,14 @@ testbin: ## Build the test binaries (kube-apiserver, etcd, kwok, versitygw, ...)
 test: testbin ## Run every test: unit, integration (real kube-apiserver) and architecture.
 	go test $(GO_TEST_FLAGS) ./...
 
+BENCH_FLAGS ?=
+
 .PHONY: bench
-bench: ## Run the benchmarks (the download engine's comparison lands with the engine).
-	go test -run '^$$' -bench . -benchmem ./...
+bench: ## Benchmark the download engine against rclone, the AWS CLI and transfermanager; writes docs/benchmarks.md.
+	bash hack/testbin.sh versitygw rclone >/dev/null
+	@command -v aws >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null; } || \
+	  { echo "make bench needs the AWS CLI: apt-get install awscli"; exit 1; }
+	go run ./test/bench/s3bench $(BENCH_FLAGS)
 
 ##@ Build
 

@@ -5,7 +5,8 @@
 # so a second run (and every CI run on the same machine) only checks that the files are there.
 #
 #   hack/testbin.sh            build what is missing, print the folder
-#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw) if missing
+#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw, rclone) if missing;
+#                              rclone, for make bench only, is built only when named
 #   hack/testbin.sh --print    print the folder without building
 #
 # The folder is $PREWARM_TESTBIN if set, else ${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/testbin.
@@ -15,6 +16,7 @@ K8S_VERSION=v1.37.2          # k8s.io/kubernetes; staging modules at v0.${K8S_VE
 ETCD_VERSION=v3.7.0          # the etcd server that kubernetes $K8S_VERSION is built against
 KWOK_VERSION=v0.8.0
 VERSITYGW_VERSION=v1.8.0
+RCLONE_VERSION=v1.76.0        # only for make bench: hack/testbin.sh rclone
 
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 root="${PREWARM_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/testbin}"
@@ -109,6 +111,14 @@ if want versitygw && [[ ! -x "$dir/versitygw" ]]; then
   mkdir -p "$m"
   (cd "$m" && go mod init prewarm.local/testbin-versitygw >/dev/null 2>&1 && go mod edit -require "github.com/versity/versitygw@$VERSITYGW_VERSION")
   build_in "$m" versitygw github.com/versity/versitygw/cmd/versitygw
+fi
+
+# --- rclone (benchmark comparison only) -----------------------------------------------------------
+if [[ " $only " == *" rclone "* && ! -x "$dir/rclone-$RCLONE_VERSION" ]]; then
+  m="$scratch/rclone"
+  mkdir -p "$m"
+  (cd "$m" && go mod init prewarm.local/testbin-rclone >/dev/null 2>&1 && go mod edit -require "github.com/rclone/rclone@$RCLONE_VERSION")
+  build_in "$m" "rclone-$RCLONE_VERSION" github.com/rclone/rclone
 fi
 
 echo "$dir"
