@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -92,24 +92,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func randomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, seed))
-	b := make([]byte, n)
-	for i := 0; i < n; i += 8 {
-		v := r.Uint64()
-		for j := 0; j < 8 && i+j < n; j++ {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
-	return b
-}
-
 func modelFiles() map[string][]byte {
 	return map[string][]byte{
 		"config.json":                      []byte(`{"architectures":["LlamaForCausalLM"]}`),
-		"model-00001-of-00002.safetensors": randomBytes(1, 3<<20+12345),
-		"model-00002-of-00002.safetensors": randomBytes(2, 2<<20),
-		"tokenizer/tokenizer.json":         randomBytes(3, 70000),
+		"model-00001-of-00002.safetensors": gen.Bytes(1, 3<<20+12345),
+		"model-00002-of-00002.safetensors": gen.Bytes(2, 2<<20),
+		"tokenizer/tokenizer.json":         gen.Bytes(3, 70000),
 		"empty.txt":                        {},
 	}
 }
@@ -284,7 +272,7 @@ func TestEscapingPathsRefused(t *testing.T) {
 
 func TestInsufficientSpaceFailsBeforeWriting(t *testing.T) {
 	parent := t.TempDir()
-	src := newMemSource(map[string][]byte{"big.bin": randomBytes(9, 1<<20)})
+	src := newMemSource(map[string][]byte{"big.bin": gen.Bytes(9, 1<<20)})
 	e := testEngine(engine.WithFreeSpace(func(string) (int64, error) { return 250_000, nil }))
 	_, err := e.Fetch(context.Background(), engine.Request{Source: src, Dest: filepath.Join(parent, "m")})
 	var serr *engine.InsufficientSpaceError
@@ -354,7 +342,7 @@ func TestPermanentFailureIsNotRetried(t *testing.T) {
 
 // A download that dies part way resumes: parts already written are not read again.
 func TestInterruptedFetchResumesWithoutRefetching(t *testing.T) {
-	files := map[string][]byte{"a.bin": randomBytes(5, 4<<20), "b.bin": randomBytes(6, 4<<20)}
+	files := map[string][]byte{"a.bin": gen.Bytes(5, 4<<20), "b.bin": gen.Bytes(6, 4<<20)}
 	src := newMemSource(files)
 	var total int64
 	for _, d := range files {
@@ -397,7 +385,7 @@ func TestInterruptedFetchResumesWithoutRefetching(t *testing.T) {
 }
 
 func TestCancelledFetchStopsAndResumes(t *testing.T) {
-	files := map[string][]byte{"a.bin": randomBytes(7, 6<<20)}
+	files := map[string][]byte{"a.bin": gen.Bytes(7, 6<<20)}
 	src := newMemSource(files)
 	ctx, cancel := context.WithCancel(context.Background())
 	var calls atomic.Int64
@@ -438,7 +426,7 @@ func TestChangedSourceReplacesTheDestination(t *testing.T) {
 	if _, err := testEngine().Fetch(context.Background(), engine.Request{Source: src, Dest: dest}); err != nil {
 		t.Fatal(err)
 	}
-	v2 := map[string][]byte{"config.json": []byte(`{"v":2}`), "weights.bin": randomBytes(11, 1<<20)}
+	v2 := map[string][]byte{"config.json": []byte(`{"v":2}`), "weights.bin": gen.Bytes(11, 1<<20)}
 	src2 := newMemSource(v2)
 	res, err := testEngine().Fetch(context.Background(), engine.Request{Source: src2, Dest: dest})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
@@ -31,15 +31,6 @@ var (
 )
 
 const bucket, prefix = "example-bucket", "models/example-model"
-
-func randomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, 11))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
-}
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -69,9 +60,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	model["config.json"] = []byte(`{"model_type":"llama"}`)
-	model["tokenizer.json"] = randomBytes(1, 200_000)
+	model["tokenizer.json"] = gen.Bytes(1, 200_000)
 	for i := 1; i <= 3; i++ {
-		model[fmt.Sprintf("model-0000%d-of-00003.safetensors", i)] = randomBytes(uint64(10+i), 8<<20)
+		model[fmt.Sprintf("model-0000%d-of-00003.safetensors", i)] = gen.Bytes(uint64(10+i), 8<<20)
 	}
 	for p, data := range model {
 		total += int64(len(data))
@@ -168,7 +159,7 @@ func TestPullFailuresSayWhy(t *testing.T) {
 func TestPullGatedHuggingFaceRepo(t *testing.T) {
 	hub := hubfixture.Start()
 	defer hub.Close()
-	hub.AddCommit("meta-llama/Llama-3.1-8B-Instruct", "main", map[string][]byte{"config.json": []byte("{}"), "model.safetensors": randomBytes(5, 2<<20)})
+	hub.AddCommit("meta-llama/Llama-3.1-8B-Instruct", "main", map[string][]byte{"config.json": []byte("{}"), "model.safetensors": gen.Bytes(5, 2<<20)})
 	hub.SetGated("meta-llama/Llama-3.1-8B-Instruct", "hf_granted")
 	dest := filepath.Join(t.TempDir(), "llama")
 

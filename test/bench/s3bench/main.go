@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
 	s3src "github.com/prewarm/prewarm/pkg/engine/source/s3"
@@ -265,28 +265,13 @@ func upload(ctx context.Context, srv *s3fixture.Server, name string, size int64,
 	}
 	defer os.Remove(f.Name())
 	defer f.Close()
-	if _, err := io.Copy(f, io.LimitReader(&prng{r: rand.New(rand.NewPCG(seed, 99))}, size)); err != nil {
+	if _, err := io.Copy(f, io.LimitReader(gen.Reader(seed), size)); err != nil {
 		return err
 	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
 	return srv.Put(ctx, bucket, prefix+"/"+name, f, size)
-}
-
-type prng struct{ r *rand.Rand }
-
-func (p *prng) Read(b []byte) (int, error) {
-	for i := 0; i+8 <= len(b); i += 8 {
-		v := p.r.Uint64()
-		for j := 0; j < 8; j++ {
-			b[i+j] = byte(v >> (8 * j))
-		}
-	}
-	for i := len(b) &^ 7; i < len(b); i++ {
-		b[i] = byte(p.r.Uint32())
-	}
-	return len(b), nil
 }
 
 // runOnce downloads into an empty dest, syncs when the tool does not, and checks the sizes.
@@ -349,8 +334,7 @@ func diskCeiling(dir string, size int64) (float64, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	buf := make([]byte, 1<<20)
-	_, _ = (&prng{r: rand.New(rand.NewPCG(5, 5))}).Read(buf) // never fails
+	buf := gen.Bytes(5, 1<<20)
 	dropCaches()
 	start := time.Now()
 	var wg sync.WaitGroup

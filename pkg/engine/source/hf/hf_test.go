@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,29 +12,21 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 	"github.com/prewarm/prewarm/pkg/engine/source/hf"
 )
 
-func randomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, 3))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
-}
-
 func files() map[string][]byte {
 	return map[string][]byte{
 		"config.json":                      []byte(`{"model_type":"llama"}`),
 		"generation_config.json":           []byte(`{"do_sample":true}`),
-		"model-00001-of-00002.safetensors": randomBytes(1, 3<<20+5),
-		"model-00002-of-00002.safetensors": randomBytes(2, 2<<20),
+		"model-00001-of-00002.safetensors": gen.Bytes(1, 3<<20+5),
+		"model-00002-of-00002.safetensors": gen.Bytes(2, 2<<20),
 		"original/params.json":             []byte(`{"dim":4096}`),
-		"tokenizer.json":                   randomBytes(3, 40000),
+		"tokenizer.json":                   gen.Bytes(3, 40000),
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -34,15 +34,6 @@ var (
 	model  map[string][]byte
 )
 
-func randomBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, 7))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
-}
-
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "s3-test-")
 	if err != nil {
@@ -55,9 +46,9 @@ func TestMain(m *testing.M) {
 	}
 	model = map[string][]byte{
 		"config.json":                      []byte(`{"model_type":"llama"}`),
-		"model-00001-of-00002.safetensors": randomBytes(1, 6<<20+777),
-		"model-00002-of-00002.safetensors": randomBytes(2, 5<<20),
-		"tokenizer/tokenizer.json":         randomBytes(3, 123456),
+		"model-00001-of-00002.safetensors": gen.Bytes(1, 6<<20+777),
+		"model-00002-of-00002.safetensors": gen.Bytes(2, 5<<20),
+		"tokenizer/tokenizer.json":         gen.Bytes(3, 123456),
 	}
 	ctx := context.Background()
 	must := func(err error) {
@@ -207,7 +198,7 @@ func TestInjectedFailuresRetriedToSuccess(t *testing.T) {
 // published.
 func TestCorruptObjectFailsVerification(t *testing.T) {
 	ctx := context.Background()
-	data := randomBytes(9, 3<<20)
+	data := gen.Bytes(9, 3<<20)
 	key := "corrupt/model.safetensors"
 	if err := server.PutBytes(ctx, bucket, key, data); err != nil {
 		t.Fatal(err)
