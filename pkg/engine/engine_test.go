@@ -438,3 +438,17 @@ func TestChangedSourceReplacesTheDestination(t *testing.T) {
 	assertTree(t, dest, v2)
 	assertNoLeftovers(t, filepath.Dir(dest))
 }
+
+// The rate limit holds the download back: 3 MiB at 4 MB/s, with at most a 1 MiB burst, cannot
+// finish in under half a second. (A lower bound: a slow machine only makes it longer.)
+func TestRateLimitHoldsTheDownloadBack(t *testing.T) {
+	src := newMemSource(map[string][]byte{"a.bin": gen.Bytes(21, 3<<20)})
+	start := time.Now()
+	_, err := testEngine(engine.WithRateLimit(4_000_000)).Fetch(context.Background(), engine.Request{Source: src, Dest: filepath.Join(t.TempDir(), "m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Errorf("3 MiB at 4 MB/s took %s", d)
+	}
+}

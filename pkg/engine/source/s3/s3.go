@@ -44,11 +44,15 @@ type Options struct {
 	HTTPClient aws.HTTPClient
 	// MaxConnections sizes the default transport's connection pool; default 64.
 	MaxConnections int
+	// ListPageSize is the number of keys asked for per ListObjectsV2 page; default the
+	// server's (1000 on S3).
+	ListPageSize int32
 }
 
 // Source is a prefix of a bucket.
 type Source struct {
-	client *s3.Client
+	client   *s3.Client
+	pageSize int32
 	bucket string
 	prefix string   // "" or ending in "/"
 	etags  sync.Map // relative path -> ETag seen by List
@@ -114,7 +118,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if prefix != "" && !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
-	return &Source{client: client, bucket: opts.Bucket, prefix: prefix}, nil
+	return &Source{client: client, bucket: opts.Bucket, prefix: prefix, pageSize: opts.ListPageSize}, nil
 }
 
 func (s *Source) String() string { return "s3://" + s.bucket + "/" + s.prefix }
@@ -124,7 +128,11 @@ var md5ETag = regexp.MustCompile(`^[0-9a-f]{32}$`)
 // List pages through the prefix, then asks each object for its full-object checksums.
 func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	var files []source.File
-	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: &s.prefix})
+	in := &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: &s.prefix}
+	if s.pageSize > 0 {
+		in.MaxKeys = aws.Int32(s.pageSize)
+	}
+	p := s3.NewListObjectsV2Paginator(s.client, in)
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {

@@ -135,6 +135,31 @@ func TestListGivesSizesAndMD5(t *testing.T) {
 	}
 }
 
+// A listing longer than one page is followed to its end.
+func TestListFollowsPages(t *testing.T) {
+	var listCalls atomic.Int64
+	proxy, err := shaper.Start(server.Endpoint, shaper.Options{Fault: func(r *http.Request, _ int64) (int, int64) {
+		if r.URL.Query().Has("list-type") {
+			listCalls.Add(1)
+		}
+		return 0, -1
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	l, err := newSource(t, proxy.URL, func(o *s3src.Options) { o.ListPageSize = 1 }).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Files) != len(model) {
+		t.Errorf("listed %d files one per page, want %d", len(l.Files), len(model))
+	}
+	if listCalls.Load() < int64(len(model)) {
+		t.Errorf("%d ListObjectsV2 calls for %d keys one per page: paging not exercised", listCalls.Load(), len(model))
+	}
+}
+
 func TestFetchFromS3(t *testing.T) {
 	dest := filepath.Join(t.TempDir(), "m")
 	res, err := testEngine().Fetch(context.Background(), engine.Request{Source: newSource(t, server.Endpoint), Dest: dest})
