@@ -53,9 +53,9 @@ type Options struct {
 type Source struct {
 	client   *s3.Client
 	pageSize int32
-	bucket string
-	prefix string   // "" or ending in "/"
-	etags  sync.Map // relative path -> ETag seen by List
+	bucket   string
+	prefix   string   // "" or ending in "/"
+	etags    sync.Map // relative path -> ETag seen by List
 }
 
 // NewTransport returns an HTTP client tuned for many parallel ranged GETs to one endpoint:
