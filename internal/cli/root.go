@@ -3,6 +3,8 @@ package cli
 
 import (
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
@@ -15,6 +17,27 @@ func NewRootCommand() *cobra.Command {
 		Short:         "See and drive prewarm's node-local caches of model weights and inference images",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+	}
+	var cpuProfile string
+	root.PersistentFlags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile to this file (for performance work)")
+	_ = root.PersistentFlags().MarkHidden("cpuprofile")
+	var profFile *os.File
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if cpuProfile == "" {
+			return nil
+		}
+		var err error
+		if profFile, err = os.Create(cpuProfile); err != nil {
+			return err
+		}
+		return pprof.StartCPUProfile(profFile)
+	}
+	root.PersistentPostRunE = func(*cobra.Command, []string) error {
+		if profFile == nil {
+			return nil
+		}
+		pprof.StopCPUProfile()
+		return profFile.Close()
 	}
 	root.AddCommand(newVersionCommand(), newPullCommand())
 	return root

@@ -111,6 +111,8 @@ func StartAPIServer() (*APIServer, error) {
 	}
 	cfg, err := env.Start()
 	if err != nil {
+		// Start may fail after the processes are up (e.g. a CRD the server refuses): stop them.
+		_ = env.Stop()
 		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bin, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: Scheme()})

@@ -452,3 +452,41 @@ func TestRateLimitHoldsTheDownloadBack(t *testing.T) {
 		t.Errorf("3 MiB at 4 MB/s took %s", d)
 	}
 }
+
+// Files with a CRC are verified from their parts' CRCs as they stream in. A resume with another
+// part size leaves parts that do not tile the file; it is then read back, and still verified.
+func TestInlineCRCVerificationAcrossResumeWithAnotherPartSize(t *testing.T) {
+	files := map[string][]byte{"a.bin": gen.Bytes(31, 5<<20+3), "b.bin": gen.Bytes(32, 3<<20)}
+	src := newMemSource(files)
+	for p, d := range files {
+		src.sums[p] = source.Checksums{CRC64NVME: engine.CRC64NVME(d)}
+	}
+	var served atomic.Int64
+	src.fault = func(_ string, _, length int64) (int64, error) {
+		if served.Add(length) > 4<<20 {
+			return -1, &source.AccessError{Err: errors.New("stop")}
+		}
+		return length, nil
+	}
+	dest := filepath.Join(t.TempDir(), "m")
+	if _, err := testEngine(engine.WithConcurrency(2)).Fetch(context.Background(), engine.Request{Source: src, Dest: dest}); err == nil {
+		t.Fatal("first fetch succeeded")
+	}
+	src.fault = nil
+	e := engine.New(engine.WithConcurrency(3), engine.WithPartSize(1<<20))
+	if _, err := e.Fetch(context.Background(), engine.Request{Source: src, Dest: dest}); err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, dest, files)
+
+	// And a byte changed in flight is caught by the inline CRC.
+	bad := newMemSource(map[string][]byte{"c.bin": gen.Bytes(33, 2<<20)})
+	bad.sums["c.bin"] = source.Checksums{CRC64NVME: engine.CRC64NVME(bad.files["c.bin"])}
+	bad.files["c.bin"] = bytes.Clone(bad.files["c.bin"])
+	bad.files["c.bin"][1<<20+5] ^= 1
+	_, err := testEngine().Fetch(context.Background(), engine.Request{Source: bad, Dest: filepath.Join(t.TempDir(), "c")})
+	var verr *engine.VerificationError
+	if !errors.As(err, &verr) || verr.Kind != "crc64nvme" {
+		t.Fatalf("err = %v; want a crc64nvme VerificationError", err)
+	}
+}

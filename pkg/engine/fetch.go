@@ -27,7 +27,7 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 	e.report(Progress{Phase: PhaseListing})
 	listing, err := req.Source.List(ctx)
 	if err != nil {
-		return Result{}, fmt.Errorf("listing %s: %w", req.Source, err)
+		return Result{}, err // sources say what they were listing
 	}
 	if err := checkPaths(listing.Files); err != nil {
 		return Result{}, fmt.Errorf("%s: %w", req.Source, err)
@@ -87,6 +87,12 @@ type run struct {
 	total     int64
 	allocated int64 // bytes of files already present in the partial directory
 	rate      rateMeter
+
+	// inline[i] is the CRC file i is checksummed with as its parts stream in (nil: verified by
+	// reading it back); crcs[i] are its parts' CRCs so far, guarded by crcMu.
+	inline []*crcKind
+	crcMu  sync.Mutex
+	crcs   [][]partCRC
 }
 
 func (e *Engine) prepare(dest string, src source.Source, listing source.Listing) (*run, error) {
@@ -100,7 +106,7 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing)
 		return nil, fmt.Errorf("reading %s: %w", jpath, err)
 	}
 	if !resuming {
-		st = resumeState{written: map[int]*coverage{}, verified: map[int]bool{}}
+		st = newResumeState()
 	}
 	// A file the journal calls written but whose size on disk is wrong was truncated or
 	// replaced: forget it. The others are already allocated.
@@ -117,8 +123,15 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing)
 	for _, idx := range stale {
 		delete(st.written, idx)
 		delete(st.verified, idx)
+		delete(st.crcs, idx)
 	}
 	r.resume = st
+	r.inline = make([]*crcKind, len(listing.Files))
+	r.crcs = make([][]partCRC, len(listing.Files))
+	for i, f := range listing.Files {
+		r.inline[i], _ = inlineKind(f.Checksums)
+		r.crcs[i] = st.crcs[i]
+	}
 
 	// Nothing is written before the model is known to fit.
 	if err := e.checkSpace(r, dest); err != nil {

@@ -21,7 +21,7 @@ import (
 // "S" record written; after a reboot only records before the last "S" are trusted.
 //
 //	{"plan":"<sha256 of the listing>","boot":"<boot id>"}
-//	W <file index> <offset> <length>
+//	W <file index> <offset> <length> [<crc of the part, hex>]
 //	V <file index>
 //	X <file index>      (the file failed verification: forget it)
 //	S
@@ -59,10 +59,21 @@ func (c *coverage) covers(off, n int64) bool {
 	return false
 }
 
+// partCRC is the CRC of one written part, for verification without reading the file back.
+type partCRC struct {
+	off, n int64
+	crc    uint64
+}
+
 // resumeState is what a journal says was done before.
 type resumeState struct {
 	written  map[int]*coverage
 	verified map[int]bool
+	crcs     map[int][]partCRC
+}
+
+func newResumeState() resumeState {
+	return resumeState{written: map[int]*coverage{}, verified: map[int]bool{}, crcs: map[int][]partCRC{}}
 }
 
 func planHash(files []source.File, revision string) string {
@@ -106,6 +117,8 @@ func readJournal(path, plan string) (st resumeState, ok bool, err error) {
 		kind   byte
 		idx    int
 		off, n int64
+		crc    uint64
+		hasCRC bool
 	}
 	var trusted, pending []rec
 	for sc.Scan() {
@@ -118,28 +131,34 @@ func readJournal(path, plan string) (st resumeState, ok bool, err error) {
 			trusted = append(trusted, pending...)
 			pending = pending[:0]
 		case "W":
-			if len(fields) != 4 {
+			if len(fields) != 4 && len(fields) != 5 {
 				continue // a torn last line
 			}
 			idx, err1 := strconv.Atoi(fields[1])
 			off, err2 := strconv.ParseInt(fields[2], 10, 64)
 			n, err3 := strconv.ParseInt(fields[3], 10, 64)
-			if err1 == nil && err2 == nil && err3 == nil {
-				pending = append(pending, rec{'W', idx, off, n})
+			r := rec{kind: 'W', idx: idx, off: off, n: n}
+			var err4 error
+			if len(fields) == 5 {
+				r.crc, err4 = strconv.ParseUint(fields[4], 16, 64)
+				r.hasCRC = err4 == nil
+			}
+			if err1 == nil && err2 == nil && err3 == nil && err4 == nil {
+				pending = append(pending, r)
 			}
 		case "V", "X":
 			if len(fields) != 2 {
 				continue
 			}
 			if idx, err := strconv.Atoi(fields[1]); err == nil {
-				pending = append(pending, rec{fields[0][0], idx, 0, 0})
+				pending = append(pending, rec{kind: fields[0][0], idx: idx})
 			}
 		}
 	}
 	if sameBoot {
 		trusted = append(trusted, pending...)
 	}
-	st = resumeState{written: map[int]*coverage{}, verified: map[int]bool{}}
+	st = newResumeState()
 	for _, r := range trusted {
 		switch r.kind {
 		case 'W':
@@ -149,11 +168,15 @@ func readJournal(path, plan string) (st resumeState, ok bool, err error) {
 				st.written[r.idx] = c
 			}
 			c.add(r.off, r.n)
+			if r.hasCRC {
+				st.crcs[r.idx] = append(st.crcs[r.idx], partCRC{r.off, r.n, r.crc})
+			}
 		case 'V':
 			st.verified[r.idx] = true
 		case 'X':
 			delete(st.written, r.idx)
 			delete(st.verified, r.idx)
+			delete(st.crcs, r.idx)
 		}
 	}
 	return st, true, sc.Err()
@@ -190,7 +213,11 @@ func appendJournal(path string) (*journal, error) {
 
 // Record writers: a write error stays in the bufio.Writer and flush returns it.
 
-func (j *journal) written(idx int, off, n int64) {
+func (j *journal) written(idx int, off, n int64, crc uint64, hasCRC bool) {
+	if hasCRC {
+		_, _ = fmt.Fprintf(j.w, "W %d %d %d %x\n", idx, off, n, crc)
+		return
+	}
 	_, _ = fmt.Fprintf(j.w, "W %d %d %d\n", idx, off, n)
 }
 

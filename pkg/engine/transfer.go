@@ -41,6 +41,8 @@ type fileHandle struct {
 type record struct {
 	file   int
 	off, n int64
+	crc    uint64
+	hasCRC bool
 }
 
 // download fetches every missing part and verifies every file.
@@ -107,10 +109,17 @@ func (r *run) download(ctx context.Context) error {
 		g.Go(func() error {
 			defer workers.Done()
 			for p := range parts {
-				if err := r.fetchPart(ctx, p); err != nil {
+				crc, err := r.fetchPart(ctx, p)
+				if err != nil {
 					return err
 				}
-				records <- record{p.file, p.off, p.n}
+				rec := record{file: p.file, off: p.off, n: p.n, crc: crc, hasCRC: r.inline[p.file] != nil}
+				if rec.hasCRC {
+					r.crcMu.Lock()
+					r.crcs[p.file] = append(r.crcs[p.file], partCRC{p.off, p.n, crc})
+					r.crcMu.Unlock()
+				}
+				records <- rec
 				if p.handle.remaining.Add(-1) == 0 {
 					if err := p.handle.f.Close(); err != nil {
 						return err
@@ -139,7 +148,7 @@ func (r *run) download(ctx context.Context) error {
 				if !ok {
 					return r.journal.flush()
 				}
-				r.journal.written(rec.file, rec.off, rec.n)
+				r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC)
 				if len(records) == 0 {
 					if err := r.journal.flush(); err != nil {
 						return err
@@ -272,44 +281,47 @@ func (r *run) openFile(idx int, f source.File) (*fileHandle, error) {
 }
 
 // fetchPart reads one part from the source and writes it at its offset, retrying transient
-// failures from the byte it had reached.
-func (r *run) fetchPart(ctx context.Context, p part) error {
+// failures from the byte it had reached. It returns the part's CRC when the file is verified
+// inline.
+func (r *run) fetchPart(ctx context.Context, p part) (uint64, error) {
 	e := r.e
 	f := r.listing.Files[p.file]
 	off, end := p.off, p.off+p.n
+	var crc uint64
 	var lastErr error
 	for attempt := 0; attempt < e.maxAttempts; attempt++ {
 		if attempt > 0 {
 			e.metrics.retries.Inc()
 			if err := sleep(ctx, e.backoff(attempt)); err != nil {
-				return err
+				return 0, err
 			}
 		}
-		n, err := r.copyRange(ctx, p.handle.f, f.Path, off, end-off)
+		n, err := r.copyRange(ctx, p.handle.f, f.Path, off, end-off, r.inline[p.file], &crc)
 		off += n
 		if err == nil && off == end {
-			return nil
+			return crc, nil
 		}
 		if err == nil {
 			err = io.ErrUnexpectedEOF
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return 0, ctx.Err()
 		}
 		if !source.Retryable(err) {
-			return fmt.Errorf("%s: %w", f.Path, err)
+			return 0, fmt.Errorf("%s: %w", f.Path, err)
 		}
 		if n > 0 {
 			attempt = 0 // progress was made: the budget is for a stuck part, not a long one
 		}
 		lastErr = err
 	}
-	return fmt.Errorf("%s: giving up after %d tries: %w", f.Path, e.maxAttempts, lastErr)
+	return 0, fmt.Errorf("%s: giving up after %d tries: %w", f.Path, e.maxAttempts, lastErr)
 }
 
-// copyRange streams [off, off+n) of the source file into w at the same offsets. It returns the
-// bytes written, which are all good even when err is not nil.
-func (r *run) copyRange(ctx context.Context, w io.WriterAt, path string, off, n int64) (int64, error) {
+// copyRange streams [off, off+n) of the source file into w at the same offsets, updating *crc
+// with the bytes written when kind is set. It returns the bytes written, which are all good
+// even when err is not nil.
+func (r *run) copyRange(ctx context.Context, w io.WriterAt, path string, off, n int64, kind *crcKind, crc *uint64) (int64, error) {
 	body, err := r.src.OpenRange(ctx, path, off, n)
 	if err != nil {
 		return 0, err
@@ -330,6 +342,9 @@ func (r *run) copyRange(ctx context.Context, w io.WriterAt, path string, off, n 
 		if got > 0 {
 			if _, werr := w.WriteAt(buf[:got], off+written); werr != nil {
 				return written, fmt.Errorf("writing %s: %w", path, werr)
+			}
+			if kind != nil {
+				*crc = kind.update(*crc, buf[:got])
 			}
 			written += int64(got)
 			r.done.Add(int64(got))

@@ -212,7 +212,7 @@ func journaledBytes(t *testing.T, journal string) int64 {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) == 4 && fields[0] == "W" {
+		if (len(fields) == 4 || len(fields) == 5) && fields[0] == "W" {
 			k, _ := strconv.ParseInt(fields[3], 10, 64)
 			n += k
 		}

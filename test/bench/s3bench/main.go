@@ -103,7 +103,7 @@ func run(workDir string, shards, shardMiB, reps int, outPath string, connMBps fl
 	env := append(os.Environ(), "AWS_ACCESS_KEY_ID="+s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY="+s3fixture.SecretKey,
 		"AWS_REGION="+s3fixture.Region, "AWS_CA_BUNDLE=", "AWS_PAGER=")
 	rcloneRemote := func(endpoint string) string {
-		return fmt.Sprintf(":s3,provider=Other,access_key_id=%s,secret_access_key=%s,endpoint=%s,force_path_style=true,region=%s:%s/%s",
+		return fmt.Sprintf(":s3,provider=Other,access_key_id=%s,secret_access_key=%s,endpoint='%s',force_path_style=true,region=%s:%s/%s",
 			s3fixture.AccessKey, s3fixture.SecretKey, endpoint, s3fixture.Region, bucket, prefix)
 	}
 	prewarmArgs := []string{"--progress", "none"}

@@ -136,7 +136,7 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return source.Listing{}, s.wrap(err, "listing "+s.String())
+			return source.Listing{}, s.wrap(err, "listing")
 		}
 		for _, o := range page.Contents {
 			key := aws.ToString(o.Key)
