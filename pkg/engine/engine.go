@@ -24,7 +24,7 @@ import (
 
 // Defaults, chosen by measurement (docs/benchmarks.md).
 const (
-	DefaultConcurrency = 32
+	DefaultConcurrency = 64
 	DefaultPartSize    = 16 << 20
 	DefaultMaxAttempts = 10
 )
