@@ -4,8 +4,8 @@ package cli
 import (
 	"fmt"
 	"os"
-	"runtime/pprof"
 	"runtime/debug"
+	"runtime/pprof"
 
 	"github.com/spf13/cobra"
 )
