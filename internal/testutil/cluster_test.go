@@ -31,24 +31,20 @@ func TestClusterRunsWorkloadsOnKwokNodes(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
+	// gpu-b carries a label the Deployment prefers. It is there from the node's creation, so the
+	// scheduler has seen it before any pod exists.
 	for _, n := range []struct {
 		name, instanceType string
 		gpus               int64
+		labels             map[string]string
 	}{
-		{"gpu-a", "ml.g5.24xlarge", 4}, {"gpu-b", "ml.g5.24xlarge", 4}, {"small", "ml.g5.xlarge", 0},
+		{"gpu-a", "ml.g5.24xlarge", 4, nil},
+		{"gpu-b", "ml.g5.24xlarge", 4, map[string]string{"warm": "true"}},
+		{"small", "ml.g5.xlarge", 0, nil},
 	} {
-		if _, err := c.AddNode(ctx, n.name, NodeOptions{InstanceType: n.instanceType, GPUs: n.gpus}); err != nil {
+		if _, err := c.AddNode(ctx, n.name, NodeOptions{InstanceType: n.instanceType, GPUs: n.gpus, Labels: n.labels}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	// A label on gpu-b only: the Deployment prefers it.
-	node := &corev1.Node{}
-	if err := c.Client.Get(ctx, client.ObjectKey{Name: "gpu-b"}, node); err != nil {
-		t.Fatal(err)
-	}
-	node.Labels["warm"] = "true"
-	if err := c.Client.Update(ctx, node); err != nil {
-		t.Fatal(err)
 	}
 
 	labels := map[string]string{"app": "inference"}
