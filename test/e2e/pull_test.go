@@ -122,6 +122,23 @@ func TestPullFromS3(t *testing.T) {
 	}
 }
 
+// On a terminal (forced here with --progress bar) the progress redraws one line; it ends with a
+// newline so the summary starts on its own line.
+func TestPullDrawsAProgressBar(t *testing.T) {
+	proxy, err := shaper.Start(s3srv.Endpoint, shaper.Options{BytesPerSecond: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	_, errOut, err := pull(t, "s3://"+bucket+"/"+prefix, filepath.Join(t.TempDir(), "m"), "--endpoint", proxy.URL, "--progress", "bar", "--concurrency", "4")
+	if err != nil {
+		t.Fatalf("pull: %v\n%s", err, errOut)
+	}
+	if !strings.Contains(errOut, "\r[") || !strings.Contains(errOut, "files ") || !strings.HasSuffix(errOut, "\n") {
+		t.Errorf("stderr %q: want a redrawn bar ending in a newline", errOut)
+	}
+}
+
 func TestPullFailuresSayWhy(t *testing.T) {
 	cases := []struct {
 		name    string

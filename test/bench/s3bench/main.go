@@ -124,8 +124,11 @@ func run(workDir string, shards, shardMiB, reps int, outPath string, connMBps fl
 			return exec.Command(rclone, "copy", rcloneRemote(ep), dest, "--transfers", "8", "--checkers", "16",
 				"--multi-thread-streams", "32", "--multi-thread-cutoff", "64Mi", "--multi-thread-chunk-size", "16Mi")
 		}},
-		{name: "transfermanager", cmd: func(ep, dest string) *exec.Cmd {
+		{name: "transfermanager (defaults)", cmd: func(ep, dest string) *exec.Cmd {
 			return exec.Command(tools["tmget"], "-endpoint", ep, "-bucket", bucket, "-prefix", prefix, "-dest", dest)
+		}},
+		{name: "transfermanager (128)", cmd: func(ep, dest string) *exec.Cmd {
+			return exec.Command(tools["tmget"], "-endpoint", ep, "-bucket", bucket, "-prefix", prefix, "-dest", dest, "-concurrency", "128")
 		}},
 		{name: "aws cli", syncAfter: true, cmd: func(ep, dest string) *exec.Cmd {
 			return exec.Command(aws, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", ep, "s3://"+bucket+"/"+prefix, dest)
@@ -163,6 +166,9 @@ func run(workDir string, shards, shardMiB, reps int, outPath string, connMBps fl
 			return fmt.Errorf("unknown profile %q", profile)
 		}
 		profileNames = append(profileNames, profile)
+		if err := coldWritesWarmServer(filepath.Join(workDir, "s3", bucket)); err != nil {
+			return err
+		}
 		ceil, err := serverCeiling(ctx, srv, endpoint, total)
 		if err != nil {
 			return err
@@ -173,7 +179,7 @@ func run(workDir string, shards, shardMiB, reps int, outPath string, connMBps fl
 		for rep := 0; rep < reps; rep++ {
 			order := rotate(selected, rep)
 			for _, t := range order {
-				s, err := runOnce(t, endpoint, filepath.Join(workDir, "dest"), env, total)
+				s, err := runOnce(t, endpoint, filepath.Join(workDir, "dest"), filepath.Join(workDir, "s3", bucket), env, total)
 				if err != nil {
 					return fmt.Errorf("[%s] %s: %w", profile, t.name, err)
 				}
@@ -275,14 +281,16 @@ func upload(ctx context.Context, srv *s3fixture.Server, name string, size int64,
 }
 
 // runOnce downloads into an empty dest, syncs when the tool does not, and checks the sizes.
-func runOnce(t tool, endpoint, dest string, env []string, total int64) (sample, error) {
+func runOnce(t tool, endpoint, dest, serverData string, env []string, total int64) (sample, error) {
 	if err := os.RemoveAll(dest); err != nil {
 		return sample{}, err
 	}
 	if err := os.RemoveAll(filepath.Join(filepath.Dir(dest), "."+filepath.Base(dest)+".prewarm-partial")); err != nil {
 		return sample{}, err
 	}
-	dropCaches()
+	if err := coldWritesWarmServer(serverData); err != nil {
+		return sample{}, err
+	}
 	cmd := t.cmd(endpoint, dest)
 	cmd.Env = env
 	var stderr strings.Builder
@@ -322,10 +330,29 @@ func treeSize(dir string) (int64, error) {
 	return n, err
 }
 
-// dropCaches empties the page cache (root only) so every run writes to a cold cache alike.
+// dropCaches empties the page cache (root only).
 func dropCaches() {
 	_ = exec.Command("sync").Run()
 	_ = os.WriteFile("/proc/sys/vm/drop_caches", []byte("1"), 0)
+}
+
+// coldWritesWarmServer starts every run alike: nothing dirty or cached from the last run, and
+// the server's objects in memory, as a remote S3 serves them, so that the local disk does only
+// what it does on a node (write the model) instead of also serving it.
+func coldWritesWarmServer(serverData string) error {
+	dropCaches()
+	return filepath.Walk(serverData, func(p string, info os.FileInfo, err error) error {
+		if err != nil || !info.Mode().IsRegular() {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(io.Discard, f)
+		return err
+	})
 }
 
 // diskCeiling writes size bytes with 1 MiB writes across 4 files in parallel, then fsyncs.
@@ -450,10 +477,12 @@ func machineFacts() []string {
 func render(tools []tool, profiles []string, results map[string]map[string][]sample, ceilings map[string]float64,
 	total int64, shards, shardMiB, reps int, connMBps float64, latency time.Duration, args string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmarks\n\nProduced by `make bench` (`go run ./test/bench/s3bench %s`) on %s.\n\n", args, time.Now().UTC().Format("2006-01-02"))
+	cmdline := strings.TrimSpace("go run ./test/bench/s3bench " + args)
+	fmt.Fprintf(&b, "# Benchmarks\n\nProduced by `make bench` (`%s`) on %s. Where the time goes, and what the goals are: [performance.md](performance.md).\n\n", cmdline, time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(&b, "Machine: %s.\n\n", strings.Join(machineFacts(), "; "))
 	fmt.Fprintf(&b, "Model: %d shards of %d MiB plus four small files, %.2f GB in all, served by versitygw (posix backend) on loopback. "+
-		"Each run starts from an empty destination and a dropped page cache and ends with every file synced to disk "+
+		"Each run starts from an empty destination and a dropped page cache, with the server's objects then read into memory (a remote S3 serves from its own fleet, "+
+		"so the local disk should only write), and ends with every file synced to disk "+
 		"(tools that do not sync their files get `sync -f` inside the timed region). Tools alternate run by run; %d runs each; medians shown.\n\n",
 		shards, shardMiB, float64(total)/1e9, reps)
 	fmt.Fprintf(&b, "Profiles: **raw** is plain loopback; **shaped** goes through a proxy (in the benchmark process) that caps each response at %.0f MB/s and delays its first byte by %s, "+

@@ -1,6 +1,6 @@
-// Command tmget downloads an S3 prefix into a directory with aws-sdk-go-v2's transfermanager at
-// its recommended settings (transfermanager.New with default options), then syncs the files:
-// the baseline make bench compares prewarm's engine with.
+// Command tmget downloads an S3 prefix into a directory with aws-sdk-go-v2's transfermanager
+// (transfermanager.New: its defaults, or -concurrency), then syncs the files: a baseline make
+// bench compares prewarm's engine with.
 //
 //	tmget -endpoint http://127.0.0.1:7070 -bucket example-bucket -prefix models/m -dest ./m
 package main
@@ -24,14 +24,15 @@ func main() {
 	bucket := flag.String("bucket", "", "bucket")
 	prefix := flag.String("prefix", "", "key prefix")
 	dest := flag.String("dest", "", "destination directory")
+	concurrency := flag.Int("concurrency", 0, "transfermanager Options.Concurrency (0: its default)")
 	flag.Parse()
-	if err := run(*endpoint, *bucket, *prefix, *dest); err != nil {
+	if err := run(*endpoint, *bucket, *prefix, *dest, *concurrency); err != nil {
 		fmt.Fprintln(os.Stderr, "tmget:", err)
 		os.Exit(1)
 	}
 }
 
-func run(endpoint, bucket, prefix, dest string) error {
+func run(endpoint, bucket, prefix, dest string, concurrency int) error {
 	ctx := context.Background()
 	cfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
@@ -43,7 +44,11 @@ func run(endpoint, bucket, prefix, dest string) error {
 			o.UsePathStyle = true
 		}
 	})
-	tm := transfermanager.New(client)
+	tm := transfermanager.New(client, func(o *transfermanager.Options) {
+		if concurrency > 0 {
+			o.Concurrency = concurrency
+		}
+	})
 	if _, err := tm.DownloadDirectory(ctx, &transfermanager.DownloadDirectoryInput{
 		Bucket: aws.String(bucket), KeyPrefix: aws.String(prefix), Destination: aws.String(dest),
 	}); err != nil {
