@@ -490,3 +490,31 @@ func TestInlineCRCVerificationAcrossResumeWithAnotherPartSize(t *testing.T) {
 		t.Fatalf("err = %v; want a crc64nvme VerificationError", err)
 	}
 }
+
+// A resume where the journal already holds verified files must finish: the verifiers have to
+// know, before anything starts, how many files are left to check (an earlier version counted
+// while the producer was still skipping verified files, and could wait forever).
+func TestResumeWithVerifiedFilesFinishes(t *testing.T) {
+	for i := range 20 {
+		files := map[string][]byte{"a.json": []byte(`{"a":1}`), "b.json": []byte(`{"b":2}`), "c.bin": gen.Bytes(uint64(40+i), 3<<20)}
+		src := newMemSource(files)
+		src.fault = func(path string, off, _ int64) (int64, error) {
+			if path == "c.bin" && off >= 1<<20 {
+				return -1, &source.AccessError{Err: errors.New("stop")}
+			}
+			return 3 << 20, nil
+		}
+		dest := filepath.Join(t.TempDir(), "m")
+		if _, err := testEngine(engine.WithConcurrency(1)).Fetch(context.Background(), engine.Request{Source: src, Dest: dest}); err == nil {
+			t.Fatal("first fetch succeeded")
+		}
+		src.fault = nil
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, err := testEngine().Fetch(ctx, engine.Request{Source: src, Dest: dest})
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: resumed fetch: %v", i, err)
+		}
+		assertTree(t, dest, files)
+	}
+}

@@ -55,13 +55,23 @@ func (r *run) download(ctx context.Context) error {
 	toVerify := make(chan int, len(r.listing.Files))
 	verified := make(chan int, len(r.listing.Files))
 
+	// Files verified by an earlier run are done; the rest will each pass through a verifier
+	// once. Counted here, before any goroutine starts, so the verifiers know when to stop.
+	toCheck := int64(0)
+	for idx, f := range r.listing.Files {
+		if r.resume.verified[idx] {
+			r.filesDone.Add(1)
+			r.done.Add(f.Size)
+		} else {
+			toCheck++
+		}
+	}
+
 	// Producer: parts in file order, so files finish early and verification overlaps download.
 	g.Go(func() error {
 		defer close(parts)
 		for idx, f := range r.listing.Files {
 			if r.resume.verified[idx] {
-				r.filesDone.Add(1)
-				r.done.Add(f.Size)
 				continue
 			}
 			cov := r.resume.written[idx]
@@ -119,7 +129,11 @@ func (r *run) download(ctx context.Context) error {
 					r.crcs[p.file] = append(r.crcs[p.file], partCRC{p.off, p.n, crc})
 					r.crcMu.Unlock()
 				}
-				records <- rec
+				select {
+				case records <- rec:
+				case <-ctx.Done(): // the journal stopped on an error
+					return ctx.Err()
+				}
 				if p.handle.remaining.Add(-1) == 0 {
 					if err := p.handle.f.Close(); err != nil {
 						return err
@@ -167,7 +181,7 @@ func (r *run) download(ctx context.Context) error {
 	// Verifiers.
 	var verifiersWG sync.WaitGroup
 	var pendingVerify atomic.Int64
-	pendingVerify.Store(int64(len(r.listing.Files)) - r.filesDone.Load())
+	pendingVerify.Store(toCheck)
 	allVerified := make(chan struct{})
 	if pendingVerify.Load() == 0 {
 		close(allVerified)

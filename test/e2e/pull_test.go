@@ -77,7 +77,10 @@ func run(m *testing.M) int {
 // pull runs the CLI with S3 credentials for the fixture in its environment.
 func pull(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	cmd := exec.Command(cliPath, append([]string{"pull"}, args...)...)
+	// A hung pull fails its test after two minutes instead of stalling the whole suite.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cliPath, append([]string{"pull"}, args...)...)
 	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY="+s3fixture.SecretKey, "AWS_REGION="+s3fixture.Region)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
