@@ -38,13 +38,45 @@ func TestClusterRunsWorkloadsOnKwokNodes(t *testing.T) {
 		gpus               int64
 		labels             map[string]string
 	}{
-		{"gpu-a", "ml.g5.24xlarge", 4, nil},
-		{"gpu-b", "ml.g5.24xlarge", 4, map[string]string{"warm": "true"}},
+		{"gpu-a", "ml.g5.24xlarge", 8, nil},
+		{"gpu-b", "ml.g5.24xlarge", 8, map[string]string{"warm": "true"}},
 		{"small", "ml.g5.xlarge", 0, nil},
 	} {
 		if _, err := c.AddNode(ctx, n.name, NodeOptions{InstanceType: n.instanceType, GPUs: n.gpus, Labels: n.labels}); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	// A node being Ready to us does not mean the scheduler has seen its GPU capacity yet. A pod
+	// that needs one GPU on each GPU node, once running, proves it has.
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		probe := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "probe-" + name, Labels: map[string]string{"app": "probe"}},
+			Spec: corev1.PodSpec{
+				NodeSelector: map[string]string{"kubernetes.io/hostname": name},
+				Containers: []corev1.Container{{Name: "c", Image: "busybox",
+					Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}}}},
+			},
+		}
+		if err := c.Client.Create(ctx, probe); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = Eventually(ctx, 60*time.Second, func() (bool, error) {
+		pods := &corev1.PodList{}
+		if err := c.Client.List(ctx, pods, client.InNamespace("default"), client.MatchingLabels{"app": "probe"}); err != nil {
+			return false, err
+		}
+		n := 0
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning {
+				n++
+			}
+		}
+		return n == 2, nil
+	})
+	if err != nil {
+		t.Fatalf("probe pods not running: %v", err)
 	}
 
 	labels := map[string]string{"app": "inference"}
