@@ -518,3 +518,24 @@ func TestResumeWithVerifiedFilesFinishes(t *testing.T) {
 		assertTree(t, dest, files)
 	}
 }
+
+// CheckDest re-checks a finished destination from its manifest and file sizes alone.
+func TestCheckDest(t *testing.T) {
+	src := newMemSource(modelFiles())
+	dest := filepath.Join(t.TempDir(), "m")
+	if _, err := testEngine().Fetch(context.Background(), engine.Request{Source: src, Dest: dest}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := engine.CheckDest(dest); err != nil || len(m.Files) != len(src.files) {
+		t.Fatalf("CheckDest = %v, %v; want the manifest's %d files", m, err, len(src.files))
+	}
+	if err := os.Truncate(filepath.Join(dest, "model-00002-of-00002.safetensors"), 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.CheckDest(dest); err == nil || !strings.Contains(err.Error(), "model-00002-of-00002.safetensors") {
+		t.Errorf("CheckDest after truncation = %v; want the truncated file named", err)
+	}
+	if _, err := engine.CheckDest(filepath.Join(t.TempDir(), "none")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("CheckDest of nothing = %v; want not exist", err)
+	}
+}

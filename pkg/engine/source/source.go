@@ -37,11 +37,6 @@ type Checksums struct {
 	GitBlobSHA1 string `json:"gitBlobSha1,omitempty"`
 }
 
-// Any reports whether at least one checksum is known.
-func (c Checksums) Any() bool {
-	return c.SHA256 != "" || c.MD5 != "" || c.CRC32C != "" || c.CRC64NVME != "" || c.GitBlobSHA1 != ""
-}
-
 // Listing is a model's files at one revision.
 type Listing struct {
 	// Files are the model's files, in a stable order.
