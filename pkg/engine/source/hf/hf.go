@@ -94,9 +94,6 @@ func (s *Source) String() string {
 	return "hf://" + s.opts.RepoID + "@" + rev
 }
 
-// Commit returns the commit List resolved the revision to.
-func (s *Source) Commit() string { return s.commit }
-
 func (s *Source) get(ctx context.Context, method, rawURL string, hdr http.Header) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, rawURL, nil)
 	if err != nil {
