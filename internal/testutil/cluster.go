@@ -91,12 +91,6 @@ func (p *Process) Stop(grace time.Duration) {
 	}
 }
 
-// Kill ends the process at once with SIGKILL, as a crash or OOM kill would.
-func (p *Process) Kill() {
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
 // LogTail returns the last n bytes of the process's log, for failure messages.
 func (p *Process) LogTail(n int64) string {
 	data, err := os.ReadFile(p.LogPath)

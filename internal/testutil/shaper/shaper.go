@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -55,7 +56,7 @@ func Start(upstream string, opts Options) (*Proxy, error) {
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
 	rp.FlushInterval = -1
-	rp.BufferPool = pool{}
+	rp.BufferPool = newPool()
 	rp.ErrorLog = log.New(io.Discard, "", 0) // an upstream that is down is what some tests want
 	p.server = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := p.Requests.Add(1)
@@ -143,22 +144,13 @@ func (w *shapedWriter) Flush() {
 	}
 }
 
-type pool struct{}
+// pool reuses the proxy's copy buffers (httputil.BufferPool over a sync.Pool).
+type pool struct{ p *sync.Pool }
 
-var buffers = make(chan []byte, 1024)
-
-func (pool) Get() []byte {
-	select {
-	case b := <-buffers:
-		return b
-	default:
-		return make([]byte, 256<<10)
-	}
+func newPool() pool {
+	return pool{&sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}}
 }
 
-func (pool) Put(b []byte) {
-	select {
-	case buffers <- b:
-	default:
-	}
-}
+func (p pool) Get() []byte { return *p.p.Get().(*[]byte) }
+
+func (p pool) Put(b []byte) { p.p.Put(&b) }

@@ -18,6 +18,7 @@ import (
 // the file it points to only when that file is inside the root.
 type Source struct {
 	root string
+	dir  *os.Root // opened once; every read goes through it
 }
 
 // New returns a source for the directory root.
@@ -33,7 +34,11 @@ func New(root string) (*Source, error) {
 	if !info.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory", abs)
 	}
-	return &Source{root: abs}, nil
+	dir, err := os.OpenRoot(abs)
+	if err != nil {
+		return nil, err
+	}
+	return &Source{root: abs, dir: dir}, nil
 }
 
 func (s *Source) String() string { return s.root }
@@ -41,12 +46,8 @@ func (s *Source) String() string { return s.root }
 // List walks the tree and returns its regular files.
 func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	var files []source.File
-	root, err := os.OpenRoot(s.root)
-	if err != nil {
-		return source.Listing{}, err
-	}
-	defer root.Close()
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+	root := s.dir
+	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -80,12 +81,7 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 
 // OpenRange opens a byte range of a file, confined to the root.
 func (s *Source) OpenRange(_ context.Context, path string, offset, length int64) (io.ReadCloser, error) {
-	root, err := os.OpenRoot(s.root)
-	if err != nil {
-		return nil, err
-	}
-	defer root.Close()
-	f, err := root.Open(filepath.FromSlash(path))
+	f, err := s.dir.Open(filepath.FromSlash(path))
 	if err != nil {
 		return nil, err
 	}
