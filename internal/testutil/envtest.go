@@ -12,12 +12,11 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/scheme"
 )
 
 // ModuleRoot returns the directory that holds prewarm's go.mod, found from the working
@@ -67,17 +66,8 @@ func checkTestBin(dir string) error {
 	return nil
 }
 
-// Scheme returns a scheme with the built-in kinds and prewarm's compatibility API.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	if err := inferencev1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
+// Scheme returns a scheme with the built-in kinds and both of prewarm's APIs.
+func Scheme() *runtime.Scheme { return scheme.New() }
 
 // APIServer is a real kube-apiserver and etcd with prewarm's CRDs installed.
 type APIServer struct {

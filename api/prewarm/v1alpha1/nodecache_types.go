@@ -1,0 +1,185 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// CacheRequest asks one node to hold one weights cache.
+type CacheRequest struct {
+	// uid is the ModelDataCacheConfig's UID; the cache lives in <root>/prewarm/<uid>.
+	// +required
+	// +kubebuilder:validation:MaxLength=36
+	// +kubebuilder:validation:Pattern=`^[0-9a-f-]{36}$`
+	UID string `json:"uid"`
+	// namespace is the ModelDataCacheConfig's namespace.
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace"`
+	// name is the ModelDataCacheConfig's name.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// root is the node directory (an allowed root) under which the cache is kept.
+	// +required
+	// +kubebuilder:validation:MaxLength=255
+	Root string `json:"root"`
+	// source is the model's address: s3://bucket/prefix, hf://org/name@revision, or an
+	// absolute path on the node (a mounted FSx file system).
+	// +required
+	// +kubebuilder:validation:MaxLength=2048
+	Source string `json:"source"`
+	// region is the S3 bucket's region.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Region string `json:"region,omitempty"`
+}
+
+// NodeCacheSpec is what the controller wants one node to hold.
+type NodeCacheSpec struct {
+	// caches are the weights caches this node should hold.
+	// +optional
+	// +listType=map
+	// +listMapKey=uid
+	// +kubebuilder:validation:MaxItems=256
+	Caches []CacheRequest `json:"caches,omitempty"`
+}
+
+// RootStatus is the filesystem under one allowed root.
+type RootStatus struct {
+	// path is the root, as a node path.
+	// +required
+	// +kubebuilder:validation:MaxLength=255
+	Path string `json:"path"`
+	// capacityBytes is the filesystem's size.
+	// +optional
+	CapacityBytes int64 `json:"capacityBytes,omitempty"`
+	// freeBytes is what the filesystem has free for prewarm (after the agent's reserve).
+	// +optional
+	FreeBytes int64 `json:"freeBytes,omitempty"`
+	// reservedBytes is what the agent keeps free for others and never fills.
+	// +optional
+	ReservedBytes int64 `json:"reservedBytes,omitempty"`
+}
+
+// CacheStatus is one cache's state on this node.
+type CacheStatus struct {
+	// uid is the ModelDataCacheConfig's UID.
+	// +required
+	// +kubebuilder:validation:MaxLength=36
+	UID string `json:"uid"`
+	// state is the node's copy's state.
+	// +required
+	State v1.CacheState `json:"state"`
+	// bytesDone is how many bytes the node holds, verified or downloaded.
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+	// bytesTotal is the model's size.
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+	// bytesPerSecond is the current download rate.
+	// +optional
+	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+	// files is the number of the model's files.
+	// +optional
+	Files int32 `json:"files,omitempty"`
+	// revision is the source revision held (a Hugging Face commit).
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Revision string `json:"revision,omitempty"`
+	// reason is a CamelCase word for why the cache is in this state.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason,omitempty"`
+	// message says, for people, why the cache is in this state.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+	// lastTransitionTime is when state last changed.
+	// +optional
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+}
+
+// NodeCacheStatus is what the node's agent reports.
+type NodeCacheStatus struct {
+	// agentVersion is the reporting agent's version.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	AgentVersion string `json:"agentVersion,omitempty"`
+	// heartbeatTime is when the agent last wrote this status.
+	// +optional
+	HeartbeatTime *metav1.Time `json:"heartbeatTime,omitempty"`
+	// roots are the allowed roots' filesystems.
+	// +optional
+	// +listType=map
+	// +listMapKey=path
+	// +kubebuilder:validation:MaxItems=16
+	Roots []RootStatus `json:"roots,omitempty"`
+	// caches are the caches the node holds or is working on, including ones being removed.
+	// +optional
+	// +listType=map
+	// +listMapKey=uid
+	// +kubebuilder:validation:MaxItems=512
+	Caches []CacheStatus `json:"caches,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,categories=prewarm
+// +kubebuilder:printcolumn:name="Heartbeat",type=date,JSONPath=`.status.heartbeatTime`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// NodeCache is one node's weights caches: the controller writes which caches the node should
+// hold (spec), the node's agent writes what it holds (status). It is named after its node.
+type NodeCache struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the caches the node should hold.
+	// +optional
+	Spec NodeCacheSpec `json:"spec,omitempty"`
+	// status is what the node's agent reports.
+	// +optional
+	Status NodeCacheStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// NodeCacheList is a list of NodeCache.
+type NodeCacheList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeCache `json:"items"`
+}
+
+// Directory is the name of the directory under each allowed root that holds prewarm's caches.
+const Directory = "prewarm"
+
+// Reasons an agent gives for a cache's state on its node (CamelCase, stable: scripts may match
+// on them).
+const (
+	ReasonQueued               = "Queued"
+	ReasonDownloading          = "Downloading"
+	ReasonVerified             = "Verified"
+	ReasonCacheLost            = "CacheLost"
+	ReasonInsufficientCapacity = "InsufficientCapacity"
+	ReasonHostPathNotAllowed   = "HostPathNotAllowed"
+	ReasonSourceNotAllowed     = "SourceNotAllowed"
+	ReasonSourceNotFound       = "SourceNotFound"
+	ReasonAccessDenied         = "AccessDenied"
+	ReasonVerificationFailed   = "VerificationFailed"
+	ReasonSourceUnreachable    = "SourceUnreachable"
+	ReasonDownloadFailed       = "DownloadFailed"
+	ReasonRemoving             = "Removing"
+)
+
+// Terminal reports whether a failure reason is one that waiting will not fix: a node whose
+// cache failed for such a reason counts as settled for the Deployment gate.
+func Terminal(reason string) bool {
+	switch reason {
+	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied:
+		return true
+	}
+	return false
+}
