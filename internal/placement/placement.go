@@ -1,0 +1,84 @@
+// Package placement decides which nodes a model's caches are for: the nodes its inference pods
+// may be scheduled on. Matching uses the scheduler's own helpers (k8s.io/component-helpers), so a
+// node is a target exactly when the pods' required node affinity and tolerations admit it.
+package placement
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	schedcorev1 "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// FromParent builds a cache placement from a parent's placement fields.
+func FromParent(instanceType string, instanceTypes []string, affinity *corev1.NodeAffinity, tolerations []corev1.Toleration) inferencev1.Placement {
+	p := inferencev1.Placement{Tolerations: tolerations}
+	if instanceType != "" {
+		p.InstanceTypes = []string{instanceType}
+	} else if len(instanceTypes) > 0 {
+		p.InstanceTypes = slices.Clone(instanceTypes)
+	}
+	if affinity != nil {
+		p.NodeAffinity = affinity.DeepCopy()
+	}
+	return p
+}
+
+// RequiredTerms returns the node selector terms a target node must match (any one of them):
+// the instance types ANDed into each of nodeAffinity's required terms. Nil means every node.
+func RequiredTerms(p inferencev1.Placement) []corev1.NodeSelectorTerm {
+	var terms []corev1.NodeSelectorTerm
+	if p.NodeAffinity != nil && p.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, t := range p.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			terms = append(terms, *t.DeepCopy())
+		}
+	}
+	if len(p.InstanceTypes) == 0 {
+		return terms
+	}
+	req := corev1.NodeSelectorRequirement{
+		Key: inferencev1.InstanceTypeLabel, Operator: corev1.NodeSelectorOpIn, Values: slices.Clone(p.InstanceTypes),
+	}
+	if len(terms) == 0 {
+		return []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req}}}
+	}
+	for i := range terms {
+		terms[i].MatchExpressions = append(terms[i].MatchExpressions, req)
+	}
+	return terms
+}
+
+// Match reports whether node is a target of p and, when it is not, says why.
+func Match(p inferencev1.Placement, node *corev1.Node) (bool, string) {
+	if terms := RequiredTerms(p); len(terms) > 0 {
+		sel := nodeaffinity.NewLazyErrorNodeSelector(&corev1.NodeSelector{NodeSelectorTerms: terms})
+		ok, err := sel.Match(node)
+		if err != nil {
+			return false, fmt.Sprintf("the node affinity is invalid: %v", err)
+		}
+		if !ok {
+			if len(p.InstanceTypes) > 0 && !slices.Contains(p.InstanceTypes, node.Labels[inferencev1.InstanceTypeLabel]) {
+				got := node.Labels[inferencev1.InstanceTypeLabel]
+				if got == "" {
+					got = "(no " + inferencev1.InstanceTypeLabel + " label)"
+				}
+				return false, fmt.Sprintf("instance type %s is not %s", got, strings.Join(p.InstanceTypes, " or "))
+			}
+			return false, "the node affinity does not select it"
+		}
+	}
+	taint, untolerated := schedcorev1.FindMatchingUntoleratedTaint(logr.Discard(), node.Spec.Taints, p.Tolerations,
+		func(t *corev1.Taint) bool {
+			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+		}, false)
+	if untolerated {
+		return false, fmt.Sprintf("taint %s is not tolerated", taint.ToString())
+	}
+	return true, ""
+}
