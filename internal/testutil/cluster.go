@@ -91,6 +91,16 @@ func (p *Process) Stop(grace time.Duration) {
 	}
 }
 
+// Kill kills the process (and its group) with SIGKILL, as a crash or an OOM kill would, and
+// waits for it to end.
+func (p *Process) Kill() {
+	if done, _ := p.Exited(); done {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
 // LogTail returns the last n bytes of the process's log, for failure messages.
 func (p *Process) LogTail(n int64) string {
 	data, err := os.ReadFile(p.LogPath)

@@ -1,0 +1,297 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// Agent holds one node's caches.
+type Agent struct {
+	opts   Options
+	client client.Client
+	sem    chan struct{}
+
+	mu       sync.Mutex
+	jobs     map[string]*job // by cache UID
+	removing map[string]bool // cache UIDs whose directories are being removed
+	seen     bool            // the NodeCache has been read at least once
+	want     []prewarmv1alpha1.CacheRequest
+	dirty    chan struct{}
+}
+
+// New returns an agent that reads and writes NodeCache objects through c.
+func New(c client.Client, opts Options) *Agent {
+	opts.Defaults()
+	return &Agent{
+		opts: opts, client: c, sem: make(chan struct{}, opts.MaxParallel),
+		jobs: map[string]*job{}, removing: map[string]bool{}, dirty: make(chan struct{}, 1),
+	}
+}
+
+// The agent reads its own NodeCache and writes its status; nothing else.
+// +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch
+// +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches/status,verbs=get;update;patch
+
+// SetupWithManager runs the agent under mgr: reconciles on its NodeCache, and writes status.
+func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.Add(statusWriter{a}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("agent").
+		For(&prewarmv1alpha1.NodeCache{}).
+		Complete(a)
+}
+
+// Reconcile makes the node's disk match its NodeCache: starts the caches it lists, stops and
+// removes the ones it no longer lists.
+func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if req.Name != a.opts.NodeName {
+		return ctrl.Result{}, nil
+	}
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := a.client.Get(ctx, req.NamespacedName, nc); err != nil {
+		// No NodeCache: the controller has asked nothing of this node yet. Keep what is on
+		// disk; it is removed only when a NodeCache says it is not wanted.
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	a.sync(ctx, nc.Spec.Caches)
+	return ctrl.Result{}, nil
+}
+
+// sync starts, restarts and stops jobs so that they match want, and removes unwanted caches.
+func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
+	log := ctrl.LoggerFrom(ctx)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seen = true
+	a.want = want
+	wanted := map[string]prewarmv1alpha1.CacheRequest{}
+	for _, r := range want {
+		wanted[r.UID] = r
+	}
+	for uid, j := range a.jobs {
+		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && r.Source == j.req.Source && r.Region == j.req.Region {
+			continue
+		}
+		log.Info("stopping cache", "cache", uid)
+		j.cancel()
+		delete(a.jobs, uid)
+		a.removeLocked(ctx, uid, j)
+	}
+	for uid, r := range wanted {
+		if _, ok := a.jobs[uid]; ok || a.removing[uid] {
+			continue // running, or to be started once its old directories are gone
+		}
+		log.Info("starting cache", "cache", uid, "source", r.Source, "root", r.Root)
+		jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		j := &job{a: a, req: r, cancel: cancel, done: make(chan struct{})}
+		j.status = prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
+			Message: "waiting to start", LastTransitionTime: a.now()}
+		a.jobs[uid] = j
+		go j.run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
+	}
+	// Directories under the roots that no job wants: left by a cache removed while the agent
+	// was down.
+	for _, root := range a.opts.Roots {
+		entries, err := os.ReadDir(filepath.Join(a.opts.local(root), prewarmv1alpha1.Directory))
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			uid := strings.TrimSuffix(strings.TrimPrefix(e.Name(), "."), ".prewarm-partial")
+			if !uidPattern.MatchString(uid) || a.removing[uid] {
+				continue // not a cache of ours, or already going
+			}
+			if _, ok := a.jobs[uid]; ok {
+				continue
+			}
+			a.removeLocked(ctx, uid, nil)
+		}
+	}
+	a.markDirty()
+}
+
+// removeLocked removes cache uid's directories under every root, after its job (if any) stops.
+func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
+	if a.removing[uid] {
+		return
+	}
+	a.removing[uid] = true
+	go func() {
+		log := ctrl.LoggerFrom(ctx).WithValues("cache", uid)
+		if j != nil {
+			<-j.done
+		}
+		for {
+			err := a.removeDirs(uid)
+			if err == nil {
+				break
+			}
+			log.Error(err, "removing cache directories; will retry")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(a.opts.RetryInterval):
+			}
+		}
+		log.Info("removed cache")
+		a.mu.Lock()
+		delete(a.removing, uid)
+		want := a.want
+		a.mu.Unlock()
+		a.sync(ctx, want) // starts the cache again if it is wanted anew
+	}()
+}
+
+// removeDirs deletes <root>/prewarm/<uid> and its partial directory under each allowed root.
+// uid has been checked to be a UID, so the paths cannot leave the roots.
+func (a *Agent) removeDirs(uid string) error {
+	if !uidPattern.MatchString(uid) {
+		return fmt.Errorf("refusing to remove %q: not a cache UID", uid)
+	}
+	var errs []error
+	for _, root := range a.opts.Roots {
+		dir := filepath.Join(a.opts.local(root), prewarmv1alpha1.Directory)
+		for _, name := range []string{uid, "." + uid + ".prewarm-partial"} {
+			if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Agent) now() *metav1.Time {
+	t := metav1.NewTime(a.opts.Now().Truncate(time.Second))
+	return &t
+}
+
+func (a *Agent) markDirty() {
+	select {
+	case a.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// rootStatus measures the filesystem under root.
+func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
+	rs := prewarmv1alpha1.RootStatus{Path: root, ReservedBytes: a.opts.Reserve}
+	var st unix.Statfs_t
+	if err := unix.Statfs(a.opts.local(root), &st); err == nil {
+		rs.CapacityBytes = int64(st.Blocks) * st.Bsize
+		rs.FreeBytes = max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve)
+	}
+	return rs
+}
+
+// freeSpace is the engine's view of free space: the filesystem's, less the reserve.
+func (a *Agent) freeSpace(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve), nil
+}
+
+// status builds the NodeCache status from the jobs.
+func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := prewarmv1alpha1.NodeCacheStatus{AgentVersion: a.opts.Version, HeartbeatTime: a.now()}
+	for _, root := range a.opts.Roots {
+		st.Roots = append(st.Roots, a.rootStatus(root))
+	}
+	for _, j := range a.jobs {
+		st.Caches = append(st.Caches, j.snapshot())
+	}
+	for uid := range a.removing {
+		if _, ok := a.jobs[uid]; !ok {
+			st.Caches = append(st.Caches, prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDeleting,
+				Reason: prewarmv1alpha1.ReasonRemoving, Message: "removing the cache's files", LastTransitionTime: a.now()})
+		}
+	}
+	slices.SortFunc(st.Caches, func(x, y prewarmv1alpha1.CacheStatus) int { return strings.Compare(x.UID, y.UID) })
+	return st
+}
+
+// statusWriter writes the agent's status to its NodeCache: at most once per StatusInterval,
+// at least once per HeartbeatInterval.
+type statusWriter struct{ a *Agent }
+
+// NeedLeaderElection is false: every node's agent writes its own status.
+func (statusWriter) NeedLeaderElection() bool { return false }
+
+func (w statusWriter) Start(ctx context.Context) error {
+	a := w.a
+	log := ctrl.LoggerFrom(ctx).WithName("status")
+	var last prewarmv1alpha1.NodeCacheStatus
+	var lastWrite time.Time
+	tick := time.NewTicker(a.opts.StatusInterval)
+	defer tick.Stop()
+	pending := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-a.dirty:
+			pending = true
+			continue
+		case <-tick.C:
+		}
+		a.mu.Lock()
+		seen := a.seen
+		a.mu.Unlock()
+		if !seen {
+			continue
+		}
+		st := a.status()
+		if !pending && sameStatus(st, last) && a.opts.Now().Sub(lastWrite) < a.opts.HeartbeatInterval {
+			continue
+		}
+		if err := a.writeStatus(ctx, st); err != nil {
+			log.Error(err, "writing NodeCache status")
+			continue
+		}
+		last, lastWrite, pending = st, a.opts.Now(), false
+	}
+}
+
+// sameStatus compares two statuses, ignoring the heartbeat and the roots' free bytes (which
+// move with every write).
+func sameStatus(x, y prewarmv1alpha1.NodeCacheStatus) bool {
+	return slices.EqualFunc(x.Caches, y.Caches, func(p, q prewarmv1alpha1.CacheStatus) bool {
+		return p.UID == q.UID && p.State == q.State && p.BytesDone == q.BytesDone && p.BytesTotal == q.BytesTotal &&
+			p.BytesPerSecond == q.BytesPerSecond && p.Reason == q.Reason && p.Message == q.Message && p.Revision == q.Revision
+	})
+}
+
+func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheStatus) error {
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, nc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	orig := nc.DeepCopy()
+	nc.Status = st
+	return a.client.Status().Patch(ctx, nc, client.MergeFrom(orig))
+}

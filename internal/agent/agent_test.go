@@ -1,0 +1,195 @@
+package agent_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/source/fs"
+)
+
+const (
+	uidWarm    = "11111111-1111-4111-8111-111111111111"
+	uidNew     = "22222222-2222-4222-8222-222222222222"
+	uidStale   = "33333333-3333-4333-8333-333333333333"
+	uidStale2  = "44444444-4444-4444-8444-444444444444"
+	uidOutside = "55555555-5555-4555-8555-555555555555"
+)
+
+// The agent, against a real API server and real directories: on start it takes a whole cache
+// on disk as Ready without reading its source; it downloads a new one; it removes cache
+// directories nobody wants and leaves alone what is not a cache; it refuses a root that is not
+// allowed without writing there; and a cache that stops being whole is noticed.
+func TestAgent(t *testing.T) {
+	ctrl.SetLogger(logr.Discard())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	api, err := testutil.StartAPIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Stop() })
+
+	host := t.TempDir()
+	root := "/opt/dlami/nvme"
+	cacheRoot := filepath.Join(host, root, "prewarm")
+	// The model, on a "mounted FSx".
+	src := filepath.Join(host, "fsx", "model")
+	files := map[string][]byte{"config.json": []byte(`{"a":1}`), "model.safetensors": gen.Bytes(7, 3<<20)}
+	for p, data := range files {
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, p), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What the node held before the agent (re)started: a whole cache whose source is gone now,
+	// two leftovers of removed caches, and something that is not a cache.
+	fsrc, err := fs.New(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.New().Fetch(ctx, engine.Request{Source: fsrc, Dest: filepath.Join(cacheRoot, uidWarm)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{uidStale, "." + uidStale2 + ".prewarm-partial", "not-a-cache"} {
+		if err := os.MkdirAll(filepath.Join(cacheRoot, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	nc := &prewarmv1alpha1.NodeCache{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
+			{UID: uidWarm, Namespace: "default", Name: "warm", Root: root, Source: "/fsx/gone"},
+			{UID: uidNew, Namespace: "default", Name: "new", Root: root, Source: "/fsx/model"},
+			{UID: uidOutside, Namespace: "default", Name: "outside", Root: "/etc", Source: "/fsx/model"},
+		}},
+	}
+	if err := api.Client.Create(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
+		Scheme: testutil.Scheme(),
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&prewarmv1alpha1.NodeCache{}: {Field: fields.OneTermEqualSelector("metadata.name", "node-1")},
+		}},
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Logger:  logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := agent.New(mgr.GetClient(), agent.Options{
+		NodeName: "node-1", Roots: []string{root}, HostPrefix: host, FileSourceRoots: []string{"/fsx"},
+		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
+		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
+	})
+	if err := a.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	mgrCtx, stopMgr := context.WithCancel(ctx)
+	mgrDone := make(chan error, 1)
+	go func() { mgrDone <- mgr.Start(mgrCtx) }()
+	t.Cleanup(func() {
+		stopMgr()
+		if err := <-mgrDone; err != nil {
+			t.Error(err)
+		}
+	})
+
+	status := func(uid string) prewarmv1alpha1.CacheStatus {
+		got := &prewarmv1alpha1.NodeCache{}
+		if err := api.Client.Get(ctx, client.ObjectKey{Name: "node-1"}, got); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range got.Status.Caches {
+			if c.UID == uid {
+				return c
+			}
+		}
+		return prewarmv1alpha1.CacheStatus{}
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		if err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) { return cond(), nil }); err != nil {
+			t.Fatalf("%s: %v; warm %+v; new %+v; outside %+v", what, err, status(uidWarm), status(uidNew), status(uidOutside))
+		}
+	}
+
+	wait("all three settled", func() bool {
+		return status(uidWarm).State == inferencev1.CacheReady && status(uidNew).State == inferencev1.CacheReady &&
+			status(uidOutside).State == inferencev1.CacheFailed
+	})
+	if st := status(uidWarm); st.BytesTotal != int64(len(files["config.json"])+len(files["model.safetensors"])) || st.Files != 2 {
+		t.Errorf("the warm cache reports %+v, want 2 files and their size (taken from the manifest, its source being gone)", st)
+	}
+	if st := status(uidOutside); st.Reason != prewarmv1alpha1.ReasonHostPathNotAllowed {
+		t.Errorf("a cache under /etc: %+v, want HostPathNotAllowed", st)
+	}
+	if _, err := os.Stat(filepath.Join(host, "etc")); !os.IsNotExist(err) {
+		t.Errorf("the agent wrote under /etc: %v", err)
+	}
+	for p, data := range files {
+		if got, err := os.ReadFile(filepath.Join(cacheRoot, uidNew, p)); err != nil || string(got) != string(data) {
+			t.Errorf("new cache %s differs from its source (%v)", p, err)
+		}
+	}
+	wait("leftovers removed, the rest kept", func() bool {
+		entries, _ := os.ReadDir(cacheRoot)
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return slices.Equal(sorted(names), sorted([]string{uidWarm, uidNew, "not-a-cache"}))
+	})
+	got := &prewarmv1alpha1.NodeCache{}
+	if err := api.Client.Get(ctx, client.ObjectKey{Name: "node-1"}, got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Status.Roots) != 1 || got.Status.Roots[0].Path != root || got.Status.Roots[0].CapacityBytes <= 0 || got.Status.HeartbeatTime == nil {
+		t.Errorf("roots %+v heartbeat %v; want the root's filesystem and a heartbeat", got.Status.Roots, got.Status.HeartbeatTime)
+	}
+
+	// A file of the warm cache is truncated: the re-check notices, and since its source is gone
+	// the cache ends Failed, saying so, instead of Ready.
+	if err := os.Truncate(filepath.Join(cacheRoot, uidWarm, "model.safetensors"), 10); err != nil {
+		t.Fatal(err)
+	}
+	wait("the damaged cache is no longer Ready", func() bool {
+		st := status(uidWarm)
+		return st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonSourceNotFound
+	})
+
+	// The NodeCache stops listing a cache: its directory goes, and so does its status entry.
+	patch := client.MergeFrom(got.DeepCopy())
+	got.Spec.Caches = got.Spec.Caches[1:2]
+	if err := api.Client.Patch(ctx, got, patch); err != nil {
+		t.Fatal(err)
+	}
+	wait("an unlisted cache removed", func() bool {
+		_, err := os.Stat(filepath.Join(cacheRoot, uidWarm))
+		return os.IsNotExist(err) && status(uidWarm).UID == "" && status(uidOutside).UID == "" && status(uidNew).State == inferencev1.CacheReady
+	})
+}
+
+func sorted(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }

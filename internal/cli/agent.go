@@ -1,0 +1,227 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/scheme"
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/sources"
+)
+
+// sourceFlags are the flags that reach S3 and the Hugging Face Hub.
+type sourceFlags struct {
+	s3Endpoint  string
+	s3PathStyle bool
+	hfEndpoint  string
+	concurrency int
+	partSize    string
+	limitRate   string
+}
+
+func (f *sourceFlags) register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store (default: AWS)")
+	fs.BoolVar(&f.s3PathStyle, "s3-path-style", false, "address S3 buckets in the path (most S3-compatible stores want it)")
+	fs.StringVar(&f.hfEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror; default https://huggingface.co)")
+	fs.IntVar(&f.concurrency, "concurrency", engine.DefaultConcurrency, "ranged reads in flight at once, per cache")
+	fs.StringVar(&f.partSize, "part-size", "16MiB", "size of each ranged read")
+	fs.StringVar(&f.limitRate, "limit-rate", "", "cap each download's rate, in bytes per second (e.g. 500MB)")
+}
+
+func (f *sourceFlags) engineOptions() ([]engine.Option, error) {
+	part, err := ParseBytes(f.partSize)
+	if err != nil {
+		return nil, fmt.Errorf("--part-size: %w", err)
+	}
+	opts := []engine.Option{engine.WithConcurrency(f.concurrency), engine.WithPartSize(part)}
+	if f.limitRate != "" {
+		limit, err := ParseBytes(f.limitRate)
+		if err != nil {
+			return nil, fmt.Errorf("--limit-rate: %w", err)
+		}
+		opts = append(opts, engine.WithRateLimit(limit))
+	}
+	return opts, nil
+}
+
+// sourceOptions returns the source options for one address.
+func (f *sourceFlags) sourceOptions(uri, region string) sources.Options {
+	o := sources.Options{Region: region, Connections: f.concurrency}
+	switch {
+	case strings.HasPrefix(uri, "s3://"):
+		o.Endpoint, o.PathStyle = f.s3Endpoint, f.s3PathStyle || f.s3Endpoint != ""
+	case strings.HasPrefix(uri, "hf://"):
+		o.Endpoint = f.hfEndpoint
+	}
+	return o
+}
+
+// NewLogger returns the JSON logger prewarm's daemons write to stderr.
+func NewLogger(verbosity int) logr.Logger {
+	h := slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-verbosity)})
+	return logr.FromSlogHandler(h)
+}
+
+// RestConfig loads a kubeconfig file, or the in-cluster / $KUBECONFIG configuration.
+func RestConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return ctrl.GetConfig()
+}
+
+// NewAgentCommand returns the command tree of the agent binary.
+func NewAgentCommand() *cobra.Command {
+	var (
+		opts        agent.Options
+		src         sourceFlags
+		roots       []string
+		fileRoots   []string
+		reserve     string
+		kubeconfig  string
+		metricsAddr string
+		probeAddr   string
+		verbosity   int
+	)
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "prewarm's node agent: keeps the node's weights caches on local disk",
+		Long: `The agent runs on every node that can hold caches (a DaemonSet). It reads the node's
+NodeCache (prewarm.io/v1alpha1, named after the node), downloads each cache listed there into
+<root>/prewarm/<cache UID>, verifies it, publishes it atomically, reports progress and disk space
+in the NodeCache status, and removes caches that are no longer listed. Caches are kept only under
+the allowed roots.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if opts.Reserve, err = ParseBytes(reserve); err != nil {
+				return fmt.Errorf("--reserve: %w", err)
+			}
+			if opts.Engine, err = src.engineOptions(); err != nil {
+				return err
+			}
+			opts.Roots, opts.FileSourceRoots, opts.Version = roots, fileRoots, Version()
+			opts.Sources = src.sourceOptions("s3://", "")
+			opts.HFEndpoint = src.hfEndpoint
+			if err := opts.Validate(); err != nil {
+				return err
+			}
+			log := NewLogger(verbosity)
+			ctrl.SetLogger(log)
+			cfg, err := RestConfig(kubeconfig)
+			if err != nil {
+				return err
+			}
+			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+				Scheme: scheme.New(),
+				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+					// Only this node's NodeCache, not the whole cluster's.
+					&prewarmv1alpha1.NodeCache{}: {Field: fields.OneTermEqualSelector("metadata.name", opts.NodeName)},
+				}},
+				Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+				HealthProbeBindAddress: probeAddr,
+				Logger:                 log.WithValues("node", opts.NodeName),
+			})
+			if err != nil {
+				return err
+			}
+			if err := addHealthChecks(mgr, probeAddr); err != nil {
+				return err
+			}
+			if err := agent.New(mgr.GetClient(), opts).SetupWithManager(mgr); err != nil {
+				return err
+			}
+			log.Info("agent starting", "node", opts.NodeName, "roots", opts.Roots, "version", opts.Version)
+			return mgr.Start(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	f.StringSliceVar(&roots, "roots", []string{"/opt/dlami/nvme"}, "node directories caches may be kept under (the cluster admin's allow-list)")
+	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
+	f.StringSliceVar(&fileRoots, "file-source-roots", []string{"/fsx"}, "node directories a file source (a mounted FSx) may be read from")
+	f.StringVar(&reserve, "reserve", "2GiB", "free space kept under each root, never filled by caches")
+	f.IntVar(&opts.MaxParallel, "max-parallel", 2, "caches downloading at once")
+	f.DurationVar(&opts.StatusInterval, "status-interval", 2*time.Second, "least time between two status writes")
+	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 5*time.Minute, "how often a ready cache is re-checked (manifest and sizes)")
+	f.DurationVar(&opts.RetryInterval, "retry-interval", 10*time.Second, "first wait before a failed download is retried (doubles up to 5m)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
+	f.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
+	f.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
+	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity")
+	src.register(cmd)
+	cmd.AddCommand(newPrepareCommand())
+	return cmd
+}
+
+func newPrepareCommand() *cobra.Command {
+	var (
+		o      agent.PrepareOptions
+		src    sourceFlags
+		region string
+	)
+	cmd := &cobra.Command{
+		Use:   "prepare",
+		Short: "Make the model appear at --dest: linked from the node's cache, or downloaded",
+		Long: `prepare is the init container of inference pods. On a node that holds the cache (--cache-dir
+is whole and verified) it links every file into --dest, copying nothing. On a node without it,
+it downloads the model from --source into --dest, so a pod on a cold node still starts.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if o.Engine, err = src.engineOptions(); err != nil {
+				return err
+			}
+			o.Sources = src.sourceOptions(o.Source, region)
+			start := time.Now()
+			res, err := agent.Prepare(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			how := "warm: linked from the node's cache"
+			if !res.Warm {
+				how = fmt.Sprintf("cold (%s): downloaded %s from %s", res.Reason, engine.HumanBytes(res.Fetched), o.Source)
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "model ready at %s in %s: %d files, %s; %s\n",
+				o.Dest, time.Since(start).Round(time.Millisecond), res.Files, engine.HumanBytes(res.Bytes), how)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.CacheDir, "cache-dir", "", "the node's cache of this model (read-only)")
+	f.StringVar(&o.Dest, "dest", "", "where the inference container reads the model")
+	f.StringVar(&o.Source, "source", "", "the model's original address, for a node without the cache")
+	f.StringVar(&region, "region", "", "S3 region of the source")
+	src.register(cmd)
+	_ = cmd.MarkFlagRequired("dest")
+	return cmd
+}
+
+func addHealthChecks(mgr ctrl.Manager, addr string) error {
+	if addr == "0" || addr == "" {
+		return nil
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("readyz", healthz.Ping)
+}
