@@ -1,0 +1,114 @@
+// Command controller is prewarm's operator: it reconciles InferenceEndpointConfigs and their
+// weights caches, asks each node's agent for the caches it should hold, labels the nodes that
+// hold them, and creates the Deployments that serve the models.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/prewarm/prewarm/internal/cli"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/endpoint"
+	"github.com/prewarm/prewarm/internal/controller/weightscache"
+	"github.com/prewarm/prewarm/internal/scheme"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		cfg           controller.Config
+		roots         string
+		kubeconfig    string
+		metricsAddr   string
+		probeAddr     string
+		leaderElect   bool
+		leaderElectNS string
+		verbosity     int
+		showVersion   bool
+	)
+	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
+	fs.StringVar(&roots, "allowed-roots", "/opt/dlami/nvme", "comma-separated node directories weights caches may be kept under")
+	fs.DurationVar(&cfg.GateTimeout, "gate-timeout", 30*time.Minute, "longest a Deployment waits for its weights cache to settle")
+	fs.StringVar(&cfg.AgentImage, "agent-image", "ghcr.io/prewarm/agent:latest", "image of the agent (the inference pods' init container)")
+	fs.StringVar(&cfg.S3Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store, for the init container (the agents have their own flag)")
+	fs.BoolVar(&cfg.S3PathStyle, "s3-path-style", false, "address S3 buckets in the path, for the init container")
+	fs.StringVar(&cfg.S3CredentialsSecret, "s3-credentials-secret", "", "Secret, in each parent's namespace, with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for the init container (optional)")
+	fs.StringVar(&cfg.HFEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror), for the init container")
+	fs.StringVar(&cfg.FSxRoot, "fsx-root", "/fsx", "where FSx for Lustre file systems are mounted on the nodes")
+	fs.StringVar(&cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
+	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
+	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
+	fs.BoolVar(&leaderElect, "leader-elect", true, "elect a leader, so that only one replica reconciles at a time")
+	fs.StringVar(&leaderElectNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.IntVar(&verbosity, "v", 0, "log verbosity")
+	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	if showVersion {
+		fmt.Println(cli.Version())
+		return nil
+	}
+	cfg.AllowedRoots = strings.Split(roots, ",")
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+
+	log := cli.NewLogger(verbosity)
+	ctrl.SetLogger(log)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	restCfg, err := cli.RestConfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+		Scheme:                  scheme.New(),
+		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:  probeAddr,
+		LeaderElection:          leaderElect,
+		LeaderElectionID:        "prewarm-controller.prewarm.io",
+		LeaderElectionNamespace: leaderElectNS,
+		// Leaving the Lease on shutdown lets a new replica take over at once.
+		LeaderElectionReleaseOnCancel: true,
+		Logger:                        log,
+	})
+	if err != nil {
+		return err
+	}
+	if probeAddr != "0" {
+		if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+			return err
+		}
+	}
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	if err := (&endpoint.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	log.Info("controller starting", "version", cli.Version(), "allowedRoots", cfg.AllowedRoots, "gateTimeout", cfg.GateTimeout.String())
+	return mgr.Start(ctx)
+}

@@ -1,0 +1,229 @@
+package endpoint
+
+import (
+	"context"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+)
+
+// reconcileModel does the work shared by every parent kind, writing what it finds into st.
+func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inferencev1.ParentStatus) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	gen := m.owner.GetGeneration()
+	st.Replicas = 0
+	st.Selector = labels.SelectorFromSet(selector(m)).String()
+	if len(m.unsupported) > 0 {
+		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect,
+			"accepted for compatibility, without effect here: "+sortedJoin(m.unsupported))
+	} else {
+		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionFalse, inferencev1.ReasonFieldsWithoutEffect, "every field set has its effect")
+	}
+
+	dep := &appsv1.Deployment{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.owner.GetNamespace(), Name: m.owner.GetName()}, dep); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		dep = nil
+	}
+	owned, err := r.ownedCaches(ctx, m)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	// The weights cache, and which cache the pods should read.
+	var use *inferencev1.ModelDataCacheConfig // the cache the pod template should name
+	var result ctrl.Result
+	holdDeployment := false
+	if m.weights != nil {
+		if ok, why := r.Config.HostPathAllowed(m.weights.HostPath); !ok {
+			st.State = inferencev1.DeploymentFailed
+			st.WeightsCacheStatus = nil
+			setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, why)
+			setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed,
+				why+"; nothing is cached or deployed until modelCacheConfig.weightsCache.hostPath is an allowed root")
+			return ctrl.Result{}, nil
+		}
+		cache, err := r.ensureCache(ctx, m, owned)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		st.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
+			Name: cache.Name, State: cache.Status.State, TargetNodes: cache.Status.TargetNodes, ReadyNodes: cache.Status.ReadyNodes,
+		}
+		if ready := readyCondition(cache.Status.Conditions); ready != nil {
+			status := metav1.ConditionFalse
+			if cache.Status.State == inferencev1.CacheReady {
+				status = metav1.ConditionTrue
+			}
+			setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, status, ready.Reason, ready.Message)
+		} else {
+			setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the cache has not reported yet")
+		}
+
+		g := r.gate(cache)
+		active := activeCache(dep, owned)
+		switch {
+		case g.open:
+			use = cache
+			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
+		case active != nil:
+			use = active // keep serving from the old cache until the new one settles
+			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason,
+				fmt.Sprintf("the pods stay on cache %s until %s settles: %s", active.Name, cache.Name, g.message))
+			result.RequeueAfter = g.wait
+		default:
+			// No Deployment yet: hold it back. A Deployment without a cache (weightsCache
+			// just enabled) keeps downloading in its pods until the cache settles.
+			holdDeployment = dep == nil
+			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason, g.message)
+			result.RequeueAfter = g.wait
+		}
+	} else {
+		st.WeightsCacheStatus = nil
+		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "modelCacheConfig.weightsCache is not enabled; pods download the model")
+		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "no weights cache to wait for")
+	}
+
+	if holdDeployment {
+		st.State = inferencev1.DeploymentPending
+		st.DeploymentStatus = nil
+		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache,
+			"the Deployment is created once the weights cache settles")
+		return result, nil
+	}
+
+	// The Deployment and the Service.
+	tmpl, err := r.podTemplate(m, use)
+	if err != nil {
+		return result, err
+	}
+	want := r.deployment(m, tmpl)
+	switch {
+	case dep == nil:
+		if err := controllerutil.SetControllerReference(m.owner, want, r.Client.Scheme()); err != nil {
+			return result, err
+		}
+		if err := r.Client.Create(ctx, want); err != nil {
+			return result, err
+		}
+		log.Info("created Deployment", "deployment", want.Name, "weightsCache", want.Spec.Template.Annotations[controller.WeightsCacheAnnotation])
+		dep = want
+	case !metav1.IsControlledBy(dep, m.owner):
+		return result, fmt.Errorf("the Deployment %s/%s exists and is not this %s's", dep.Namespace, dep.Name, m.kind)
+	case dep.Annotations[controller.TemplateHashAnnotation] != want.Annotations[controller.TemplateHashAnnotation] ||
+		ptr.Deref(dep.Spec.Replicas, 1) != m.replicas:
+		patch := client.MergeFrom(dep.DeepCopy())
+		if dep.Annotations == nil {
+			dep.Annotations = map[string]string{}
+		}
+		dep.Annotations[controller.TemplateHashAnnotation] = want.Annotations[controller.TemplateHashAnnotation]
+		dep.Spec.Replicas = want.Spec.Replicas
+		dep.Spec.Template = want.Spec.Template
+		if err := r.Client.Patch(ctx, dep, patch); err != nil {
+			return result, err
+		}
+		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", tmpl.Annotations[controller.WeightsCacheAnnotation])
+	}
+	if err := r.ensureService(ctx, m); err != nil {
+		return result, err
+	}
+
+	// Old caches go once no pod of the Deployment reads them.
+	if rolledOut(dep) {
+		for i := range owned {
+			c := &owned[i]
+			if (use != nil && c.UID == use.UID) || (m.weights != nil && c.Labels[controller.CacheKeyLabel] == cacheKey(m)) || !c.DeletionTimestamp.IsZero() {
+				continue
+			}
+			log.Info("removing a cache the pods no longer read", "cache", c.Name)
+			if err := r.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+				return result, err
+			}
+		}
+	}
+
+	// Status.
+	st.Replicas = dep.Status.Replicas
+	st.DeploymentStatus = &inferencev1.DeploymentRef{Name: dep.Name, ReadyReplicas: dep.Status.ReadyReplicas}
+	switch {
+	case rolledOut(dep) && dep.Status.AvailableReplicas >= m.replicas:
+		st.State = inferencev1.DeploymentComplete
+		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
+			fmt.Sprintf("Deployment %s has %d of %d pods available", dep.Name, dep.Status.AvailableReplicas, m.replicas))
+	default:
+		st.State = inferencev1.DeploymentInProgress
+		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
+			fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available",
+				dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
+	}
+	return result, nil
+}
+
+// readyCondition returns the Ready condition of a cache.
+func readyCondition(conds []metav1.Condition) *metav1.Condition {
+	for i := range conds {
+		if conds[i].Type == inferencev1.ConditionReady {
+			return &conds[i]
+		}
+	}
+	return nil
+}
+
+// activeCache is the cache the Deployment's pod template reads, if it is one of owned.
+func activeCache(dep *appsv1.Deployment, owned []inferencev1.ModelDataCacheConfig) *inferencev1.ModelDataCacheConfig {
+	if dep == nil {
+		return nil
+	}
+	name := dep.Spec.Template.Annotations[controller.WeightsCacheAnnotation]
+	for i := range owned {
+		if owned[i].Name == name && owned[i].DeletionTimestamp.IsZero() {
+			return &owned[i]
+		}
+	}
+	return nil
+}
+
+// rolledOut reports whether every pod of the Deployment runs its current template.
+func rolledOut(dep *appsv1.Deployment) bool {
+	want := ptr.Deref(dep.Spec.Replicas, 1)
+	s := dep.Status
+	return s.ObservedGeneration >= dep.Generation && s.UpdatedReplicas == want && s.Replicas == want
+}
+
+func (r *Reconciler) ensureService(ctx context.Context, m *model) error {
+	want := r.service(m)
+	svc := &corev1.Service{}
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), svc)
+	if apierrors.IsNotFound(err) {
+		if err := controllerutil.SetControllerReference(m.owner, want, r.Client.Scheme()); err != nil {
+			return err
+		}
+		return r.Client.Create(ctx, want)
+	}
+	if err != nil {
+		return err
+	}
+	if !metav1.IsControlledBy(svc, m.owner) {
+		return fmt.Errorf("the Service %s/%s exists and is not this %s's", svc.Namespace, svc.Name, m.kind)
+	}
+	if len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].Port == want.Spec.Ports[0].Port && svc.Spec.Ports[0].Name == want.Spec.Ports[0].Name {
+		return nil
+	}
+	patch := client.MergeFrom(svc.DeepCopy())
+	svc.Spec.Ports = want.Spec.Ports
+	svc.Spec.Selector = want.Spec.Selector
+	return r.Client.Patch(ctx, svc, patch)
+}

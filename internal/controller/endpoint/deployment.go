@@ -1,0 +1,203 @@
+package endpoint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/placement"
+)
+
+// Paths inside inference pods.
+const (
+	// CacheMountPath is where the node's cache root (<hostPath>/prewarm) is mounted, read-only,
+	// in the init container and the inference container alike, so links resolve in both.
+	CacheMountPath = "/var/lib/prewarm/cache"
+	// WorkMountPath is where the init container sees the model volume (an emptyDir).
+	WorkMountPath = "/var/lib/prewarm/model"
+	// modelSubPath is the directory of the model volume the inference container mounts.
+	modelSubPath = "model"
+	// PrepareContainerName is the name of the injected init container.
+	PrepareContainerName = "prewarm-prepare"
+	// WorkerContainerName is the name of the inference container.
+	WorkerContainerName = "worker"
+	cacheVolumeName     = "prewarm-cache"
+	fsxVolumeName       = "prewarm-fsx"
+)
+
+// selector is the label set that selects a parent's pods.
+func selector(m *model) map[string]string {
+	return map[string]string{controller.EndpointLabel: m.uid()}
+}
+
+// podTemplate builds the inference pods' template. cache is the weights cache the pods read
+// (nil: no cache; the init container always downloads).
+func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConfig) (corev1.PodTemplateSpec, error) {
+	w := m.worker
+	labels := selector(m)
+	labels["app.kubernetes.io/name"] = truncate(m.owner.GetName(), 63)
+	labels[controller.ManagedByLabel] = controller.ManagedBy
+	annotations := map[string]string{}
+
+	modelVolume := w.ModelVolumeMount.Name
+	worker := corev1.Container{
+		Name: WorkerContainerName, Image: w.Image, Command: w.Command, Args: w.Args,
+		Ports:          []corev1.ContainerPort{{Name: m.portName(), ContainerPort: w.ModelInvocationPort.ContainerPort, Protocol: corev1.ProtocolTCP}},
+		Resources:      w.Resources,
+		ReadinessProbe: w.ReadinessProbe, LivenessProbe: w.LivenessProbe, StartupProbe: w.StartupProbe,
+	}
+	for _, e := range w.EnvironmentVariables {
+		worker.Env = append(worker.Env, corev1.EnvVar{Name: e.Name, Value: e.Value, ValueFrom: e.ValueFrom})
+	}
+	spec := corev1.PodSpec{Tolerations: m.placement.Tolerations}
+
+	aff := &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: append([]corev1.PreferredSchedulingTerm{}, m.preferred...)}
+	if terms := placement.RequiredTerms(m.placement); len(terms) > 0 {
+		aff.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{NodeSelectorTerms: terms}
+	}
+
+	if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume && m.source.KubernetesVolume != nil {
+		// A volume is mounted as it is; there is nothing to prepare.
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: m.source.KubernetesVolume.ClaimName, ReadOnly: true},
+		}})
+		worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{
+			Name: modelVolume, MountPath: m.mountPath(), SubPath: strings.Trim(m.source.ModelLocation, "/"), ReadOnly: true,
+		})
+	} else {
+		src := m.source
+		if cache != nil {
+			src = cache.Spec.ModelSourceConfig // the cache's own source: warm and cold pods read the same model
+		}
+		uri, region, err := r.Config.SourceURI(src)
+		if err != nil {
+			return corev1.PodTemplateSpec{}, err
+		}
+		prepare := corev1.Container{
+			Name: PrepareContainerName, Image: r.Config.AgentImage,
+			Args: []string{"prepare", "--dest=" + filepath.Join(WorkMountPath, modelSubPath), "--source=" + uri},
+			Resources: corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+			},
+			VolumeMounts: []corev1.VolumeMount{{Name: modelVolume, MountPath: WorkMountPath}},
+		}
+		if region != "" {
+			prepare.Args = append(prepare.Args, "--region="+region)
+		}
+		switch src.ModelSourceType {
+		case inferencev1.ModelSourceS3:
+			if r.Config.S3Endpoint != "" {
+				prepare.Args = append(prepare.Args, "--s3-endpoint="+r.Config.S3Endpoint)
+			}
+			if r.Config.S3PathStyle {
+				prepare.Args = append(prepare.Args, "--s3-path-style")
+			}
+			if s := r.Config.S3CredentialsSecret; s != "" {
+				for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} {
+					prepare.Env = append(prepare.Env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+						LocalObjectReference: corev1.LocalObjectReference{Name: s}, Key: k, Optional: ptr.To(true),
+					}}})
+				}
+			}
+		case inferencev1.ModelSourceHuggingFace:
+			if r.Config.HFEndpoint != "" {
+				prepare.Args = append(prepare.Args, "--hf-endpoint="+r.Config.HFEndpoint)
+			}
+			if ref := src.HuggingFaceModel.TokenSecretRef; ref != nil {
+				key := ref.Key
+				if key == "" {
+					key = "token"
+				}
+				prepare.Env = append(prepare.Env, corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+					LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name}, Key: key,
+				}}})
+			}
+		case inferencev1.ModelSourceFSx:
+			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{
+				HostPath: &corev1.HostPathVolumeSource{Path: r.Config.FSxRoot, Type: ptr.To(corev1.HostPathDirectory)},
+			}})
+			prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: r.Config.FSxRoot, ReadOnly: true})
+		}
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), SubPath: modelSubPath, ReadOnly: true})
+
+		if cache != nil {
+			uid := string(cache.UID)
+			annotations[controller.WeightsCacheAnnotation] = cache.Name
+			prepare.Args = append(prepare.Args, "--cache-dir="+filepath.Join(CacheMountPath, uid))
+			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: cacheVolumeName, VolumeSource: corev1.VolumeSource{
+				HostPath: &corev1.HostPathVolumeSource{
+					Path: filepath.Join(cache.Spec.HostPath, prewarmv1alpha1.Directory), Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+				},
+			}})
+			mount := corev1.VolumeMount{Name: cacheVolumeName, MountPath: CacheMountPath, ReadOnly: true}
+			prepare.VolumeMounts = append(prepare.VolumeMounts, mount)
+			worker.VolumeMounts = append(worker.VolumeMounts, mount)
+			// Prefer (never require) the nodes that hold the cache.
+			aff.PreferredDuringSchedulingIgnoredDuringExecution = append([]corev1.PreferredSchedulingTerm{{
+				Weight: 100,
+				Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
+					Key: inferencev1.WeightsCacheReadyLabel(uid), Operator: corev1.NodeSelectorOpIn, Values: []string{inferencev1.LabelTrue},
+				}}},
+			}}, aff.PreferredDuringSchedulingIgnoredDuringExecution...)
+		}
+		spec.InitContainers = []corev1.Container{prepare}
+	}
+	spec.Containers = []corev1.Container{worker}
+	if aff.RequiredDuringSchedulingIgnoredDuringExecution != nil || len(aff.PreferredDuringSchedulingIgnoredDuringExecution) > 0 {
+		spec.Affinity = &corev1.Affinity{NodeAffinity: aff}
+	}
+	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations}, Spec: spec}, nil
+}
+
+func templateHash(t *corev1.PodTemplateSpec) string {
+	b, _ := json.Marshal(t)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+// deployment builds the parent's Deployment.
+func (r *Reconciler) deployment(m *model, tmpl corev1.PodTemplateSpec) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: m.owner.GetName(), Namespace: m.owner.GetNamespace(),
+			Labels:      map[string]string{controller.ManagedByLabel: controller.ManagedBy},
+			Annotations: map[string]string{controller.TemplateHashAnnotation: templateHash(&tmpl)},
+		},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(m.replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: selector(m)},
+			Template: tmpl,
+		},
+	}
+}
+
+// service builds the parent's Service on the model invocation port.
+func (r *Reconciler) service(m *model) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: m.owner.GetName(), Namespace: m.owner.GetNamespace(),
+			Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy},
+		},
+		Spec: corev1.ServiceSpec{
+			Selector: selector(m),
+			Ports: []corev1.ServicePort{{
+				Name: m.portName(), Port: m.worker.ModelInvocationPort.ContainerPort, Protocol: corev1.ProtocolTCP,
+				TargetPort: intstr.FromString(m.portName()),
+			}},
+		},
+	}
+}

@@ -1,0 +1,152 @@
+package endpoint
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+func TestGate(t *testing.T) {
+	created := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	node := func(name string, state inferencev1.CacheState, reason string) inferencev1.NodeCacheStatus {
+		return inferencev1.NodeCacheStatus{Name: name, State: state, Reason: reason, Message: "msg of " + name, BytesDone: 30, BytesTotal: 100}
+	}
+	cache := func(gen, observed int64, target int32, nodes ...inferencev1.NodeCacheStatus) *inferencev1.ModelDataCacheConfig {
+		c := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Generation: gen, CreationTimestamp: metav1.NewTime(created)}}
+		c.Status = inferencev1.ModelDataCacheConfigStatus{ObservedGeneration: observed, TargetNodes: target, Nodes: nodes}
+		for _, n := range nodes {
+			if n.State == inferencev1.CacheReady {
+				c.Status.ReadyNodes++
+			}
+		}
+		return c
+	}
+	tests := []struct {
+		name     string
+		cache    *inferencev1.ModelDataCacheConfig
+		after    time.Duration
+		open     bool
+		reason   string
+		contains string
+		wait     time.Duration
+	}{
+		{"all ready", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheReady, "")), time.Minute,
+			true, inferencev1.ReasonGateOpen, "all 2 target nodes", 0},
+		{"one cannot fit, the rest ready", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheFailed, "InsufficientCapacity")), time.Minute,
+			true, inferencev1.ReasonGateOpen, "b (InsufficientCapacity: msg of b)", 0},
+		{"one downloading", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheDownloading, "")), time.Minute,
+			false, inferencev1.ReasonWaitingForCache, "b Downloading 30%", 29 * time.Minute},
+		{"a failure waiting may fix", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheFailed, "SourceUnreachable")), time.Minute,
+			false, inferencev1.ReasonWaitingForCache, "b Failed 30%", 29 * time.Minute},
+		{"timeout opens it", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheDownloading, "")), 30 * time.Minute,
+			true, inferencev1.ReasonGateTimeout, "1 of 2 target nodes ready", 0},
+		{"a node not reported yet", cache(1, 1, 2, node("a", inferencev1.CacheReady, "")), time.Minute,
+			false, inferencev1.ReasonWaitingForCache, "", 29 * time.Minute},
+		{"status of an older generation", cache(2, 1, 1, node("a", inferencev1.CacheReady, "")), time.Minute,
+			false, inferencev1.ReasonWaitingForCache, "to report its target nodes", 29 * time.Minute},
+		{"no target nodes: pods may bring nodes up", cache(1, 1, 0), time.Second,
+			true, inferencev1.ReasonNoTargetNodes, "no node matches", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &Reconciler{Config: controller.Config{GateTimeout: 30 * time.Minute}, Now: func() time.Time { return created.Add(tt.after) }}
+			g := r.gate(tt.cache)
+			if g.open != tt.open || g.reason != tt.reason || !strings.Contains(g.message, tt.contains) || g.wait != tt.wait {
+				t.Errorf("gate = %+v; want open %v, reason %s, message with %q, wait %s", g, tt.open, tt.reason, tt.contains, tt.wait)
+			}
+		})
+	}
+}
+
+func TestPodTemplate(t *testing.T) {
+	r := &Reconciler{Config: controller.Config{AgentImage: "agent:v1", S3Endpoint: "http://s3.local", S3PathStyle: true}}
+	r.Config.Defaults()
+	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec.UID = types.UID("0000-parent")
+	m := fromEndpoint(iec)
+	cache := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Name: "m-cache", UID: "cafe-1"}}
+	cache.Spec.HostPath = "/opt/dlami/nvme"
+	cache.Spec.ModelSourceConfig = iec.Spec.ModelSourceConfig
+
+	tmpl, err := r.podTemplate(m, cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := tmpl.Spec
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("init containers = %d, want 1", len(spec.InitContainers))
+	}
+	prep := spec.InitContainers[0]
+	for _, want := range []string{"prepare", "--cache-dir=/var/lib/prewarm/cache/cafe-1", "--source=s3://example-bucket/models/m",
+		"--region=us-west-2", "--s3-endpoint=http://s3.local", "--s3-path-style", "--dest=/var/lib/prewarm/model/model"} {
+		if !slices.Contains(prep.Args, want) {
+			t.Errorf("prepare args %v lack %s", prep.Args, want)
+		}
+	}
+	var hostPath *corev1.HostPathVolumeSource
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPath = v.HostPath
+		}
+	}
+	if hostPath == nil || hostPath.Path != "/opt/dlami/nvme/prewarm" {
+		t.Errorf("hostPath volume = %+v, want the cache root /opt/dlami/nvme/prewarm", hostPath)
+	}
+	worker := spec.Containers[0]
+	for _, vm := range append(worker.VolumeMounts, prep.VolumeMounts...) {
+		if vm.MountPath == CacheMountPath && !vm.ReadOnly {
+			t.Errorf("the cache root is mounted writable: %+v", vm)
+		}
+	}
+	if !slices.ContainsFunc(worker.VolumeMounts, func(vm corev1.VolumeMount) bool {
+		return vm.Name == "model-weights" && vm.MountPath == "/opt/ml/model" && vm.SubPath == "model" && vm.ReadOnly
+	}) {
+		t.Errorf("worker mounts %+v; want the model volume at /opt/ml/model", worker.VolumeMounts)
+	}
+	if tmpl.Labels[controller.EndpointLabel] != "0000-parent" || tmpl.Annotations[controller.WeightsCacheAnnotation] != "m-cache" {
+		t.Errorf("labels %v annotations %v", tmpl.Labels, tmpl.Annotations)
+	}
+	pref := spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+	if len(pref) != 1 || pref[0].Weight != 100 || pref[0].Preference.MatchExpressions[0].Key != inferencev1.WeightsCacheReadyLabel("cafe-1") {
+		t.Errorf("preferred affinity = %+v", pref)
+	}
+
+	// Without a cache: the init container always downloads; no host path at all.
+	tmpl, err = r.podTemplate(m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range tmpl.Spec.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("a pod without a cache mounts a host path: %+v", v)
+		}
+	}
+	if slices.ContainsFunc(tmpl.Spec.InitContainers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--cache-dir") }) {
+		t.Errorf("a pod without a cache is given a cache dir: %v", tmpl.Spec.InitContainers[0].Args)
+	}
+	if templateHash(&tmpl) == "" {
+		t.Error("empty template hash")
+	}
+}
+
+func TestCacheKeyChangesWithContentNotPlacement(t *testing.T) {
+	base := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").Obj())
+	moved := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").Location("models/other").Obj())
+	rooted := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").HostPath("/mnt/nvme").Obj())
+	placed := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").InstanceType("ml.p4d.24xlarge").Obj())
+	if cacheKey(base) == cacheKey(moved) || cacheKey(base) == cacheKey(rooted) {
+		t.Error("a new location or hostPath must give a new cache key")
+	}
+	if cacheKey(base) != cacheKey(placed) {
+		t.Error("a placement change must keep the cache (it is updated in place)")
+	}
+}

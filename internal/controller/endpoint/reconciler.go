@@ -1,0 +1,84 @@
+// Package endpoint reconciles InferenceEndpointConfig: its weights cache (a
+// ModelDataCacheConfig), the gate that holds the Deployment back until the cache settles, the
+// Deployment and Service that serve the model, and the parent's status.
+package endpoint
+
+import (
+	"context"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+)
+
+// Reconciler reconciles InferenceEndpointConfig objects.
+type Reconciler struct {
+	Client client.Client
+	Config controller.Config
+	Now    func() time.Time
+}
+
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceendpointconfigs,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceendpointconfigs/status;inferenceendpointconfigs/finalizers,verbs=get;update;patch
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("endpoint").
+		For(&inferencev1.InferenceEndpointConfig{}).
+		Owns(&inferencev1.ModelDataCacheConfig{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Complete(r)
+}
+
+// Reconcile brings one InferenceEndpointConfig's cache, Deployment, Service and status to what
+// its spec asks.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	iec := &inferencev1.InferenceEndpointConfig{}
+	if err := r.Client.Get(ctx, req.NamespacedName, iec); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !iec.DeletionTimestamp.IsZero() {
+		// The cache, Deployment and Service are owned by the parent: the garbage collector
+		// removes them, and the cache's finalizer removes its files from every node first.
+		return ctrl.Result{}, nil
+	}
+	p := fromEndpoint(iec)
+	st := iec.Status.DeepCopy()
+	st.ObservedGeneration = iec.Generation
+	res, err := r.reconcileModel(ctx, p, st)
+	if werr := r.writeStatus(ctx, iec, st); werr != nil && err == nil {
+		err = werr
+	}
+	return res, err
+}
+
+func (r *Reconciler) writeStatus(ctx context.Context, iec *inferencev1.InferenceEndpointConfig, st *inferencev1.ParentStatus) error {
+	if equality.Semantic.DeepEqual(&iec.Status, st) {
+		return nil
+	}
+	patch := client.MergeFrom(iec.DeepCopy())
+	iec.Status = *st
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, iec, patch))
+}
+
+func setCondition(st *inferencev1.ParentStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen,
+	})
+}

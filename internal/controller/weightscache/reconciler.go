@@ -1,0 +1,314 @@
+// Package weightscache reconciles ModelDataCacheConfig: it asks every target node's agent to
+// hold the cache (through the node's NodeCache), gathers what the agents report, labels the
+// nodes that hold it, and removes it everywhere before the object goes.
+package weightscache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/placement"
+)
+
+// uidIndex indexes ModelDataCacheConfigs by UID, to map NodeCache events to them.
+const uidIndex = "metadata.uid"
+
+// Reconciler reconciles ModelDataCacheConfig objects.
+type Reconciler struct {
+	Client client.Client
+	Config controller.Config
+	Now    func() time.Time
+}
+
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs/status;modeldatacacheconfigs/finalizers,verbs=get;update;patch
+// +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch;create;patch;update
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &inferencev1.ModelDataCacheConfig{}, uidIndex,
+		func(o client.Object) []string { return []string{string(o.GetUID())} }); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("weightscache").
+		For(&inferencev1.ModelDataCacheConfig{}).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allCaches)).
+		Watches(&prewarmv1alpha1.NodeCache{}, handler.EnqueueRequestsFromMapFunc(r.cachesOfNode)).
+		Complete(r)
+}
+
+// allCaches maps a node event to every cache: any of them may target the node.
+func (r *Reconciler) allCaches(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &inferencev1.ModelDataCacheConfigList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing ModelDataCacheConfigs")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, m := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&m)})
+	}
+	return reqs
+}
+
+// cachesOfNode maps a NodeCache event to the caches it asks for or reports on.
+func (r *Reconciler) cachesOfNode(ctx context.Context, o client.Object) []reconcile.Request {
+	nc, ok := o.(*prewarmv1alpha1.NodeCache)
+	if !ok {
+		return nil
+	}
+	uids := map[string]bool{}
+	for _, c := range nc.Spec.Caches {
+		uids[c.UID] = true
+	}
+	for _, c := range nc.Status.Caches {
+		uids[c.UID] = true
+	}
+	var reqs []reconcile.Request
+	for uid := range uids {
+		list := &inferencev1.ModelDataCacheConfigList{}
+		if err := r.Client.List(ctx, list, client.MatchingFields{uidIndex: uid}); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "listing ModelDataCacheConfigs")
+			continue
+		}
+		for _, m := range list.Items {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&m)})
+		}
+	}
+	return reqs
+}
+
+// Reconcile brings one cache's nodes, labels and status to what its spec asks.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	m := &inferencev1.ModelDataCacheConfig{}
+	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	deleting := !m.DeletionTimestamp.IsZero()
+	if !deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
+		patch := client.MergeFrom(m.DeepCopy())
+		controllerutil.AddFinalizer(m, inferencev1.CacheFinalizer)
+		if err := r.Client.Patch(ctx, m, patch); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
+		return ctrl.Result{}, nil
+	}
+
+	nodes := &corev1.NodeList{}
+	if err := r.Client.List(ctx, nodes); err != nil {
+		return ctrl.Result{}, err
+	}
+	nodeCaches := &prewarmv1alpha1.NodeCacheList{}
+	if err := r.Client.List(ctx, nodeCaches); err != nil {
+		return ctrl.Result{}, err
+	}
+	byNode := map[string]*prewarmv1alpha1.NodeCache{}
+	for i := range nodeCaches.Items {
+		byNode[nodeCaches.Items[i].Name] = &nodeCaches.Items[i]
+	}
+
+	uid := string(m.UID)
+	allowed, notAllowed := r.Config.HostPathAllowed(m.Spec.HostPath)
+	uri, region, srcErr := r.Config.SourceURI(m.Spec.ModelSourceConfig)
+	entry := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: uri, Region: region}
+
+	// Targets: the nodes the parent's pods may run on (none while deleting, or when the cache
+	// cannot be kept at all).
+	var targets []*corev1.Node
+	if !deleting && allowed && srcErr == nil {
+		for i := range nodes.Items {
+			if ok, _ := placement.Match(m.Spec.Placement, &nodes.Items[i]); ok {
+				targets = append(targets, &nodes.Items[i])
+			}
+		}
+	}
+	isTarget := map[string]bool{}
+	for _, n := range targets {
+		isTarget[n.Name] = true
+	}
+
+	// Ask each target node for the cache; withdraw the ask from every other node.
+	for _, n := range targets {
+		if nc := byNode[n.Name]; nc != nil && slices.ContainsFunc(nc.Spec.Caches, func(c prewarmv1alpha1.CacheRequest) bool { return c == entry }) {
+			continue
+		}
+		if err := r.applyEntry(ctx, n, &entry, uid); err != nil {
+			return ctrl.Result{}, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
+		}
+	}
+	for _, nc := range nodeCaches.Items {
+		if isTarget[nc.Name] || !slices.ContainsFunc(nc.Spec.Caches, func(c prewarmv1alpha1.CacheRequest) bool { return c.UID == uid }) {
+			continue
+		}
+		if err := r.withdrawEntry(ctx, &nc, uid); err != nil {
+			return ctrl.Result{}, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
+		}
+	}
+
+	// What the agents report.
+	st := r.gather(m, targets, byNode)
+
+	// Labels: on exactly the Ready target nodes.
+	label := inferencev1.WeightsCacheReadyLabel(uid)
+	ready := map[string]bool{}
+	for _, ns := range st.Nodes {
+		if ns.State == inferencev1.CacheReady {
+			ready[ns.Name] = true
+		}
+	}
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if err := r.setLabel(ctx, n, label, ready[n.Name] && !deleting); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	// Conditions.
+	switch {
+	case !allowed:
+		st.State = inferencev1.CacheFailed
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, notAllowed)
+	case srcErr != nil:
+		st.State = inferencev1.CacheFailed
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonSourceUnreachable, srcErr.Error())
+	}
+
+	if deleting {
+		st.State = inferencev1.CacheDeleting
+		holders := holdersOf(uid, byNode)
+		if len(holders) == 0 {
+			setCondition(&st, m, metav1.ConditionFalse, "Deleted", "every node has removed the cache")
+		} else {
+			setCondition(&st, m, metav1.ConditionFalse, "Deleting",
+				fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), summarize(holders, 5)))
+		}
+		if err := r.writeStatus(ctx, m, st); err != nil {
+			return ctrl.Result{}, err
+		}
+		if len(holders) > 0 {
+			return ctrl.Result{}, nil // NodeCache events bring us back
+		}
+		patch := client.MergeFrom(m.DeepCopy())
+		controllerutil.RemoveFinalizer(m, inferencev1.CacheFinalizer)
+		if err := r.Client.Patch(ctx, m, patch); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, r.writeStatus(ctx, m, st)
+}
+
+// holdersOf lists the nodes whose NodeCache still asks for or reports cache uid.
+func holdersOf(uid string, byNode map[string]*prewarmv1alpha1.NodeCache) []string {
+	var out []string
+	for name, nc := range byNode {
+		if slices.ContainsFunc(nc.Spec.Caches, func(c prewarmv1alpha1.CacheRequest) bool { return c.UID == uid }) ||
+			slices.ContainsFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }) {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func summarize(names []string, n int) string {
+	if len(names) <= n {
+		return fmt.Sprint(names)
+	}
+	return fmt.Sprintf("%v and %d more", names[:n], len(names)-n)
+}
+
+// applyEntry puts the cache into the node's NodeCache, creating it if needed. Each cache is its
+// own server-side apply field manager, so caches never overwrite each other's entries.
+func (r *Reconciler) applyEntry(ctx context.Context, n *corev1.Node, entry *prewarmv1alpha1.CacheRequest, uid string) error {
+	caches := []any{} // empty, not null: this cache's manager then owns no entry
+	if entry != nil {
+		e, err := runtime.DefaultUnstructuredConverter.ToUnstructured(entry)
+		if err != nil {
+			return err
+		}
+		caches = append(caches, e)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": prewarmv1alpha1.GroupVersion.String(),
+		"kind":       "NodeCache",
+		"metadata": map[string]any{
+			"name": n.Name,
+			"ownerReferences": []any{map[string]any{
+				"apiVersion": "v1", "kind": "Node", "name": n.Name, "uid": string(n.UID),
+			}},
+		},
+		"spec": map[string]any{"caches": caches},
+	}}
+	return r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
+		client.FieldOwner(fieldManager(uid)), client.ForceOwnership)
+}
+
+// withdrawEntry removes the cache from a NodeCache: the cache's field manager applies nothing.
+func (r *Reconciler) withdrawEntry(ctx context.Context, nc *prewarmv1alpha1.NodeCache, uid string) error {
+	n := &corev1.Node{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: nc.Name}, n); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return err
+		}
+		n.Name = nc.Name // the node is gone; the NodeCache follows it (owner reference)
+		for _, ref := range nc.OwnerReferences {
+			if ref.Kind == "Node" {
+				n.UID = ref.UID
+			}
+		}
+	}
+	return r.applyEntry(ctx, n, nil, uid)
+}
+
+func fieldManager(uid string) string { return "prewarm-cache-" + uid }
+
+// setLabel puts or removes the cache-ready label on a node.
+func (r *Reconciler) setLabel(ctx context.Context, n *corev1.Node, key string, want bool) error {
+	_, has := n.Labels[key]
+	if has == want {
+		return nil
+	}
+	var value any
+	if want {
+		value = inferencev1.LabelTrue
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%s}}}`, key, jsonValue(value))
+	if err := r.Client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
+}
+
+func jsonValue(v any) string {
+	if v == nil {
+		return "null"
+	}
+	return fmt.Sprintf("%q", v)
+}

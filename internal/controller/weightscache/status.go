@@ -1,0 +1,119 @@
+package weightscache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/pkg/engine"
+)
+
+// gather builds the cache's status from the target nodes' NodeCache reports.
+func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) inferencev1.ModelDataCacheConfigStatus {
+	uid := string(m.UID)
+	st := inferencev1.ModelDataCacheConfigStatus{
+		ObservedGeneration: m.Generation,
+		TargetNodes:        int32(len(targets)),
+		ResolvedRevision:   m.Status.ResolvedRevision,
+		Conditions:         slices.Clone(m.Status.Conditions),
+	}
+	previous := map[string]inferencev1.NodeCacheStatus{}
+	for _, ns := range m.Status.Nodes {
+		previous[ns.Name] = ns
+	}
+	var downloading, failed, pending int
+	var failures []string
+	for _, n := range targets {
+		ns := inferencev1.NodeCacheStatus{Name: n.Name, State: inferencev1.CachePending}
+		nc := byNode[n.Name]
+		var rep *prewarmv1alpha1.CacheStatus
+		if nc != nil {
+			if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
+				rep = &nc.Status.Caches[i]
+			}
+		}
+		switch {
+		case rep != nil:
+			ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
+			ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond
+			st.TotalBytes = max(st.TotalBytes, rep.BytesTotal)
+			if rep.State == inferencev1.CacheReady && st.ResolvedRevision == "" {
+				st.ResolvedRevision = rep.Revision
+			}
+		case nc == nil || nc.Status.HeartbeatTime == nil:
+			ns.Reason, ns.Message = "AgentNotReporting", "no prewarm agent reports on this node; is the agent DaemonSet running here?"
+		default:
+			ns.Reason, ns.Message = "Requested", "the node's agent has not picked the cache up yet"
+		}
+		if p, ok := previous[n.Name]; ok && p.State == ns.State {
+			ns.LastTransitionTime = p.LastTransitionTime
+		} else {
+			now := metav1.NewTime(r.Now())
+			ns.LastTransitionTime = &now
+		}
+		switch ns.State {
+		case inferencev1.CacheReady:
+			st.ReadyNodes++
+		case inferencev1.CacheDownloading:
+			downloading++
+		case inferencev1.CacheFailed:
+			failed++
+			failures = append(failures, fmt.Sprintf("%s: %s", n.Name, ns.Message))
+		default:
+			pending++
+		}
+		st.Nodes = append(st.Nodes, ns)
+	}
+
+	switch {
+	case st.TargetNodes == 0:
+		st.State = inferencev1.CachePending
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonNoTargetNodes, "no node matches the placement")
+	case st.ReadyNodes == st.TargetNodes:
+		st.State = inferencev1.CacheReady
+		setCondition(&st, m, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady,
+			fmt.Sprintf("all %d target nodes hold the cache (%s), verified", st.TargetNodes, engine.HumanBytes(st.TotalBytes)))
+	case failed > 0 && downloading == 0 && pending == 0:
+		st.State = inferencev1.CacheFailed
+		reason := st.Nodes[slices.IndexFunc(st.Nodes, func(n inferencev1.NodeCacheStatus) bool { return n.State == inferencev1.CacheFailed })].Reason
+		setCondition(&st, m, metav1.ConditionFalse, reason,
+			fmt.Sprintf("%d of %d target nodes hold the cache; %d failed: %s", st.ReadyNodes, st.TargetNodes, failed, strings.Join(failures, "; ")))
+	case downloading > 0:
+		st.State = inferencev1.CacheDownloading
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonDownloading,
+			fmt.Sprintf("%d of %d target nodes hold the cache; %d downloading, %d waiting, %d failed", st.ReadyNodes, st.TargetNodes, downloading, pending, failed))
+	default:
+		st.State = inferencev1.CachePending
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache,
+			fmt.Sprintf("%d of %d target nodes hold the cache; %d waiting, %d failed", st.ReadyNodes, st.TargetNodes, pending, failed))
+	}
+	return st
+}
+
+func setCondition(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelDataCacheConfig, status metav1.ConditionStatus, reason, msg string) {
+	if len(msg) > 32000 {
+		msg = msg[:32000]
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type: inferencev1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: m.Generation,
+	})
+}
+
+// writeStatus writes st when it differs from what is stored.
+func (r *Reconciler) writeStatus(ctx context.Context, m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus) error {
+	if equality.Semantic.DeepEqual(m.Status, st) {
+		return nil
+	}
+	patch := client.MergeFrom(m.DeepCopy())
+	m.Status = st
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, m, patch))
+}

@@ -1,0 +1,69 @@
+package weightscache
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+func TestGather(t *testing.T) {
+	const uid = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Now: func() time.Time { return now }}
+	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 3}}
+	nodes := func(names ...string) []*corev1.Node {
+		var out []*corev1.Node
+		for _, n := range names {
+			out = append(out, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		}
+		return out
+	}
+	report := func(state inferencev1.CacheState, reason, msg string) *prewarmv1alpha1.NodeCache {
+		hb := metav1.NewTime(now)
+		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &hb, Caches: []prewarmv1alpha1.CacheStatus{{
+			UID: uid, State: state, Reason: reason, Message: msg, BytesDone: 50, BytesTotal: 100, Revision: "abc",
+		}}}}
+	}
+	tests := []struct {
+		name      string
+		targets   []*corev1.Node
+		byNode    map[string]*prewarmv1alpha1.NodeCache
+		state     inferencev1.CacheState
+		ready     int32
+		reason    string
+		inMessage string
+	}{
+		{"all ready", nodes("a", "b"), map[string]*prewarmv1alpha1.NodeCache{
+			"a": report(inferencev1.CacheReady, "Verified", ""), "b": report(inferencev1.CacheReady, "Verified", ""),
+		}, inferencev1.CacheReady, 2, inferencev1.ReasonAllNodesReady, "all 2 target nodes"},
+		{"one downloading", nodes("a", "b"), map[string]*prewarmv1alpha1.NodeCache{
+			"a": report(inferencev1.CacheReady, "Verified", ""), "b": report(inferencev1.CacheDownloading, "Downloading", ""),
+		}, inferencev1.CacheDownloading, 1, inferencev1.ReasonDownloading, "1 downloading"},
+		{"one failed, rest ready", nodes("a", "b"), map[string]*prewarmv1alpha1.NodeCache{
+			"a": report(inferencev1.CacheReady, "Verified", ""), "b": report(inferencev1.CacheFailed, "InsufficientCapacity", "needs 2 GB, 1 GB free under /x"),
+		}, inferencev1.CacheFailed, 1, "InsufficientCapacity", "b: needs 2 GB, 1 GB free under /x"},
+		{"no agent on a node", nodes("a"), map[string]*prewarmv1alpha1.NodeCache{}, inferencev1.CachePending, 0, inferencev1.ReasonWaitingForCache, "1 waiting"},
+		{"no targets", nil, nil, inferencev1.CachePending, 0, inferencev1.ReasonNoTargetNodes, "no node matches"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := r.gather(m, tt.targets, tt.byNode)
+			c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
+			if st.State != tt.state || st.ReadyNodes != tt.ready || st.TargetNodes != int32(len(tt.targets)) ||
+				c == nil || c.Reason != tt.reason || !strings.Contains(c.Message, tt.inMessage) || st.ObservedGeneration != 3 {
+				t.Errorf("gather = state %s ready %d/%d, condition %+v; want %s %d, %s with %q", st.State, st.ReadyNodes, st.TargetNodes, c, tt.state, tt.ready, tt.reason, tt.inMessage)
+			}
+		})
+	}
+	st := r.gather(m, nodes("a"), map[string]*prewarmv1alpha1.NodeCache{"a": {}})
+	if st.Nodes[0].Reason != "AgentNotReporting" || !strings.Contains(st.Nodes[0].Message, "agent") {
+		t.Errorf("a node whose agent never reported: %+v", st.Nodes[0])
+	}
+}
