@@ -28,8 +28,10 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRDs into config/crd/bases.
+manifests: $(CONTROLLER_GEN) ## Generate the CRDs into config/crd/bases and the RBAC roles into config/rbac.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(CONTROLLER_GEN) rbac:roleName=prewarm-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
+	$(CONTROLLER_GEN) rbac:roleName=prewarm-agent paths=./internal/agent/... output:rbac:artifacts:config=config/rbac/agent
 
 .PHONY: fmt
 fmt: ## Run gofmt on the code.
