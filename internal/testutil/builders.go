@@ -60,6 +60,18 @@ func (w *IECWrapper) HostPath(p string) *IECWrapper {
 	return w
 }
 
+// Location sets the model's location inside its source.
+func (w *IECWrapper) Location(loc string) *IECWrapper {
+	w.Spec.ModelSourceConfig.ModelLocation = loc
+	return w
+}
+
+// InstanceType places the model on nodes of one instance type.
+func (w *IECWrapper) InstanceType(t string) *IECWrapper {
+	w.Spec.InstanceType, w.Spec.InstanceTypes, w.Spec.NodeAffinity = t, nil, nil
+	return w
+}
+
 // JSMWrapper builds a JumpStartModel for tests.
 type JSMWrapper struct{ inferencev1.JumpStartModel }
 

@@ -24,10 +24,10 @@ import (
 )
 
 var (
-	cliPath string
-	s3srv   *s3fixture.Server
-	model   = map[string][]byte{}
-	total   int64
+	cliPath, agentPath, controllerPath string
+	s3srv                              *s3fixture.Server
+	model                              = map[string][]byte{}
+	total                              int64
 )
 
 const bucket, prefix = "example-bucket", "models/example-model"
@@ -43,10 +43,12 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmp)
 	cliPath = filepath.Join(tmp, "kubectl-prewarm")
-	build := exec.Command("go", "build", "-o", cliPath, "github.com/prewarm/prewarm/cmd/kubectl-prewarm")
+	agentPath = filepath.Join(tmp, "agent")
+	controllerPath = filepath.Join(tmp, "controller")
+	build := exec.Command("go", "build", "-o", tmp+"/", "github.com/prewarm/prewarm/cmd/...")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building kubectl-prewarm:", err)
+		fmt.Fprintln(os.Stderr, "building prewarm's binaries:", err)
 		return 1
 	}
 	if s3srv, err = s3fixture.Start(filepath.Join(tmp, "s3")); err != nil {
@@ -90,19 +92,7 @@ func pull(t *testing.T, args ...string) (stdout, stderr string, err error) {
 
 func assertModel(t *testing.T, dest string) {
 	t.Helper()
-	entries, err := os.ReadDir(dest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(entries) != len(model)+1 {
-		t.Errorf("%s holds %d entries, want the %d files and the manifest", dest, len(entries), len(model))
-	}
-	for p, data := range model {
-		got, err := os.ReadFile(filepath.Join(dest, p))
-		if err != nil || !bytes.Equal(got, data) {
-			t.Errorf("%s: differs from the source (%v)", p, err)
-		}
-	}
+	assertTree(t, dest, model)
 }
 
 func TestPullFromS3(t *testing.T) {
