@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -209,6 +214,28 @@ func applySeed(t *testing.T, c client.Client) {
 	}
 }
 
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func httpGet(u string) (string, error) {
+	resp, err := http.Get(u)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("%s: %s", u, resp.Status)
+	}
+	return string(b), err
+}
+
 func condition(conds []metav1.Condition, typ string) metav1.Condition {
 	if c := meta.FindStatusCondition(conds, typ); c != nil {
 		return *c
@@ -249,9 +276,10 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		e.addNode(n, "ml.g5.24xlarge", s3srv.Endpoint)
 	}
 	e.addNode("small-a", "ml.g5.xlarge", s3srv.Endpoint)
+	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
 	e.start("controller", controllerPath,
-		"--kubeconfig="+cluster.KubeconfigPath, "--leader-elect=false",
-		"--metrics-bind-address=0", "--health-probe-bind-address=0",
+		"--kubeconfig="+cluster.KubeconfigPath, "--leader-elect", "--leader-election-namespace=default",
+		"--metrics-bind-address="+metricsAddr, "--health-probe-bind-address="+probeAddr,
 		"--allowed-roots="+root, "--gate-timeout=3m",
 		"--s3-endpoint="+s3srv.Endpoint, "--s3-path-style", "--agent-image=prewarm/agent:e2e")
 
@@ -348,23 +376,66 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 			return g.Status == metav1.ConditionFalse && g.Reason == inferencev1.ReasonGateOpen && ws != nil && ws.ReadyNodes == 3,
 				fmt.Sprintf("%+v", iec.Status)
 		})
-		// The pod lands on a warm node and runs (kwok).
-		e.eventually(60*time.Second, "inference pod running on a warm node", func() (bool, string) {
+		// An HPA (or kubectl scale) scales the parent through /scale; the Deployment follows and
+		// the parent reports the pods.
+		scale := &autoscalingv1.Scale{}
+		if err := e.c.SubResource("scale").Get(ctx, iec, scale); err != nil {
+			t.Fatal(err)
+		}
+		scale.Spec.Replicas = 2
+		if err := e.c.SubResource("scale").Update(ctx, iec, client.WithSubResourceBody(scale)); err != nil {
+			t.Fatal(err)
+		}
+		e.eventually(60*time.Second, "scaled to 2", func() (bool, string) {
+			if err := e.c.SubResource("scale").Get(ctx, iec, scale); err != nil {
+				return false, err.Error()
+			}
+			if err := e.c.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+				return false, err.Error()
+			}
+			return *dep.Spec.Replicas == 2 && scale.Status.Replicas == 2 && scale.Status.Selector == "prewarm.io/endpoint-uid="+string(iec.UID),
+				fmt.Sprintf("deployment %d, scale status %+v", *dep.Spec.Replicas, scale.Status)
+		})
+		// The pods land on warm nodes and run (kwok).
+		e.eventually(60*time.Second, "inference pods running on warm nodes", func() (bool, string) {
 			pods := &corev1.PodList{}
 			if err := e.c.List(ctx, pods, client.InNamespace("default"), client.MatchingLabels{"prewarm.io/endpoint-uid": string(iec.UID)}); err != nil {
 				return false, err.Error()
 			}
+			running := 0
 			for _, p := range pods.Items {
 				if p.Status.Phase == corev1.PodRunning && slices.Contains([]string{"g5-a", "g5-b", "g5-c"}, p.Spec.NodeName) {
-					return true, ""
+					running++
 				}
 			}
-			return false, fmt.Sprintf("%d pods", len(pods.Items))
+			return running == 2, fmt.Sprintf("%d pods, %d running on warm nodes", len(pods.Items), running)
 		})
 	})
 	if t.Failed() {
 		return
 	}
+
+	t.Run("the controller serves health probes and metrics", func(t *testing.T) {
+		for _, u := range []string{"http://" + probeAddr + "/healthz", "http://" + probeAddr + "/readyz"} {
+			if body, err := httpGet(u); err != nil || body != "ok" {
+				t.Errorf("%s: %q, %v", u, body, err)
+			}
+		}
+		body, err := httpGet("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{`controller_runtime_reconcile_total{controller="weightscache",result="success"}`,
+			`controller_runtime_reconcile_total{controller="endpoint",result="success"}`} {
+			if !strings.Contains(body, want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
+		lease := &coordinationv1.Lease{}
+		if err := e.c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "prewarm-controller.prewarm.io"}, lease); err != nil || lease.Spec.HolderIdentity == nil {
+			t.Errorf("leader election Lease: %v %+v", err, lease.Spec)
+		}
+	})
 
 	t.Run("agent prepare links on a warm node and downloads on a cold one", func(t *testing.T) {
 		proxy, err := shaper.Start(s3srv.Endpoint, shaper.Options{})
@@ -649,6 +720,21 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		uid = newUID
 	})
 
+	t.Run("a node that leaves leaves the target set", func(t *testing.T) {
+		if err := e.c.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "g5-d"}}); err != nil {
+			t.Fatal(err)
+		}
+		list := &inferencev1.ModelDataCacheConfigList{}
+		e.eventually(60*time.Second, "TARGET/READY 3/3", func() (bool, string) {
+			if err := e.c.List(ctx, list, client.InNamespace("default")); err != nil || len(list.Items) != 1 {
+				return false, fmt.Sprintf("%v, %d caches", err, len(list.Items))
+			}
+			st := list.Items[0].Status
+			return st.TargetNodes == 3 && st.ReadyNodes == 3 && st.State == inferencev1.CacheReady && len(st.Nodes) == 3,
+				fmt.Sprintf("%s %d/%d", st.State, st.ReadyNodes, st.TargetNodes)
+		})
+	})
+
 	t.Run("deleting the parent removes every cache directory, label and object", func(t *testing.T) {
 		iec := &inferencev1.InferenceEndpointConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "example-model"}}
 		if err := e.c.Delete(ctx, iec); err != nil {
@@ -660,7 +746,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 				return false, err.Error()
 			}
 			var files []string
-			for _, n := range []string{"g5-a", "g5-b", "g5-c", "g5-d", "small-a"} {
+			for _, n := range []string{"g5-a", "g5-b", "g5-c", "small-a"} {
 				for _, f := range e.entries(n) {
 					files = append(files, n+":"+f)
 				}
