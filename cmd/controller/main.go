@@ -13,13 +13,18 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/endpoint"
+	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/scheme"
 )
@@ -73,6 +78,10 @@ func run() error {
 		return err
 	}
 
+	imageCachePods, err := labels.Parse(controller.ImageCacheLabel)
+	if err != nil {
+		return err
+	}
 	log := cli.NewLogger(verbosity)
 	ctrl.SetLogger(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -82,7 +91,14 @@ func run() error {
 		return err
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme:                  scheme.New(),
+		Scheme: scheme.New(),
+		// The controller watches only its own image cache pods, not every pod of the cluster.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {
+				Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}},
+				Label:      imageCachePods,
+			},
+		}},
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,
 		LeaderElection:          leaderElect,
@@ -106,7 +122,10 @@ func run() error {
 	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	if err := (&endpoint.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(mgr); err != nil {
+	if err := (&endpoint.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	log.Info("controller starting", "version", cli.Version(), "allowedRoots", cfg.AllowedRoots, "gateTimeout", cfg.GateTimeout.String())

@@ -3,11 +3,16 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 )
@@ -114,6 +119,10 @@ const (
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	// ManagedBy is ManagedByLabel's value.
 	ManagedBy = "prewarm"
+	// ImageCacheLabel, on an image cache's DaemonSet and pods, is the InferenceImageCache's name.
+	ImageCacheLabel = "prewarm.io/image-cache"
+	// ImageCachePriorityClass is the low, non-preempting priority of image cache pods.
+	ImageCachePriorityClass = "prewarm-image-cache"
 	// FieldManager is the controller's server-side apply field manager.
 	FieldManager = "prewarm-controller"
 )
@@ -122,3 +131,17 @@ const (
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// SetNodeLabel puts (value "true") or removes a cache-ready label on a node, when it differs.
+func SetNodeLabel(ctx context.Context, c client.Client, n *corev1.Node, key string, want bool) error {
+	_, has := n.Labels[key]
+	if has == want {
+		return nil
+	}
+	value := "null"
+	if want {
+		value = fmt.Sprintf("%q", inferencev1.LabelTrue)
+	}
+	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%s}}}`, key, value)
+	return client.IgnoreNotFound(c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)))
+}

@@ -113,22 +113,32 @@ func (p *Process) LogTail(n int64) string {
 	return string(data)
 }
 
+// ClusterOptions change the simulated cluster.
+type ClusterOptions struct {
+	// KwokStages, when set, rewrites kwok's Stage documents (e.g. to delay pods becoming ready,
+	// as an image pull would).
+	KwokStages func(stages string) string
+}
+
 // StartCluster starts the API server, kube-controller-manager (deployment, replicaset,
 // daemonset, garbage-collector and node-lifecycle controllers), kube-scheduler and kwok.
-func StartCluster() (*Cluster, error) {
+func StartCluster() (*Cluster, error) { return StartClusterWith(ClusterOptions{}) }
+
+// StartClusterWith is StartCluster with options.
+func StartClusterWith(opts ClusterOptions) (*Cluster, error) {
 	api, err := StartAPIServer()
 	if err != nil {
 		return nil, err
 	}
 	c := &Cluster{APIServer: api}
-	if err := c.start(); err != nil {
+	if err := c.start(opts); err != nil {
 		_ = c.Stop()
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *Cluster) start() error {
+func (c *Cluster) start(opts ClusterOptions) error {
 	bin, err := TestBinDir()
 	if err != nil {
 		return err
@@ -144,6 +154,17 @@ func (c *Cluster) start() error {
 	if err := os.WriteFile(c.KubeconfigPath, kubeconfig, 0o600); err != nil {
 		return err
 	}
+	stages := filepath.Join(bin, "kwok-stages.yaml")
+	if opts.KwokStages != nil {
+		data, err := os.ReadFile(stages)
+		if err != nil {
+			return err
+		}
+		stages = filepath.Join(c.LogDir, "kwok-stages.yaml")
+		if err := os.WriteFile(stages, []byte(opts.KwokStages(string(data))), 0o644); err != nil {
+			return err
+		}
+	}
 	specs := []struct {
 		name string
 		args []string
@@ -157,7 +178,7 @@ func (c *Cluster) start() error {
 		{"kube-scheduler", []string{"--kubeconfig=" + c.KubeconfigPath, "--leader-elect=false", "--secure-port=0"}},
 		{"kwok", []string{
 			"--kubeconfig=" + c.KubeconfigPath,
-			"--config=" + filepath.Join(bin, "kwok-stages.yaml"),
+			"--config=" + stages,
 			"--manage-all-nodes=false",
 			"--manage-nodes-with-annotation-selector=" + KwokNodeAnnotation + "=fake",
 			"--node-lease-duration-seconds=40",

@@ -3,14 +3,18 @@
 package testutil
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -125,3 +129,42 @@ func (s *APIServer) KubeConfig() ([]byte, error) {
 
 // Stop stops the server and etcd and removes their data.
 func (s *APIServer) Stop() error { return s.env.Stop() }
+
+// Table fetches a list (an API path) as the server's Table, the form `kubectl get` prints.
+func (s *APIServer) Table(path string) (*metav1.Table, error) {
+	hc, err := rest.HTTPClientFor(s.Config)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(s.Config.Host, "/")+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", req.URL, resp.Status, body)
+	}
+	tab := &metav1.Table{}
+	return tab, json.Unmarshal(body, tab)
+}
+
+// TableHeaders returns the column names kubectl prints by default (priority 0), as kubectl
+// prints them: upper-cased.
+func TableHeaders(tab *metav1.Table) []string {
+	var out []string
+	for _, c := range tab.ColumnDefinitions {
+		if c.Priority == 0 {
+			out = append(out, strings.ToUpper(c.Name))
+		}
+	}
+	return out
+}

@@ -243,10 +243,11 @@ func condition(conds []metav1.Condition, typ string) metav1.Condition {
 	return metav1.Condition{}
 }
 
-func TestWeightsCacheEndToEnd(t *testing.T) {
+// newEnv starts a cluster (with opts) for the test, and cleans everything up after it.
+func newEnv(t *testing.T, opts testutil.ClusterOptions) *weightsEnv {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	cluster, err := testutil.StartCluster()
+	t.Cleanup(cancel)
+	cluster, err := testutil.StartClusterWith(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,6 +272,12 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
+	return e
+}
+
+func TestWeightsCacheEndToEnd(t *testing.T) {
+	e := newEnv(t, testutil.ClusterOptions{})
+	ctx, cluster := e.ctx, e.cluster
 
 	for _, n := range []string{"g5-a", "g5-b", "g5-c"} {
 		e.addNode(n, "ml.g5.24xlarge", s3srv.Endpoint)

@@ -40,6 +40,7 @@ func TestInstallManifestsAreValid(t *testing.T) {
 		}
 	}
 	kinds := map[string]int{}
+	var objs []*unstructured.Unstructured
 	for _, res := range k.Resources {
 		if strings.HasPrefix(res, "../crd/") {
 			continue // installed by the test harness already
@@ -54,22 +55,40 @@ func TestInstallManifestsAreValid(t *testing.T) {
 			if err := dec.Decode(&u.Object); err != nil {
 				break
 			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			kinds[u.GetKind()]++
-			opts := []client.CreateOption{client.FieldValidation("Strict")}
-			if u.GetKind() != "Namespace" {
-				opts = append(opts, client.DryRunAll) // the namespaced objects need it to exist, even in a dry run
-			}
-			if err := server.Client.Create(ctx, u, opts...); err != nil {
-				t.Errorf("%s: %s %s: %v", res, u.GetKind(), u.GetName(), err)
+			if len(u.Object) > 0 {
+				u.SetAnnotations(map[string]string{"source": res})
+				objs = append(objs, u)
 			}
 		}
 	}
-	for _, kind := range []string{"ClusterRole", "ClusterRoleBinding", "ServiceAccount", "Deployment", "DaemonSet", "Namespace"} {
+	// Namespaces first, as kustomize orders them: the namespaced objects need them to exist,
+	// even in a dry run.
+	slices.SortStableFunc(objs, func(a, b *unstructured.Unstructured) int {
+		return cmpBool(b.GetKind() == "Namespace", a.GetKind() == "Namespace")
+	})
+	for _, u := range objs {
+		kinds[u.GetKind()]++
+		opts := []client.CreateOption{client.FieldValidation("Strict")}
+		if u.GetKind() != "Namespace" {
+			opts = append(opts, client.DryRunAll)
+		}
+		if err := server.Client.Create(ctx, u, opts...); err != nil {
+			t.Errorf("%s: %s %s: %v", u.GetAnnotations()["source"], u.GetKind(), u.GetName(), err)
+		}
+	}
+	for _, kind := range []string{"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount", "Deployment", "DaemonSet", "Namespace"} {
 		if kinds[kind] == 0 {
 			t.Errorf("the install manifests have no %s", kind)
 		}
 	}
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }

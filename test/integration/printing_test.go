@@ -2,11 +2,7 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
-	"io"
-	"net/http"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -15,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,42 +22,14 @@ import (
 // table fetches a list as the server's Table, the form `kubectl get` prints.
 func table(t *testing.T, path string) *metav1.Table {
 	t.Helper()
-	hc, err := rest.HTTPClientFor(server.Config)
+	tab, err := server.Table(path)
 	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(server.Config.Host, "/")+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s: %s", req.URL, resp.Status, body)
-	}
-	tab := &metav1.Table{}
-	if err := json.Unmarshal(body, tab); err != nil {
 		t.Fatal(err)
 	}
 	return tab
 }
 
-// headers returns the column names kubectl prints by default (priority 0), as kubectl
-// prints them: upper-cased.
-func headers(tab *metav1.Table) []string {
-	var out []string
-	for _, c := range tab.ColumnDefinitions {
-		if c.Priority == 0 {
-			out = append(out, strings.ToUpper(c.Name))
-		}
-	}
-	return out
-}
+func headers(tab *metav1.Table) []string { return testutil.TableHeaders(tab) }
 
 func TestModelDataCacheConfigTableMatchesSeed(t *testing.T) {
 	ctx := context.Background()

@@ -31,6 +31,42 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionFalse, inferencev1.ReasonFieldsWithoutEffect, "every field set has its effect")
 	}
 
+	// The image cache: shared by every parent with the same image and placement; it never holds
+	// the Deployment back.
+	var imageCache *inferencev1.InferenceImageCache
+	keep := ""
+	if m.imageCache {
+		if !controllerutil.ContainsFinalizer(m.owner, inferencev1.ParentFinalizer) {
+			orig := m.owner.DeepCopyObject().(client.Object)
+			controllerutil.AddFinalizer(m.owner, inferencev1.ParentFinalizer)
+			if err := r.Client.Patch(ctx, m.owner, client.MergeFrom(orig)); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
+		ic, err := r.ensureImageCache(ctx, m)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		imageCache, keep = ic, ic.Name
+		st.ImageCacheStatus = &inferencev1.ImageCacheRollup{
+			Name: ic.Name, Namespace: ic.Namespace, Phase: ic.Status.Phase,
+			TargetNodes: ic.Status.TargetNodes, CachedNodes: ic.Status.CachedNodes,
+		}
+		if c := readyCondition(ic.Status.Conditions); c != nil {
+			setCondition(st, gen, inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
+		} else {
+			setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonPulling, "the image cache has not reported yet")
+		}
+	} else {
+		st.ImageCacheStatus = nil
+		setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled,
+			"modelCacheConfig.imageCache is not enabled; nodes pull the image when a pod lands")
+	}
+	// References to other image caches (an old image, or imageCache just disabled) go.
+	if err := r.releaseImageCaches(ctx, m.uid(), keep); err != nil {
+		return ctrl.Result{}, err
+	}
+
 	dep := &appsv1.Deployment{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.owner.GetNamespace(), Name: m.owner.GetName()}, dep); err != nil {
 		if !apierrors.IsNotFound(err) {
@@ -106,7 +142,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 	}
 
 	// The Deployment and the Service.
-	tmpl, err := r.podTemplate(m, use)
+	tmpl, err := r.podTemplate(m, use, imageCache)
 	if err != nil {
 		return result, err
 	}

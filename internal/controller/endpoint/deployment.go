@@ -44,7 +44,7 @@ func selector(m *model) map[string]string {
 
 // podTemplate builds the inference pods' template. cache is the weights cache the pods read
 // (nil: no cache; the init container always downloads).
-func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConfig) (corev1.PodTemplateSpec, error) {
+func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) (corev1.PodTemplateSpec, error) {
 	w := m.worker
 	labels := selector(m)
 	labels["app.kubernetes.io/name"] = truncate(m.owner.GetName(), 63)
@@ -155,6 +155,15 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 			}}, aff.PreferredDuringSchedulingIgnoredDuringExecution...)
 		}
 		spec.InitContainers = []corev1.Container{prepare}
+	}
+	if image != nil {
+		// Prefer nodes that hold the image too, below the weights (which take far longer).
+		aff.PreferredDuringSchedulingIgnoredDuringExecution = append(aff.PreferredDuringSchedulingIgnoredDuringExecution, corev1.PreferredSchedulingTerm{
+			Weight: 50,
+			Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
+				Key: inferencev1.ImageCacheReadyLabel(string(image.UID)), Operator: corev1.NodeSelectorOpIn, Values: []string{inferencev1.LabelTrue},
+			}}},
+		})
 	}
 	spec.Containers = []corev1.Container{worker}
 	if aff.RequiredDuringSchedulingIgnoredDuringExecution != nil || len(aff.PreferredDuringSchedulingIgnoredDuringExecution) > 0 {

@@ -77,7 +77,7 @@ func TestPodTemplate(t *testing.T) {
 	cache.Spec.HostPath = "/opt/dlami/nvme"
 	cache.Spec.ModelSourceConfig = iec.Spec.ModelSourceConfig
 
-	tmpl, err := r.podTemplate(m, cache)
+	tmpl, err := r.podTemplate(m, cache, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestPodTemplate(t *testing.T) {
 	}
 
 	// Without a cache: the init container always downloads; no host path at all.
-	tmpl, err = r.podTemplate(m, nil)
+	tmpl, err = r.podTemplate(m, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

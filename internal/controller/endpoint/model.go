@@ -18,6 +18,7 @@ type model struct {
 	kind        string
 	source      inferencev1.ModelSourceConfig
 	weights     *inferencev1.WeightsCacheConfig
+	imageCache  bool
 	placement   inferencev1.Placement
 	preferred   []corev1.PreferredSchedulingTerm
 	replicas    int32
@@ -44,6 +45,9 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 			w.HostPath = inferencev1.DefaultWeightsCacheHostPath
 		}
 		m.weights = &w
+	}
+	if s.ModelCacheConfig != nil && s.ModelCacheConfig.ImageCache != nil {
+		m.imageCache = s.ModelCacheConfig.ImageCache.Enabled
 	}
 	for name, set := range map[string]bool{
 		"tlsConfig": s.TLSConfig != nil, "autoScalingSpec": s.AutoScalingSpec != nil, "metrics": s.Metrics != nil,

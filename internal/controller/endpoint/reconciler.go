@@ -12,8 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
@@ -22,8 +26,11 @@ import (
 // Reconciler reconciles InferenceEndpointConfig objects.
 type Reconciler struct {
 	Client client.Client
-	Config controller.Config
-	Now    func() time.Time
+	// APIReader reads without a cache: service accounts and pull secrets, which the controller
+	// must not keep cluster-wide in memory.
+	APIReader client.Reader
+	Config    controller.Config
+	Now       func() time.Time
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceendpointconfigs,verbs=get;list;watch;update;patch
@@ -31,6 +38,11 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;create;update
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -43,6 +55,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&inferencev1.ModelDataCacheConfig{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
+		Watches(&inferencev1.InferenceImageCache{}, handler.EnqueueRequestsFromMapFunc(parentsOf)).
 		Complete(r)
 }
 
@@ -54,9 +67,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !iec.DeletionTimestamp.IsZero() {
-		// The cache, Deployment and Service are owned by the parent: the garbage collector
-		// removes them, and the cache's finalizer removes its files from every node first.
-		return ctrl.Result{}, nil
+		// The weights cache, Deployment and Service are owned by the parent: the garbage
+		// collector removes them, and the cache's finalizer removes its files from every node
+		// first. Shared image caches are not owned: the parent lets go of its references.
+		return ctrl.Result{}, r.finalize(ctx, iec)
 	}
 	p := fromEndpoint(iec)
 	st := iec.Status.DeepCopy()
@@ -81,4 +95,32 @@ func setCondition(st *inferencev1.ParentStatus, gen int64, typ string, status me
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
 		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen,
 	})
+}
+
+// finalize releases the parent's image cache references, then lets the parent go.
+func (r *Reconciler) finalize(ctx context.Context, obj client.Object) error {
+	if !controllerutil.ContainsFinalizer(obj, inferencev1.ParentFinalizer) {
+		return nil
+	}
+	if err := r.releaseImageCaches(ctx, string(obj.GetUID()), ""); err != nil {
+		return err
+	}
+	orig := obj.DeepCopyObject().(client.Object)
+	controllerutil.RemoveFinalizer(obj, inferencev1.ParentFinalizer)
+	return client.IgnoreNotFound(r.Client.Patch(ctx, obj, client.MergeFrom(orig)))
+}
+
+// parentsOf maps an image cache to the InferenceEndpointConfigs that use it.
+func parentsOf(_ context.Context, o client.Object) []reconcile.Request {
+	c, ok := o.(*inferencev1.InferenceImageCache)
+	if !ok {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, p := range c.Spec.ParentReferences {
+		if p.Kind == "InferenceEndpointConfig" {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+		}
+	}
+	return reqs
 }

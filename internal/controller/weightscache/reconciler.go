@@ -183,7 +183,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
-		if err := r.setLabel(ctx, n, label, ready[n.Name] && !deleting); err != nil {
+		if err := controller.SetNodeLabel(ctx, r.Client, n, label, ready[n.Name] && !deleting); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -288,27 +288,3 @@ func (r *Reconciler) withdrawEntry(ctx context.Context, nc *prewarmv1alpha1.Node
 }
 
 func fieldManager(uid string) string { return "prewarm-cache-" + uid }
-
-// setLabel puts or removes the cache-ready label on a node.
-func (r *Reconciler) setLabel(ctx context.Context, n *corev1.Node, key string, want bool) error {
-	_, has := n.Labels[key]
-	if has == want {
-		return nil
-	}
-	var value any
-	if want {
-		value = inferencev1.LabelTrue
-	}
-	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%s}}}`, key, jsonValue(value))
-	if err := r.Client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	return nil
-}
-
-func jsonValue(v any) string {
-	if v == nil {
-		return "null"
-	}
-	return fmt.Sprintf("%q", v)
-}

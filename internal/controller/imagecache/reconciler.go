@@ -1,0 +1,261 @@
+// Package imagecache reconciles InferenceImageCache: a DaemonSet that pulls and pins one image on
+// every target node, per-node pull status, image-cache-ready node labels, and the cache's life
+// by reference count (it goes when its last parent lets go).
+package imagecache
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/placement"
+)
+
+// Reconciler reconciles InferenceImageCache objects.
+type Reconciler struct {
+	Client client.Client
+	Config controller.Config
+	Now    func() time.Time
+}
+
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches/status;inferenceimagecaches/finalizers,verbs=get;update;patch
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=jumpstartmodels,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch;create
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("imagecache").
+		For(&inferencev1.InferenceImageCache{}).
+		Owns(&appsv1.DaemonSet{}).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			name, ok := o.GetLabels()[controller.ImageCacheLabel]
+			if !ok || o.GetNamespace() != r.Config.OperatorNamespace {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+		})).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allCaches)).
+		Complete(r)
+}
+
+func (r *Reconciler) allCaches(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &inferencev1.InferenceImageCacheList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing InferenceImageCaches")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, c := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})
+	}
+	return reqs
+}
+
+// Reconcile brings one image cache's DaemonSet, labels and status to what its spec asks, and
+// removes it when no parent uses it.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	log := ctrl.LoggerFrom(ctx)
+	c := &inferencev1.InferenceImageCache{}
+	if err := r.Client.Get(ctx, req.NamespacedName, c); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !c.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, c)
+	}
+	if !controllerutil.ContainsFinalizer(c, inferencev1.CacheFinalizer) {
+		patch := client.MergeFrom(c.DeepCopy())
+		controllerutil.AddFinalizer(c, inferencev1.CacheFinalizer)
+		if err := r.Client.Patch(ctx, c, patch); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	// References to parents that are gone (deleted without releasing, or recreated with a new
+	// UID) do not keep the cache.
+	live, err := r.liveReferences(ctx, c)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(live) != len(c.Spec.ParentReferences) {
+		c.Spec.ParentReferences = live
+		if err := r.Client.Update(ctx, c); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if len(c.Spec.ParentReferences) == 0 {
+		log.Info("no parent uses the image cache any more; deleting it", "image", c.Spec.Image)
+		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, c))
+	}
+
+	if err := r.ensurePriorityClass(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	ds, err := r.ensureDaemonSet(ctx, c)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	nodes := &corev1.NodeList{}
+	if err := r.Client.List(ctx, nodes); err != nil {
+		return ctrl.Result{}, err
+	}
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(c.Namespace), client.MatchingLabels{controller.ImageCacheLabel: c.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	var targets []*corev1.Node
+	for i := range nodes.Items {
+		if ok, _ := placement.Match(c.Spec.Placement, &nodes.Items[i]); ok {
+			targets = append(targets, &nodes.Items[i])
+		}
+	}
+	st := r.gather(c, ds, targets, pods.Items)
+
+	label := inferencev1.ImageCacheReadyLabel(string(c.UID))
+	cached := map[string]bool{}
+	for _, n := range st.Nodes {
+		if n.Phase == inferencev1.ImageComplete {
+			cached[n.Name] = true
+		}
+	}
+	for i := range nodes.Items {
+		if err := controller.SetNodeLabel(ctx, r.Client, &nodes.Items[i], label, cached[nodes.Items[i].Name]); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, r.writeStatus(ctx, c, st)
+}
+
+// liveReferences returns the parent references whose parent still exists with that UID.
+func (r *Reconciler) liveReferences(ctx context.Context, c *inferencev1.InferenceImageCache) ([]inferencev1.ParentReference, error) {
+	var live []inferencev1.ParentReference
+	for _, ref := range c.Spec.ParentReferences {
+		var obj client.Object
+		switch ref.Kind {
+		case "JumpStartModel":
+			obj = &inferencev1.JumpStartModel{}
+		default:
+			obj = &inferencev1.InferenceEndpointConfig{}
+		}
+		err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, obj)
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, err
+		case string(obj.GetUID()) != ref.UID:
+			continue
+		}
+		live = append(live, ref)
+	}
+	return live, nil
+}
+
+// finalize removes the DaemonSet and the labels, then lets the object go.
+func (r *Reconciler) finalize(ctx context.Context, c *inferencev1.InferenceImageCache) error {
+	if !controllerutil.ContainsFinalizer(c, inferencev1.CacheFinalizer) {
+		return nil
+	}
+	st := c.Status.DeepCopy()
+	st.Phase = inferencev1.ImageDeleting
+	if err := r.writeStatus(ctx, c, *st); err != nil {
+		return err
+	}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}}
+	if err := r.Client.Delete(ctx, ds, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	nodes := &corev1.NodeList{}
+	if err := r.Client.List(ctx, nodes); err != nil {
+		return err
+	}
+	label := inferencev1.ImageCacheReadyLabel(string(c.UID))
+	for i := range nodes.Items {
+		if err := controller.SetNodeLabel(ctx, r.Client, &nodes.Items[i], label, false); err != nil {
+			return err
+		}
+	}
+	patch := client.MergeFrom(c.DeepCopy())
+	controllerutil.RemoveFinalizer(c, inferencev1.CacheFinalizer)
+	ctrl.LoggerFrom(ctx).Info("image cache removed", "image", c.Spec.Image)
+	return client.IgnoreNotFound(r.Client.Patch(ctx, c, patch))
+}
+
+func (r *Reconciler) ensurePriorityClass(ctx context.Context) error {
+	pc := &schedulingv1.PriorityClass{}
+	err := r.Client.Get(ctx, types.NamespacedName{Name: controller.ImageCachePriorityClass}, pc)
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	pc = &schedulingv1.PriorityClass{
+		ObjectMeta: metav1.ObjectMeta{Name: controller.ImageCachePriorityClass,
+			Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy}},
+		Value:            -10,
+		PreemptionPolicy: ptr.To(corev1.PreemptNever),
+		Description:      "prewarm's image cache pods: below every workload, never preempting one",
+	}
+	if err := r.Client.Create(ctx, pc); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+func (r *Reconciler) ensureDaemonSet(ctx context.Context, c *inferencev1.InferenceImageCache) (*appsv1.DaemonSet, error) {
+	want := r.daemonSet(c)
+	ds := &appsv1.DaemonSet{}
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), ds)
+	if apierrors.IsNotFound(err) {
+		if err := controllerutil.SetControllerReference(c, want, r.Client.Scheme()); err != nil {
+			return nil, err
+		}
+		return want, r.Client.Create(ctx, want)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !metav1.IsControlledBy(ds, c) {
+		return nil, fmt.Errorf("the DaemonSet %s/%s exists and is not this image cache's", ds.Namespace, ds.Name)
+	}
+	if ds.Annotations[controller.TemplateHashAnnotation] == want.Annotations[controller.TemplateHashAnnotation] {
+		return ds, nil
+	}
+	patch := client.MergeFrom(ds.DeepCopy())
+	if ds.Annotations == nil {
+		ds.Annotations = map[string]string{}
+	}
+	ds.Annotations[controller.TemplateHashAnnotation] = want.Annotations[controller.TemplateHashAnnotation]
+	ds.Spec.Template = want.Spec.Template
+	return ds, r.Client.Patch(ctx, ds, patch)
+}
+
+func (r *Reconciler) writeStatus(ctx context.Context, c *inferencev1.InferenceImageCache, st inferencev1.InferenceImageCacheStatus) error {
+	if equalStatus(c.Status, st) {
+		return nil
+	}
+	patch := client.MergeFrom(c.DeepCopy())
+	c.Status = st
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, c, patch))
+}

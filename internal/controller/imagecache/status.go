@@ -1,0 +1,128 @@
+package imagecache
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+func intOrPercent(s string) intstr.IntOrString { return intstr.FromString(s) }
+
+// pullFailures are the container waiting reasons that mean the image cannot be pulled.
+var pullFailures = []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable", "SignatureValidationFailed"}
+
+// nodeImage says whether one node's pod has the image.
+func nodeImage(node string, pod *corev1.Pod) (inferencev1.NodeImageStatus, string) {
+	ns := inferencev1.NodeImageStatus{Name: node, Phase: inferencev1.ImagePending}
+	if pod == nil {
+		ns.Reason, ns.Message = "NoPod", "the DaemonSet has not placed a pod on this node yet"
+		return ns, ""
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name != ImageContainerName {
+			continue
+		}
+		switch {
+		case cs.State.Running != nil || cs.ImageID != "":
+			ns.Phase, ns.Reason, ns.Message = inferencev1.ImageComplete, "Pulled", "the image is on the node and pinned by a running container"
+			return ns, digest(cs.ImageID)
+		case cs.State.Waiting != nil && slices.Contains(pullFailures, cs.State.Waiting.Reason):
+			ns.Phase, ns.Reason, ns.Message = inferencev1.ImageFailed, cs.State.Waiting.Reason, cs.State.Waiting.Message
+			return ns, ""
+		case cs.State.Waiting != nil:
+			ns.Phase, ns.Reason, ns.Message = inferencev1.ImagePulling, cs.State.Waiting.Reason, cs.State.Waiting.Message
+			return ns, ""
+		}
+	}
+	ns.Phase, ns.Reason, ns.Message = inferencev1.ImagePulling, "Pulling", "the pod "+pod.Name+" is starting"
+	return ns, ""
+}
+
+// bounded keeps a node entry within the API's limits.
+func bounded(ns inferencev1.NodeImageStatus) inferencev1.NodeImageStatus {
+	if len(ns.Reason) > 64 {
+		ns.Reason = ns.Reason[:64]
+	}
+	if len(ns.Message) > 1000 {
+		ns.Message = ns.Message[:1000] + "…"
+	}
+	return ns
+}
+
+// digest returns the sha256:... part of a container status imageID.
+func digest(imageID string) string {
+	if i := strings.LastIndex(imageID, "@"); i >= 0 {
+		return imageID[i+1:]
+	}
+	if strings.HasPrefix(imageID, "sha256:") {
+		return imageID
+	}
+	return ""
+}
+
+// gather builds the cache's status from its pods on the target nodes.
+func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.DaemonSet, targets []*corev1.Node, pods []corev1.Pod) inferencev1.InferenceImageCacheStatus {
+	st := inferencev1.InferenceImageCacheStatus{
+		ObservedGeneration: c.Generation, TargetNodes: int32(len(targets)),
+		ImageDigest: c.Status.ImageDigest, Conditions: slices.Clone(c.Status.Conditions),
+	}
+	byNode := map[string]*corev1.Pod{}
+	for i := range pods {
+		if pods[i].DeletionTimestamp.IsZero() && pods[i].Spec.NodeName != "" {
+			byNode[pods[i].Spec.NodeName] = &pods[i]
+		}
+	}
+	var failed, pulling []string
+	for _, n := range targets {
+		ns, d := nodeImage(n.Name, byNode[n.Name])
+		ns = bounded(ns)
+		if d != "" {
+			st.ImageDigest = d
+		}
+		switch ns.Phase {
+		case inferencev1.ImageComplete:
+			st.CachedNodes++
+		case inferencev1.ImageFailed:
+			failed = append(failed, fmt.Sprintf("%s: %s %s", n.Name, ns.Reason, ns.Message))
+		default:
+			pulling = append(pulling, n.Name)
+		}
+		st.Nodes = append(st.Nodes, ns)
+	}
+	cond := metav1.Condition{Type: inferencev1.ConditionReady, ObservedGeneration: c.Generation, Status: metav1.ConditionFalse}
+	switch {
+	case len(targets) == 0:
+		st.Phase = inferencev1.ImagePending
+		cond.Reason, cond.Message = inferencev1.ReasonNoTargetNodes, "no node matches the placement"
+	case len(failed) > 0:
+		st.Phase = inferencev1.ImageFailed
+		cond.Reason = inferencev1.ReasonPullFailed
+		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; %d cannot pull it: %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, len(failed), strings.Join(failed, "; "))
+	case st.CachedNodes == st.TargetNodes:
+		st.Phase = inferencev1.ImageComplete
+		cond.Status, cond.Reason = metav1.ConditionTrue, inferencev1.ReasonAllNodesReady
+		cond.Message = fmt.Sprintf("all %d target nodes hold %s", st.TargetNodes, c.Spec.Image)
+	case st.CachedNodes > 0 || len(byNode) > 0:
+		st.Phase = inferencev1.ImagePulling
+		cond.Reason = inferencev1.ReasonPulling
+		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; pulling on %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, strings.Join(pulling, ", "))
+	default:
+		st.Phase = inferencev1.ImagePending
+		cond.Reason, cond.Message = inferencev1.ReasonPulling, "waiting for the DaemonSet's pods"
+	}
+	meta.SetStatusCondition(&st.Conditions, cond)
+	return st
+}
+
+func equalStatus(a, b inferencev1.InferenceImageCacheStatus) bool {
+	return equality.Semantic.DeepEqual(a, b)
+}
