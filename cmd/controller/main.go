@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/prewarm/prewarm/internal/catalog"
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/endpoint"
@@ -47,6 +48,7 @@ func run() error {
 		leaderElectNS string
 		verbosity     int
 		showVersion   bool
+		catalogName   string
 	)
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
 	fs.StringVar(&roots, "allowed-roots", "/opt/dlami/nvme", "comma-separated node directories weights caches may be kept under")
@@ -58,6 +60,7 @@ func run() error {
 	fs.StringVar(&cfg.HFEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror), for the init container")
 	fs.StringVar(&cfg.FSxRoot, "fsx-root", "/fsx", "where FSx for Lustre file systems are mounted on the nodes")
 	fs.StringVar(&cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
+	fs.StringVar(&catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
 	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
@@ -98,6 +101,8 @@ func run() error {
 				Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}},
 				Label:      imageCachePods,
 			},
+			// ConfigMaps: only the catalog's namespace.
+			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,
@@ -119,10 +124,16 @@ func run() error {
 			return err
 		}
 	}
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(ctx, mgr); err != nil {
+	recorder := mgr.GetEventRecorder("prewarm-controller")
+	hub := &controller.HubChecker{Endpoint: cfg.HFEndpoint}
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Recorder: recorder}).SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	if err := (&endpoint.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg}).SetupWithManager(mgr); err != nil {
+	parents := &endpoint.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Hub: hub, Recorder: recorder}
+	if err := parents.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&endpoint.JumpStartReconciler{Reconciler: parents, CatalogName: catalogName}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(mgr); err != nil {

@@ -26,6 +26,8 @@ import (
 type Agent struct {
 	opts   Options
 	client client.Client
+	// secrets reads token Secrets directly, without a cache of every Secret.
+	secrets client.Reader
 	sem    chan struct{}
 
 	mu       sync.Mutex
@@ -36,11 +38,12 @@ type Agent struct {
 	dirty    chan struct{}
 }
 
-// New returns an agent that reads and writes NodeCache objects through c.
-func New(c client.Client, opts Options) *Agent {
+// New returns an agent that reads and writes NodeCache objects through c, and reads token
+// Secrets through secrets.
+func New(c client.Client, secrets client.Reader, opts Options) *Agent {
 	opts.Defaults()
 	return &Agent{
-		opts: opts, client: c, sem: make(chan struct{}, opts.MaxParallel),
+		opts: opts, client: c, secrets: secrets, sem: make(chan struct{}, opts.MaxParallel),
 		jobs: map[string]*job{}, removing: map[string]bool{}, dirty: make(chan struct{}, 1),
 	}
 }
@@ -48,6 +51,7 @@ func New(c client.Client, opts Options) *Agent {
 // The agent reads its own NodeCache and writes its status; nothing else.
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get
 
 // SetupWithManager runs the agent under mgr: reconciles on its NodeCache, and writes status.
 func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {

@@ -99,7 +99,7 @@ func TestAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := agent.New(mgr.GetClient(), agent.Options{
+	a := agent.New(mgr.GetClient(), mgr.GetAPIReader(), agent.Options{
 		NodeName: "node-1", Roots: []string{root}, HostPrefix: host, FileSourceRoots: []string{"/fsx"},
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,

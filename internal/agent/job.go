@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -110,6 +112,14 @@ func (j *job) once(ctx context.Context, dir string) (time.Duration, bool) {
 	uri := j.req.Source
 	if strings.HasPrefix(uri, "hf://") {
 		srcOpts.Endpoint, srcOpts.PathStyle = o.HFEndpoint, false
+		if j.req.TokenSecret != "" {
+			sec := &corev1.Secret{}
+			if err := j.a.secrets.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: j.req.TokenSecret}, sec); err != nil {
+				j.fail(prewarmv1alpha1.ReasonAccessDenied, fmt.Sprintf("reading the token Secret %s/%s: %v", o.Namespace, j.req.TokenSecret, err))
+				return 0, false
+			}
+			srcOpts.Token = string(sec.Data["token"])
+		}
 	}
 	if filepath.IsAbs(uri) {
 		uri = o.local(uri)

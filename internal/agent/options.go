@@ -43,6 +43,8 @@ type Options struct {
 	HFEndpoint string
 	// Engine are extra engine options (concurrency, part size, rate limit).
 	Engine []engine.Option
+	// Namespace is prewarm's namespace, where token Secrets for this agent are.
+	Namespace string
 	// Version is reported in the NodeCache status.
 	Version string
 	// Now is the clock.

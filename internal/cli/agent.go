@@ -147,7 +147,7 @@ the allowed roots.`,
 			if err := addHealthChecks(mgr, probeAddr); err != nil {
 				return err
 			}
-			if err := agent.New(mgr.GetClient(), opts).SetupWithManager(mgr); err != nil {
+			if err := agent.New(mgr.GetClient(), mgr.GetAPIReader(), opts).SetupWithManager(mgr); err != nil {
 				return err
 			}
 			log.Info("agent starting", "node", opts.NodeName, "roots", opts.Roots, "version", opts.Version)
@@ -156,6 +156,7 @@ the allowed roots.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	f.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "hyperpod-inference-system"), "prewarm's namespace, where the controller puts token Secrets for the agents (default $POD_NAMESPACE)")
 	f.StringSliceVar(&roots, "roots", []string{"/opt/dlami/nvme"}, "node directories caches may be kept under (the cluster admin's allow-list)")
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
 	f.StringSliceVar(&fileRoots, "file-source-roots", []string{"/fsx"}, "node directories a file source (a mounted FSx) may be read from")
@@ -224,4 +225,11 @@ func addHealthChecks(mgr ctrl.Manager, addr string) error {
 		return err
 	}
 	return mgr.AddReadyzCheck("readyz", healthz.Ping)
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
 }

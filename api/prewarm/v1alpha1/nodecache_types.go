@@ -34,6 +34,11 @@ type CacheRequest struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=32
 	Region string `json:"region,omitempty"`
+	// tokenSecret names a Secret in prewarm's namespace whose key "token" is the Hugging Face
+	// token to download with (a copy the controller makes of the parent's tokenSecretRef).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	TokenSecret string `json:"tokenSecret,omitempty"`
 }
 
 // NodeCacheSpec is what the controller wants one node to hold.

@@ -3,11 +3,14 @@ package endpoint
 import (
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	meta2 "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -78,6 +81,10 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if p := r.resolveHF(ctx, m, owned); p != nil {
+		r.fail(m, st, p)
+		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+	}
 
 	// The weights cache, and which cache the pods should read.
 	var use *inferencev1.ModelDataCacheConfig // the cache the pod template should name
@@ -95,6 +102,10 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		cache, err := r.ensureCache(ctx, m, owned)
 		if err != nil {
 			return ctrl.Result{}, err
+		}
+		if !slices.ContainsFunc(owned, func(c inferencev1.ModelDataCacheConfig) bool { return c.UID == cache.UID }) {
+			r.event(m.owner, corev1.EventTypeNormal, "CacheCreated", "Create",
+				fmt.Sprintf("weights cache %s: %s under %s on every target node", cache.Name, sourceName(cache), cache.Spec.HostPath))
 		}
 		st.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
 			Name: cache.Name, State: cache.Status.State, TargetNodes: cache.Status.TargetNodes, ReadyNodes: cache.Status.ReadyNodes,
@@ -114,6 +125,9 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		switch {
 		case g.open:
 			use = cache
+			if prev := meta2.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
+				r.event(m.owner, corev1.EventTypeNormal, g.reason, "Gate", g.message)
+			}
 			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
 		case active != nil:
 			use = active // keep serving from the old cache until the new one settles
@@ -156,12 +170,15 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			return result, err
 		}
 		log.Info("created Deployment", "deployment", want.Name, "weightsCache", want.Spec.Template.Annotations[controller.WeightsCacheAnnotation])
+		r.event(m.owner, corev1.EventTypeNormal, "DeploymentCreated", "Create",
+			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(st)))
 		dep = want
 	case !metav1.IsControlledBy(dep, m.owner):
 		return result, fmt.Errorf("the Deployment %s/%s exists and is not this %s's", dep.Namespace, dep.Name, m.kind)
 	case dep.Annotations[controller.TemplateHashAnnotation] != want.Annotations[controller.TemplateHashAnnotation] ||
 		ptr.Deref(dep.Spec.Replicas, 1) != m.replicas:
 		patch := client.MergeFrom(dep.DeepCopy())
+		before := dep.Spec.Template.Annotations[controller.WeightsCacheAnnotation]
 		if dep.Annotations == nil {
 			dep.Annotations = map[string]string{}
 		}
@@ -172,6 +189,10 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			return result, err
 		}
 		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", tmpl.Annotations[controller.WeightsCacheAnnotation])
+		if after := tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
+			r.event(m.owner, corev1.EventTypeNormal, "RollStarted", "Update",
+				fmt.Sprintf("Deployment %s rolls from weights cache %q to %q", dep.Name, before, after))
+		}
 	}
 	if err := r.ensureService(ctx, m); err != nil {
 		return result, err
@@ -185,6 +206,8 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 				continue
 			}
 			log.Info("removing a cache the pods no longer read", "cache", c.Name)
+			r.event(m.owner, corev1.EventTypeNormal, "OldCacheRemoved", "Delete",
+				fmt.Sprintf("every pod runs the new template; removing weights cache %s from every node", c.Name))
 			if err := r.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 				return result, err
 			}
@@ -262,4 +285,24 @@ func (r *Reconciler) ensureService(ctx context.Context, m *model) error {
 	svc.Spec.Ports = want.Spec.Ports
 	svc.Spec.Selector = want.Spec.Selector
 	return r.Client.Patch(ctx, svc, patch)
+}
+
+// gateNote says, for an event, why the gate let the Deployment through.
+func gateNote(st *inferencev1.ParentStatus) string {
+	if c := meta2.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); c != nil {
+		return c.Reason + ": " + c.Message
+	}
+	return "no weights cache"
+}
+
+// sourceName names a cache's source for people.
+func sourceName(c *inferencev1.ModelDataCacheConfig) string {
+	s := c.Spec.ModelSourceConfig
+	switch {
+	case s.S3Storage != nil:
+		return "s3://" + s.S3Storage.BucketName + "/" + s.ModelLocation
+	case s.HuggingFaceModel != nil:
+		return "hf://" + s.HuggingFaceModel.ModelID + "@" + s.HuggingFaceModel.CommitSHA
+	}
+	return string(s.ModelSourceType) + " " + s.ModelLocation
 }

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -59,6 +60,7 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 			m.unsupported = append(m.unsupported, name)
 		}
 	}
+	slices.Sort(m.unsupported)
 	return m
 }
 

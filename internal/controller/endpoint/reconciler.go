@@ -12,7 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -30,7 +32,18 @@ type Reconciler struct {
 	// must not keep cluster-wide in memory.
 	APIReader client.Reader
 	Config    controller.Config
-	Now       func() time.Time
+	// Hub checks Hugging Face tokens and pins revisions; nil skips the checks.
+	Hub *controller.HubChecker
+	// Recorder records Events on parents; nil records none.
+	Recorder events.EventRecorder
+	Now      func() time.Time
+}
+
+// event records an Event about obj.
+func (r *Reconciler) event(obj runtime.Object, eventType, reason, action, note string) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", note)
+	}
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceendpointconfigs,verbs=get;list;watch;update;patch
@@ -83,7 +96,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 func (r *Reconciler) writeStatus(ctx context.Context, iec *inferencev1.InferenceEndpointConfig, st *inferencev1.ParentStatus) error {
-	if equality.Semantic.DeepEqual(&iec.Status, st) {
+	if equalParentStatus(&iec.Status, st) {
 		return nil
 	}
 	patch := client.MergeFrom(iec.DeepCopy())
@@ -124,3 +137,5 @@ func parentsOf(_ context.Context, o client.Object) []reconcile.Request {
 	}
 	return reqs
 }
+
+func equalParentStatus(a, b *inferencev1.ParentStatus) bool { return equality.Semantic.DeepEqual(a, b) }

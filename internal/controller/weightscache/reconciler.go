@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -33,14 +34,19 @@ const uidIndex = "metadata.uid"
 // Reconciler reconciles ModelDataCacheConfig objects.
 type Reconciler struct {
 	Client client.Client
-	Config controller.Config
-	Now    func() time.Time
+	// APIReader reads Secrets without caching them.
+	APIReader client.Reader
+	Config    controller.Config
+	// Recorder records Events on caches; nil records none.
+	Recorder events.EventRecorder
+	Now      func() time.Time
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs/status;modeldatacacheconfigs/finalizers,verbs=get;update;patch
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch;create;patch;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;create;update;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr.
@@ -136,6 +142,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	allowed, notAllowed := r.Config.HostPathAllowed(m.Spec.HostPath)
 	uri, region, srcErr := r.Config.SourceURI(m.Spec.ModelSourceConfig)
 	entry := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: uri, Region: region}
+	tokenProblem := ""
+	if !deleting {
+		var err error
+		if entry.TokenSecret, tokenProblem, err = r.copyToken(ctx, m); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
 
 	// Targets: the nodes the parent's pods may run on (none while deleting, or when the cache
 	// cannot be kept at all).
@@ -172,6 +185,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	// What the agents report.
 	st := r.gather(m, targets, byNode)
+	r.nodeEvents(m, st)
 
 	// Labels: on exactly the Ready target nodes.
 	label := inferencev1.WeightsCacheReadyLabel(uid)
@@ -190,6 +204,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 	// Conditions.
 	switch {
+	case tokenProblem != "":
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonTokenSecretProblem, tokenProblem)
 	case !allowed:
 		st.State = inferencev1.CacheFailed
 		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, notAllowed)
@@ -213,12 +229,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if len(holders) > 0 {
 			return ctrl.Result{}, nil // NodeCache events bring us back
 		}
+		if err := r.deleteToken(ctx, m); err != nil {
+			return ctrl.Result{}, err
+		}
 		patch := client.MergeFrom(m.DeepCopy())
 		controllerutil.RemoveFinalizer(m, inferencev1.CacheFinalizer)
 		if err := r.Client.Patch(ctx, m, patch); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
 		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
+		r.event(m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
 		return ctrl.Result{}, nil
 	}
 	return ctrl.Result{}, r.writeStatus(ctx, m, st)
@@ -288,3 +308,26 @@ func (r *Reconciler) withdrawEntry(ctx context.Context, nc *prewarmv1alpha1.Node
 }
 
 func fieldManager(uid string) string { return "prewarm-cache-" + uid }
+
+// nodeEvents records a node's cache becoming Ready or Failed.
+func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus) {
+	before := map[string]inferencev1.NodeCacheStatus{}
+	for _, n := range m.Status.Nodes {
+		before[n.Name] = n
+	}
+	for _, n := range st.Nodes {
+		if b, ok := before[n.Name]; ok && b.State == n.State && b.Reason == n.Reason {
+			continue
+		}
+		switch n.State {
+		case inferencev1.CacheReady:
+			r.event(m, corev1.EventTypeNormal, "NodeReady", "Download", fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
+		case inferencev1.CacheFailed:
+			r.event(m, corev1.EventTypeWarning, "NodeFailed", "Download", fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
+		case inferencev1.CacheDownloading:
+			if _, ok := before[n.Name]; !ok || before[n.Name].State != inferencev1.CacheDownloading {
+				r.event(m, corev1.EventTypeNormal, "NodeDownloading", "Download", fmt.Sprintf("node %s started downloading", n.Name))
+			}
+		}
+	}
+}

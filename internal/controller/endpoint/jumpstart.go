@@ -1,0 +1,207 @@
+package endpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/catalog"
+	"github.com/prewarm/prewarm/internal/placement"
+)
+
+// JumpStartReconciler reconciles JumpStartModel objects: it resolves the model through the
+// catalog, then caches and serves it exactly as an InferenceEndpointConfig.
+type JumpStartReconciler struct {
+	*Reconciler
+	// CatalogName is the catalog ConfigMap in the operator namespace.
+	CatalogName string
+}
+
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=jumpstartmodels,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=jumpstartmodels/status;jumpstartmodels/finalizers,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *JumpStartReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.CatalogName == "" {
+		r.CatalogName = catalog.DefaultConfigMap
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("jumpstart").
+		For(&inferencev1.JumpStartModel{}).
+		Owns(&inferencev1.ModelDataCacheConfig{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Watches(&inferencev1.InferenceImageCache{}, handler.EnqueueRequestsFromMapFunc(jumpStartParentsOf)).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.allModels)).
+		Complete(r)
+}
+
+func jumpStartParentsOf(_ context.Context, o client.Object) []reconcile.Request {
+	c, ok := o.(*inferencev1.InferenceImageCache)
+	if !ok {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, p := range c.Spec.ParentReferences {
+		if p.Kind == "JumpStartModel" {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+		}
+	}
+	return reqs
+}
+
+// allModels maps a change of the catalog to every JumpStartModel.
+func (r *JumpStartReconciler) allModels(ctx context.Context, o client.Object) []reconcile.Request {
+	if o.GetNamespace() != r.Config.OperatorNamespace || o.GetName() != r.CatalogName {
+		return nil
+	}
+	list := &inferencev1.JumpStartModelList{}
+	if err := r.Client.List(ctx, list); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing JumpStartModels")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, j := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&j)})
+	}
+	return reqs
+}
+
+// Reconcile resolves one JumpStartModel through the catalog and brings its caches, Deployment,
+// Service and status to what it asks.
+func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	j := &inferencev1.JumpStartModel{}
+	if err := r.Client.Get(ctx, req.NamespacedName, j); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !j.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, j)
+	}
+	st := j.Status.DeepCopy()
+	st.ObservedGeneration = j.Generation
+	res, err := r.reconcileJumpStart(ctx, j, st)
+	if werr := r.writeJumpStartStatus(ctx, j, st); werr != nil && err == nil {
+		err = werr
+	}
+	return res, err
+}
+
+func (r *JumpStartReconciler) reconcileJumpStart(ctx context.Context, j *inferencev1.JumpStartModel, st *inferencev1.ParentStatus) (ctrl.Result, error) {
+	stub := &model{owner: j, kind: "JumpStartModel"}
+	entry, p, err := r.lookup(ctx, j)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if p != nil {
+		r.fail(stub, st, p)
+		return ctrl.Result{}, nil // a catalog or spec change brings us back
+	}
+	return r.reconcileModel(ctx, fromJumpStart(j, entry), st)
+}
+
+// lookup finds the JumpStartModel's catalog entry; a problem says why it cannot be used.
+func (r *JumpStartReconciler) lookup(ctx context.Context, j *inferencev1.JumpStartModel) (*catalog.Entry, *problem, error) {
+	where := fmt.Sprintf("ConfigMap %s/%s (key %s)", r.Config.OperatorNamespace, r.CatalogName, catalog.Key)
+	cm := &corev1.ConfigMap{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Config.OperatorNamespace, Name: r.CatalogName}, cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &problem{inferencev1.ReasonModelNotInCatalog,
+				fmt.Sprintf("the JumpStart catalog, %s, does not exist; install it: kubectl apply -f config/catalog/catalog.yaml", where)}, nil
+		}
+		return nil, nil, err
+	}
+	cat, err := catalog.Parse([]byte(cm.Data[catalog.Key]))
+	if err != nil {
+		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf("the JumpStart catalog, %s, cannot be read: %v", where, err)}, nil
+	}
+	m := j.Spec.Model
+	e, err := cat.Lookup(m.ModelID, m.ModelVersion, m.ModelHubName)
+	if errors.Is(err, catalog.ErrNotInCatalog) {
+		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf(
+			"%v; add an entry (source, image, version) to the catalog, %s — see docs/operations.md, JumpStart catalog", err, where)}, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if e.Gated && !m.AcceptEula {
+		return nil, &problem{inferencev1.ReasonEULANotAccepted, fmt.Sprintf(
+			"%s is a gated model: accept its end-user licence by setting spec.model.acceptEula: true", m.ModelID)}, nil
+	}
+	return e, nil, nil
+}
+
+// fromJumpStart builds the model to serve from a JumpStartModel and its catalog entry.
+func fromJumpStart(j *inferencev1.JumpStartModel, e *catalog.Entry) *model {
+	s := &j.Spec
+	port := e.Port
+	if port == 0 {
+		port = 8080
+	}
+	mount := e.MountPath
+	if mount == "" {
+		mount = inferencev1.DefaultModelMountPath
+	}
+	env := slices.Clone(e.EnvironmentVariables)
+	for _, v := range s.EnvironmentVariables { // the JumpStartModel's win over the catalog's
+		if i := slices.IndexFunc(env, func(x inferencev1.EnvironmentVariable) bool { return x.Name == v.Name }); i >= 0 {
+			env[i] = v
+		} else {
+			env = append(env, v)
+		}
+	}
+	m := &model{
+		owner:     j,
+		kind:      "JumpStartModel",
+		source:    *e.Source.DeepCopy(),
+		placement: placement.FromParent(s.Server.InstanceType, nil, nil, s.Tolerations),
+		replicas:  ptr.Deref(s.Replicas, 1),
+		worker: inferencev1.Worker{
+			Image: e.Image, Command: e.Command, Args: e.Args, EnvironmentVariables: env, Resources: *e.Resources.DeepCopy(),
+			ModelInvocationPort: inferencev1.ModelInvocationPort{ContainerPort: port},
+			ModelVolumeMount:    inferencev1.ModelVolumeMount{Name: "model-weights", MountPath: mount},
+		},
+	}
+	if c := s.ModelCacheConfig; c != nil {
+		if c.WeightsCache != nil && c.WeightsCache.Enabled {
+			w := *c.WeightsCache
+			if w.HostPath == "" {
+				w.HostPath = inferencev1.DefaultWeightsCacheHostPath
+			}
+			m.weights = &w
+		}
+		m.imageCache = c.ImageCache != nil && c.ImageCache.Enabled
+	}
+	for name, set := range map[string]bool{
+		"sageMakerEndpoint": s.SageMakerEndpoint != nil, "tlsConfig": s.TLSConfig != nil, "autoScalingSpec": s.AutoScalingSpec != nil,
+		"metrics": s.Metrics != nil, "intelligentRoutingSpec": s.IntelligentRoutingSpec != nil, "kvCacheSpec": s.KVCacheSpec != nil,
+		"server.executionRole": s.Server.ExecutionRole != "", "model.gatedModelDownloadRole": s.Model.GatedModelDownloadRole != "",
+	} {
+		if set {
+			m.unsupported = append(m.unsupported, name)
+		}
+	}
+	slices.Sort(m.unsupported)
+	return m
+}
+
+func (r *JumpStartReconciler) writeJumpStartStatus(ctx context.Context, j *inferencev1.JumpStartModel, st *inferencev1.ParentStatus) error {
+	if equalParentStatus(&j.Status, st) {
+		return nil
+	}
+	patch := client.MergeFrom(j.DeepCopy())
+	j.Status = *st
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, j, patch))
+}

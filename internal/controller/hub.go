@@ -1,0 +1,79 @@
+package controller
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"github.com/prewarm/prewarm/pkg/engine/source/hf"
+)
+
+// HubChecker resolves Hugging Face revisions to commits and checks that a token can read a
+// repository, remembering answers for a while so reconciles do not call the Hub each time.
+type HubChecker struct {
+	// Endpoint is the Hub (or a mirror); empty means huggingface.co.
+	Endpoint string
+	// Now is the clock.
+	Now func() time.Time
+
+	mu    sync.Mutex
+	cache map[string]hubAnswer
+}
+
+type hubAnswer struct {
+	commit string
+	err    error
+	at     time.Time
+}
+
+// How long answers are kept: a success long, a failure briefly (the user is fixing it).
+const (
+	hubSuccessTTL = 10 * time.Minute
+	hubFailureTTL = 20 * time.Second
+)
+
+// Resolve returns the commit that revision (a branch, tag or commit; empty means main) of repo
+// is at, reading the repository's file tree with token: an error says the token (or its
+// absence) cannot read it, or that the repository or revision does not exist.
+func (h *HubChecker) Resolve(ctx context.Context, repo, revision, token string) (string, error) {
+	if revision == "" {
+		revision = "main"
+	}
+	sum := sha256.Sum256([]byte(token))
+	key := repo + "@" + revision + "#" + hex.EncodeToString(sum[:8])
+	now := time.Now
+	if h.Now != nil {
+		now = h.Now
+	}
+	h.mu.Lock()
+	if a, ok := h.cache[key]; ok {
+		ttl := hubSuccessTTL
+		if a.err != nil {
+			ttl = hubFailureTTL
+		}
+		if now().Sub(a.at) < ttl {
+			h.mu.Unlock()
+			return a.commit, a.err
+		}
+	}
+	h.mu.Unlock()
+
+	src, err := hf.New(hf.Options{RepoID: repo, Revision: revision, Endpoint: h.Endpoint, Token: token})
+	var commit string
+	if err == nil {
+		listing, lerr := src.List(ctx)
+		commit, err = listing.Revision, lerr
+	}
+	if ctx.Err() != nil {
+		return "", ctx.Err() // not remembered: the caller gave up, the Hub did not answer
+	}
+	h.mu.Lock()
+	if h.cache == nil {
+		h.cache = map[string]hubAnswer{}
+	}
+	h.cache[key] = hubAnswer{commit: commit, err: err, at: now()}
+	h.mu.Unlock()
+	return commit, err
+}
