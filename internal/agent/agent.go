@@ -28,7 +28,7 @@ type Agent struct {
 	client client.Client
 	// secrets reads token Secrets directly, without a cache of every Secret.
 	secrets client.Reader
-	sem    chan struct{}
+	sem     chan struct{}
 
 	mu       sync.Mutex
 	jobs     map[string]*job // by cache UID

@@ -39,7 +39,7 @@ func TestLookup(t *testing.T) {
 		image            string
 		err              string
 	}{
-		{"m", "", "", "img:2", ""},                 // newest by semantic order, not string order
+		{"m", "", "", "img:2", ""}, // newest by semantic order, not string order
 		{"m", "*", "SageMakerPublicHub", "img:2", ""},
 		{"m", "1.2.0", "", "img:1", ""},
 		{"m", "", "PrivateHub", "img:9", ""},

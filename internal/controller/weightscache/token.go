@@ -5,8 +5,8 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -17,7 +17,9 @@ import (
 )
 
 // tokenSecretName is the copy of a cache's Hugging Face token in the operator namespace.
-func tokenSecretName(m *inferencev1.ModelDataCacheConfig) string { return "prewarm-token-" + string(m.UID) }
+func tokenSecretName(m *inferencev1.ModelDataCacheConfig) string {
+	return "prewarm-token-" + string(m.UID)
+}
 
 // copyToken copies the Hugging Face token a cache's source names into the operator namespace,
 // where the agents may read it (they may read no Secret elsewhere), and returns the copy's
