@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/prewarm/prewarm/internal/catalog"
@@ -125,18 +126,19 @@ func run() error {
 		}
 	}
 	recorder := mgr.GetEventRecorder("prewarm-controller")
+	metrics := controller.NewMetrics(ctrlmetrics.Registry)
 	hub := &controller.HubChecker{Endpoint: cfg.HFEndpoint}
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Recorder: recorder}).SetupWithManager(ctx, mgr); err != nil {
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Recorder: recorder, Metrics: metrics}).SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	parents := &endpoint.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Hub: hub, Recorder: recorder}
+	parents := &endpoint.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Hub: hub, Recorder: recorder, Metrics: metrics}
 	if err := parents.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&endpoint.JumpStartReconciler{Reconciler: parents, CatalogName: catalogName}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg}).SetupWithManager(mgr); err != nil {
+	if err := (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	log.Info("controller starting", "version", cli.Version(), "allowedRoots", cfg.AllowedRoots, "gateTimeout", cfg.GateTimeout.String())

@@ -36,6 +36,7 @@ type Agent struct {
 	seen     bool            // the NodeCache has been read at least once
 	want     []prewarmv1alpha1.CacheRequest
 	dirty    chan struct{}
+	metrics  *metrics
 }
 
 // New returns an agent that reads and writes NodeCache objects through c, and reads token
@@ -45,6 +46,7 @@ func New(c client.Client, secrets client.Reader, opts Options) *Agent {
 	return &Agent{
 		opts: opts, client: c, secrets: secrets, sem: make(chan struct{}, opts.MaxParallel),
 		jobs: map[string]*job{}, removing: map[string]bool{}, dirty: make(chan struct{}, 1),
+		metrics: newMetrics(opts.Registerer),
 	}
 }
 
@@ -267,6 +269,7 @@ func (w statusWriter) Start(ctx context.Context) error {
 			continue
 		}
 		st := a.status()
+		a.metrics.observe(st)
 		if !pending && sameStatus(st, last) && a.opts.Now().Sub(lastWrite) < a.opts.HeartbeatInterval {
 			continue
 		}

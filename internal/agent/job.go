@@ -134,7 +134,7 @@ func (j *job) once(ctx context.Context, dir string) (time.Duration, bool) {
 		st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source
 	})
 	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithFreeSpace(j.a.freeSpace),
+		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer),
 		engine.WithProgress(func(p engine.Progress) {
 			j.set(func(st *prewarmv1alpha1.CacheStatus) {
 				st.BytesDone, st.BytesTotal, st.Files = p.BytesDone, p.BytesTotal, int32(p.FilesTotal)
@@ -184,6 +184,7 @@ func (j *job) ready(m *engine.Manifest) {
 }
 
 func (j *job) fail(reason, msg string) {
+	j.a.metrics.failures.WithLabelValues(reason).Inc()
 	if len(msg) > 1000 {
 		msg = msg[:1000] + "…"
 	}

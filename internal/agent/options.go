@@ -4,6 +4,8 @@ package agent
 
 import (
 	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -43,6 +45,8 @@ type Options struct {
 	HFEndpoint string
 	// Engine are extra engine options (concurrency, part size, rate limit).
 	Engine []engine.Option
+	// Registerer, when set, receives the agent's and the engine's metrics.
+	Registerer prometheus.Registerer
 	// Namespace is prewarm's namespace, where token Secrets for this agent are.
 	Namespace string
 	// Version is reported in the NodeCache status.

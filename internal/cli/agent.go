@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -120,6 +121,7 @@ the allowed roots.`,
 				return err
 			}
 			opts.Roots, opts.FileSourceRoots, opts.Version = roots, fileRoots, Version()
+			opts.Registerer = ctrlmetrics.Registry
 			opts.Sources = src.sourceOptions("s3://", "")
 			opts.HFEndpoint = src.hfEndpoint
 			if err := opts.Validate(); err != nil {

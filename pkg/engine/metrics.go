@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	bytes   prometheus.Counter
@@ -8,18 +12,30 @@ type metrics struct {
 }
 
 // newMetrics registers the engine's metrics with reg, or keeps them unregistered when reg is
-// nil (they still count, for nobody).
+// nil (they still count, for nobody). Engines sharing a registry share the counters.
 func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		bytes: prometheus.NewCounter(prometheus.CounterOpts{
+	return &metrics{
+		bytes: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_downloaded_bytes_total", Help: "Bytes read from model sources.",
-		}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{
+		})),
+		retries: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_part_retries_total", Help: "Ranged reads tried again after a transient failure.",
-		}),
+		})),
 	}
-	if reg != nil {
-		reg.MustRegister(m.bytes, m.retries)
+}
+
+func register(reg prometheus.Registerer, c prometheus.Counter) prometheus.Counter {
+	if reg == nil {
+		return c
 	}
-	return m
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
+				return existing
+			}
+		}
+		panic(err) // a different metric under the engine's name: a programming error
+	}
+	return c
 }

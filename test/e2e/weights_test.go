@@ -52,6 +52,8 @@ type weightsEnv struct {
 	agents   map[string]*testutil.Process
 	restarts map[string]int
 	procs    []*testutil.Process
+	// hfEndpoint, when set, is the Hugging Face Hub the agents use.
+	hfEndpoint string
 }
 
 func (e *weightsEnv) nodeRoot(node string) string { return filepath.Join(e.nodes, node, root) }
@@ -96,6 +98,9 @@ func (e *weightsEnv) startAgent(name, endpoint string, extra ...string) {
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--part-size=2MiB", "--concurrency=8",
 	}, extra...)
+	if e.hfEndpoint != "" {
+		args = append(args, "--hf-endpoint="+e.hfEndpoint, "--namespace="+opNS)
+	}
 	logName := "agent-" + name
 	if n := e.restarts[name]; n > 0 {
 		logName += fmt.Sprintf("-%d", n)
@@ -577,7 +582,8 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		whole := int64(st.Blocks) * st.Bsize
 		e.addNode("g5m-a", "ml.g5.12xlarge", s3srv.Endpoint)
 		// Keeping the whole filesystem free leaves this node no room at all.
-		e.addNode("g5m-b", "ml.g5.12xlarge", s3srv.Endpoint, fmt.Sprintf("--reserve=%d", whole))
+		smallMetrics := freeAddr(t)
+		e.addNode("g5m-b", "ml.g5.12xlarge", s3srv.Endpoint, fmt.Sprintf("--reserve=%d", whole), "--metrics-bind-address="+smallMetrics)
 		iec := testutil.MakeInferenceEndpointConfig("default", "small-disk").
 			Location(prefix).InstanceType("ml.g5.12xlarge").Obj()
 		if err := e.c.Create(ctx, iec); err != nil {
@@ -606,6 +612,9 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		}
 		if got := e.entries("g5m-b"); len(got) != 0 {
 			t.Errorf("the small node holds %v, want nothing written", got)
+		}
+		if v, err := scrape(smallMetrics, `prewarm_agent_download_failures_total{reason="InsufficientCapacity"}`); err != nil || v < 1 {
+			t.Errorf("the small node's agent counts %g InsufficientCapacity failures (%v), want >= 1", v, err)
 		}
 		if got := e.labelled(inferencev1.WeightsCacheReadyLabel(string(m.UID))); !slices.Equal(got, []string{"g5m-a"}) {
 			t.Errorf("label on %v, want [g5m-a]", got)

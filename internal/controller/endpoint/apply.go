@@ -170,6 +170,9 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			return result, err
 		}
 		log.Info("created Deployment", "deployment", want.Name, "weightsCache", want.Spec.Template.Annotations[controller.WeightsCacheAnnotation])
+		if use != nil {
+			r.Metrics.GateOpened(r.Now().Sub(use.CreationTimestamp.Time).Seconds())
+		}
 		r.event(m.owner, corev1.EventTypeNormal, "DeploymentCreated", "Create",
 			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(st)))
 		dep = want

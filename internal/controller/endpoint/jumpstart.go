@@ -83,6 +83,12 @@ func (r *JumpStartReconciler) allModels(ctx context.Context, o client.Object) []
 // Reconcile resolves one JumpStartModel through the catalog and brings its caches, Deployment,
 // Service and status to what it asks.
 func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	r.Metrics.ReconcileError("jumpstart", err)
+	return res, err
+}
+
+func (r *JumpStartReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	j := &inferencev1.JumpStartModel{}
 	if err := r.Client.Get(ctx, req.NamespacedName, j); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)

@@ -36,7 +36,9 @@ type Reconciler struct {
 	Hub *controller.HubChecker
 	// Recorder records Events on parents; nil records none.
 	Recorder events.EventRecorder
-	Now      func() time.Time
+	// Metrics records gate waits and errors; nil records none.
+	Metrics *controller.Metrics
+	Now     func() time.Time
 }
 
 // event records an Event about obj.
@@ -75,6 +77,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile brings one InferenceEndpointConfig's cache, Deployment, Service and status to what
 // its spec asks.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	r.Metrics.ReconcileError("endpoint", err)
+	return res, err
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	iec := &inferencev1.InferenceEndpointConfig{}
 	if err := r.Client.Get(ctx, req.NamespacedName, iec); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)

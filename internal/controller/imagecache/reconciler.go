@@ -30,7 +30,9 @@ import (
 type Reconciler struct {
 	Client client.Client
 	Config controller.Config
-	Now    func() time.Time
+	// Metrics records the caches' counts; nil records none.
+	Metrics *controller.Metrics
+	Now     func() time.Time
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches,verbs=get;list;watch;create;update;patch;delete
@@ -77,6 +79,12 @@ func (r *Reconciler) allCaches(ctx context.Context, _ client.Object) []reconcile
 // Reconcile brings one image cache's DaemonSet, labels and status to what its spec asks, and
 // removes it when no parent uses it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	r.Metrics.ReconcileError("imagecache", err)
+	return res, err
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	c := &inferencev1.InferenceImageCache{}
 	if err := r.Client.Get(ctx, req.NamespacedName, c); err != nil {
@@ -146,7 +154,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, r.writeStatus(ctx, c, st)
+	if err := r.writeStatus(ctx, c, st); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Metrics.ImageCache(c, false)
+	return ctrl.Result{}, nil
 }
 
 // liveReferences returns the parent references whose parent still exists with that UID.
@@ -201,6 +213,7 @@ func (r *Reconciler) finalize(ctx context.Context, c *inferencev1.InferenceImage
 	patch := client.MergeFrom(c.DeepCopy())
 	controllerutil.RemoveFinalizer(c, inferencev1.CacheFinalizer)
 	ctrl.LoggerFrom(ctx).Info("image cache removed", "image", c.Spec.Image)
+	r.Metrics.ImageCache(c, true)
 	return client.IgnoreNotFound(r.Client.Patch(ctx, c, patch))
 }
 

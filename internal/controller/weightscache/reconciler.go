@@ -39,7 +39,9 @@ type Reconciler struct {
 	Config    controller.Config
 	// Recorder records Events on caches; nil records none.
 	Recorder events.EventRecorder
-	Now      func() time.Time
+	// Metrics records the caches' counts; nil records none.
+	Metrics *controller.Metrics
+	Now     func() time.Time
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
@@ -109,6 +111,12 @@ func (r *Reconciler) cachesOfNode(ctx context.Context, o client.Object) []reconc
 
 // Reconcile brings one cache's nodes, labels and status to what its spec asks.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	r.Metrics.ReconcileError("weightscache", err)
+	return res, err
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	m := &inferencev1.ModelDataCacheConfig{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -238,10 +246,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
 		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
+		r.Metrics.WeightsCache(m, true)
 		r.event(m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
 		return ctrl.Result{}, nil
 	}
-	return ctrl.Result{}, r.writeStatus(ctx, m, st)
+	if err := r.writeStatus(ctx, m, st); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Metrics.WeightsCache(m, false)
+	return ctrl.Result{}, nil
 }
 
 // holdersOf lists the nodes whose NodeCache still asks for or reports cache uid.

@@ -1,0 +1,100 @@
+package controller
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// Metrics are the controller's Prometheus metrics. A nil *Metrics records nothing.
+type Metrics struct {
+	cacheTarget     *prometheus.GaugeVec
+	cacheReady      *prometheus.GaugeVec
+	cacheNodeState  *prometheus.GaugeVec
+	imageTarget     *prometheus.GaugeVec
+	imageCached     *prometheus.GaugeVec
+	gateWait        prometheus.Histogram
+	reconcileErrors *prometheus.CounterVec
+}
+
+// NewMetrics creates the controller's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		cacheTarget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_weights_cache_target_nodes", Help: "Nodes that should hold a weights cache.",
+		}, []string{"namespace", "cache"}),
+		cacheReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_weights_cache_ready_nodes", Help: "Nodes that hold a weights cache, verified.",
+		}, []string{"namespace", "cache"}),
+		cacheNodeState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_weights_cache_node_state",
+			Help: "1 for the state a target node's copy of a weights cache is in (Pending, Downloading, Ready, Failed).",
+		}, []string{"namespace", "cache", "node", "state"}),
+		imageTarget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_image_cache_target_nodes", Help: "Nodes that should hold an image.",
+		}, []string{"cache"}),
+		imageCached: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_image_cache_cached_nodes", Help: "Nodes that hold an image.",
+		}, []string{"cache"}),
+		gateWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "prewarm_gate_wait_seconds",
+			Help:    "Time from a weights cache's creation to the gate opening for its Deployment.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 14), // 1 s .. 2.3 h
+		}),
+		reconcileErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prewarm_reconcile_errors_total", Help: "Reconciles that ended in an error, by controller.",
+		}, []string{"controller"}),
+	}
+	reg.MustRegister(m.cacheTarget, m.cacheReady, m.cacheNodeState, m.imageTarget, m.imageCached, m.gateWait, m.reconcileErrors)
+	for _, c := range []string{"endpoint", "jumpstart", "weightscache", "imagecache"} {
+		m.reconcileErrors.WithLabelValues(c) // present at 0, so rate() and alerts work from the start
+	}
+	return m
+}
+
+// WeightsCache records a weights cache's counts and per-node states; deleted removes its series.
+func (m *Metrics) WeightsCache(c *inferencev1.ModelDataCacheConfig, deleted bool) {
+	if m == nil {
+		return
+	}
+	labels := prometheus.Labels{"namespace": c.Namespace, "cache": c.Name}
+	m.cacheNodeState.DeletePartialMatch(labels)
+	if deleted {
+		m.cacheTarget.Delete(labels)
+		m.cacheReady.Delete(labels)
+		return
+	}
+	m.cacheTarget.With(labels).Set(float64(c.Status.TargetNodes))
+	m.cacheReady.With(labels).Set(float64(c.Status.ReadyNodes))
+	for _, n := range c.Status.Nodes {
+		m.cacheNodeState.WithLabelValues(c.Namespace, c.Name, n.Name, string(n.State)).Set(1)
+	}
+}
+
+// ImageCache records an image cache's counts; deleted removes its series.
+func (m *Metrics) ImageCache(c *inferencev1.InferenceImageCache, deleted bool) {
+	if m == nil {
+		return
+	}
+	if deleted {
+		m.imageTarget.DeleteLabelValues(c.Name)
+		m.imageCached.DeleteLabelValues(c.Name)
+		return
+	}
+	m.imageTarget.WithLabelValues(c.Name).Set(float64(c.Status.TargetNodes))
+	m.imageCached.WithLabelValues(c.Name).Set(float64(c.Status.CachedNodes))
+}
+
+// GateOpened records how long a Deployment waited for its cache.
+func (m *Metrics) GateOpened(seconds float64) {
+	if m != nil {
+		m.gateWait.Observe(seconds)
+	}
+}
+
+// ReconcileError counts a reconcile that failed.
+func (m *Metrics) ReconcileError(controller string, err error) {
+	if m != nil && err != nil {
+		m.reconcileErrors.WithLabelValues(controller).Inc()
+	}
+}
