@@ -4,12 +4,12 @@ package agent
 
 import (
 	"fmt"
-
-	"github.com/prometheus/client_golang/prometheus"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/sources"

@@ -79,25 +79,25 @@ func (r *Reconciler) allCaches(ctx context.Context, _ client.Object) []reconcile
 // Reconcile brings one image cache's DaemonSet, labels and status to what its spec asks, and
 // removes it when no parent uses it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	res, err := r.reconcile(ctx, req)
+	err := r.reconcile(ctx, req)
 	r.Metrics.ReconcileError("imagecache", err)
-	return res, err
+	return ctrl.Result{}, err
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	log := ctrl.LoggerFrom(ctx)
 	c := &inferencev1.InferenceImageCache{}
 	if err := r.Client.Get(ctx, req.NamespacedName, c); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return client.IgnoreNotFound(err)
 	}
 	if !c.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, c)
+		return r.finalize(ctx, c)
 	}
 	if !controllerutil.ContainsFinalizer(c, inferencev1.CacheFinalizer) {
 		patch := client.MergeFrom(c.DeepCopy())
 		controllerutil.AddFinalizer(c, inferencev1.CacheFinalizer)
 		if err := r.Client.Patch(ctx, c, patch); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 	}
 
@@ -105,34 +105,34 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// UID) do not keep the cache.
 	live, err := r.liveReferences(ctx, c)
 	if err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	if len(live) != len(c.Spec.ParentReferences) {
 		c.Spec.ParentReferences = live
 		if err := r.Client.Update(ctx, c); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 	}
 	if len(c.Spec.ParentReferences) == 0 {
 		log.Info("no parent uses the image cache any more; deleting it", "image", c.Spec.Image)
-		return ctrl.Result{}, client.IgnoreNotFound(r.Client.Delete(ctx, c))
+		return client.IgnoreNotFound(r.Client.Delete(ctx, c))
 	}
 
 	if err := r.ensurePriorityClass(ctx); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	ds, err := r.ensureDaemonSet(ctx, c)
 	if err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 
 	nodes := &corev1.NodeList{}
 	if err := r.Client.List(ctx, nodes); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	pods := &corev1.PodList{}
 	if err := r.Client.List(ctx, pods, client.InNamespace(c.Namespace), client.MatchingLabels{controller.ImageCacheLabel: c.Name}); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	var targets []*corev1.Node
 	for i := range nodes.Items {
@@ -151,14 +151,14 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	for i := range nodes.Items {
 		if err := controller.SetNodeLabel(ctx, r.Client, &nodes.Items[i], label, cached[nodes.Items[i].Name]); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 	}
 	if err := r.writeStatus(ctx, c, st); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	r.Metrics.ImageCache(c, false)
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // liveReferences returns the parent references whose parent still exists with that UID.

@@ -111,35 +111,35 @@ func (r *Reconciler) cachesOfNode(ctx context.Context, o client.Object) []reconc
 
 // Reconcile brings one cache's nodes, labels and status to what its spec asks.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	res, err := r.reconcile(ctx, req)
+	err := r.reconcile(ctx, req)
 	r.Metrics.ReconcileError("weightscache", err)
-	return res, err
+	return ctrl.Result{}, err
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	m := &inferencev1.ModelDataCacheConfig{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return client.IgnoreNotFound(err)
 	}
 	deleting := !m.DeletionTimestamp.IsZero()
 	if !deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
 		patch := client.MergeFrom(m.DeepCopy())
 		controllerutil.AddFinalizer(m, inferencev1.CacheFinalizer)
 		if err := r.Client.Patch(ctx, m, patch); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 	}
 	if deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
-		return ctrl.Result{}, nil
+		return nil
 	}
 
 	nodes := &corev1.NodeList{}
 	if err := r.Client.List(ctx, nodes); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	nodeCaches := &prewarmv1alpha1.NodeCacheList{}
 	if err := r.Client.List(ctx, nodeCaches); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	byNode := map[string]*prewarmv1alpha1.NodeCache{}
 	for i := range nodeCaches.Items {
@@ -154,7 +154,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if !deleting {
 		var err error
 		if entry.TokenSecret, tokenProblem, err = r.copyToken(ctx, m); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 	}
 
@@ -179,7 +179,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			continue
 		}
 		if err := r.applyEntry(ctx, n, &entry, uid); err != nil {
-			return ctrl.Result{}, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
+			return fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
 		}
 	}
 	for _, nc := range nodeCaches.Items {
@@ -187,7 +187,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			continue
 		}
 		if err := r.withdrawEntry(ctx, &nc, uid); err != nil {
-			return ctrl.Result{}, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
+			return fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
 		}
 	}
 
@@ -206,7 +206,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		if err := controller.SetNodeLabel(ctx, r.Client, n, label, ready[n.Name] && !deleting); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 	}
 
@@ -232,29 +232,29 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 				fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), summarize(holders, 5)))
 		}
 		if err := r.writeStatus(ctx, m, st); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 		if len(holders) > 0 {
-			return ctrl.Result{}, nil // NodeCache events bring us back
+			return nil // NodeCache events bring us back
 		}
 		if err := r.deleteToken(ctx, m); err != nil {
-			return ctrl.Result{}, err
+			return err
 		}
 		patch := client.MergeFrom(m.DeepCopy())
 		controllerutil.RemoveFinalizer(m, inferencev1.CacheFinalizer)
 		if err := r.Client.Patch(ctx, m, patch); err != nil {
-			return ctrl.Result{}, client.IgnoreNotFound(err)
+			return client.IgnoreNotFound(err)
 		}
 		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
 		r.Metrics.WeightsCache(m, true)
 		r.event(m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
-		return ctrl.Result{}, nil
+		return nil
 	}
 	if err := r.writeStatus(ctx, m, st); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	r.Metrics.WeightsCache(m, false)
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // holdersOf lists the nodes whose NodeCache still asks for or reports cache uid.
