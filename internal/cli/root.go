@@ -6,12 +6,20 @@ import (
 	"os"
 	"runtime/debug"
 	"runtime/pprof"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 )
 
 // NewRootCommand returns the kubectl-prewarm command tree.
 func NewRootCommand() *cobra.Command {
+	return newRoot(genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}, time.Now)
+}
+
+// newRoot builds the command tree on these streams and this clock.
+func newRoot(streams genericiooptions.IOStreams, now func() time.Time) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kubectl-prewarm",
 		Short:         "See and drive prewarm's node-local caches of model weights and inference images",
@@ -39,7 +47,12 @@ func NewRootCommand() *cobra.Command {
 		pprof.StopCPUProfile()
 		return profFile.Close()
 	}
-	root.AddCommand(newVersionCommand(), newPullCommand())
+	flags := genericclioptions.NewConfigFlags(true)
+	flags.AddFlags(root.PersistentFlags())
+	root.AddCommand(newVersionCommand(), newPullCommand(),
+		newStatusCommand(flags, streams, now), newExplainCommand(flags, streams, now))
+	root.SetOut(streams.Out)
+	root.SetErr(streams.ErrOut)
 	return root
 }
 

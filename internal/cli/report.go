@@ -1,0 +1,327 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/placement"
+	"github.com/prewarm/prewarm/internal/scheme"
+)
+
+// StatusReport is what `kubectl prewarm status` shows: every parent with its caches.
+type StatusReport struct {
+	Parents []ParentReport `json:"parents"`
+}
+
+// ParentReport is one InferenceEndpointConfig or JumpStartModel.
+type ParentReport struct {
+	Kind          string           `json:"kind"`
+	Namespace     string           `json:"namespace"`
+	Name          string           `json:"name"`
+	State         string           `json:"state"`
+	Ready         *ConditionReport `json:"ready,omitempty"`
+	Gated         *ConditionReport `json:"gated,omitempty"`
+	Deployment    string           `json:"deployment,omitempty"`
+	ReadyReplicas int32            `json:"readyReplicas"`
+	Replicas      int32            `json:"replicas"`
+	Weights       *WeightsReport   `json:"weightsCache,omitempty"`
+	Image         *ImageReport     `json:"imageCache,omitempty"`
+}
+
+// ConditionReport is a condition, for people.
+type ConditionReport struct {
+	Status  string `json:"status"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// WeightsReport is a weights cache with its nodes.
+type WeightsReport struct {
+	Name       string         `json:"name"`
+	State      string         `json:"state"`
+	Target     int32          `json:"targetNodes"`
+	Ready      int32          `json:"readyNodes"`
+	TotalBytes int64          `json:"totalBytes"`
+	Revision   string         `json:"revision,omitempty"`
+	Nodes      []NodeProgress `json:"nodes"`
+}
+
+// NodeProgress is one node's copy of a weights cache.
+type NodeProgress struct {
+	Node           string `json:"node"`
+	State          string `json:"state"`
+	BytesDone      int64  `json:"bytesDone"`
+	BytesTotal     int64  `json:"bytesTotal"`
+	BytesPerSecond int64  `json:"bytesPerSecond"`
+	ETASeconds     *int64 `json:"etaSeconds,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	Message        string `json:"message,omitempty"`
+}
+
+// ImageReport is an image cache with its nodes.
+type ImageReport struct {
+	Name      string      `json:"name"`
+	Namespace string      `json:"namespace"`
+	Image     string      `json:"image"`
+	Phase     string      `json:"phase"`
+	Cached    int32       `json:"cachedNodes"`
+	Target    int32       `json:"targetNodes"`
+	Digest    string      `json:"digest,omitempty"`
+	Nodes     []ImageNode `json:"nodes"`
+}
+
+// ImageNode is one node's copy of an image.
+type ImageNode struct {
+	Node    string `json:"node"`
+	Phase   string `json:"phase"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+}
+
+// clientFor builds a client from kubectl's standard flags.
+func clientFor(flags *genericclioptions.ConfigFlags) (client.Client, string, error) {
+	cfg, err := flags.ToRESTConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	ns, _, err := flags.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+	return c, ns, err
+}
+
+func condition(conds []metav1.Condition, typ string) *ConditionReport {
+	c := meta.FindStatusCondition(conds, typ)
+	if c == nil {
+		return nil
+	}
+	return &ConditionReport{Status: string(c.Status), Reason: c.Reason, Message: c.Message}
+}
+
+// buildStatus gathers the parents in namespace (all when empty), or the one named.
+func buildStatus(ctx context.Context, c client.Client, namespace, name string) (*StatusReport, error) {
+	var opts []client.ListOption
+	if namespace != "" {
+		opts = append(opts, client.InNamespace(namespace))
+	}
+	type parent struct {
+		kind string
+		obj  client.Object
+		st   *inferencev1.ParentStatus
+	}
+	var parents []parent
+	iecs := &inferencev1.InferenceEndpointConfigList{}
+	if err := c.List(ctx, iecs, opts...); err != nil {
+		return nil, err
+	}
+	for i := range iecs.Items {
+		parents = append(parents, parent{"InferenceEndpointConfig", &iecs.Items[i], &iecs.Items[i].Status})
+	}
+	jsms := &inferencev1.JumpStartModelList{}
+	if err := c.List(ctx, jsms, opts...); err != nil {
+		return nil, err
+	}
+	for i := range jsms.Items {
+		parents = append(parents, parent{"JumpStartModel", &jsms.Items[i], &jsms.Items[i].Status})
+	}
+	rep := &StatusReport{Parents: []ParentReport{}}
+	for _, p := range parents {
+		if name != "" && p.obj.GetName() != name {
+			continue
+		}
+		pr := ParentReport{Kind: p.kind, Namespace: p.obj.GetNamespace(), Name: p.obj.GetName(), State: string(p.st.State),
+			Ready: condition(p.st.Conditions, inferencev1.ConditionReady), Gated: condition(p.st.Conditions, inferencev1.ConditionGated),
+			Replicas: p.st.Replicas}
+		if d := p.st.DeploymentStatus; d != nil {
+			pr.Deployment, pr.ReadyReplicas = d.Name, d.ReadyReplicas
+		}
+		if w := p.st.WeightsCacheStatus; w != nil && w.Name != "" {
+			m := &inferencev1.ModelDataCacheConfig{}
+			if err := c.Get(ctx, types.NamespacedName{Namespace: pr.Namespace, Name: w.Name}, m); err == nil {
+				pr.Weights = weightsReport(m)
+			} else if client.IgnoreNotFound(err) != nil {
+				return nil, err
+			}
+		}
+		if ic := p.st.ImageCacheStatus; ic != nil && ic.Name != "" {
+			x := &inferencev1.InferenceImageCache{}
+			if err := c.Get(ctx, types.NamespacedName{Namespace: ic.Namespace, Name: ic.Name}, x); err == nil {
+				pr.Image = imageReport(x)
+			} else if client.IgnoreNotFound(err) != nil {
+				return nil, err
+			}
+		}
+		rep.Parents = append(rep.Parents, pr)
+	}
+	slices.SortFunc(rep.Parents, func(a, b ParentReport) int {
+		return strings.Compare(a.Namespace+"/"+a.Kind+"/"+a.Name, b.Namespace+"/"+b.Kind+"/"+b.Name)
+	})
+	if name != "" && len(rep.Parents) == 0 {
+		return nil, fmt.Errorf("no InferenceEndpointConfig or JumpStartModel named %s%s", name, inNamespace(namespace))
+	}
+	return rep, nil
+}
+
+func inNamespace(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	return " in namespace " + ns
+}
+
+func weightsReport(m *inferencev1.ModelDataCacheConfig) *WeightsReport {
+	w := &WeightsReport{Name: m.Name, State: string(m.Status.State), Target: m.Status.TargetNodes, Ready: m.Status.ReadyNodes,
+		TotalBytes: m.Status.TotalBytes, Revision: m.Status.ResolvedRevision, Nodes: []NodeProgress{}}
+	for _, n := range m.Status.Nodes {
+		np := NodeProgress{Node: n.Name, State: string(n.State), BytesDone: n.BytesDone, BytesTotal: n.BytesTotal,
+			BytesPerSecond: n.BytesPerSecond, Reason: n.Reason, Message: n.Message}
+		if n.BytesPerSecond > 0 && n.BytesTotal > n.BytesDone && n.State == inferencev1.CacheDownloading {
+			eta := (n.BytesTotal - n.BytesDone) / n.BytesPerSecond
+			np.ETASeconds = &eta
+		}
+		w.Nodes = append(w.Nodes, np)
+	}
+	return w
+}
+
+func imageReport(x *inferencev1.InferenceImageCache) *ImageReport {
+	r := &ImageReport{Name: x.Name, Namespace: x.Namespace, Image: x.Spec.Image, Phase: string(x.Status.Phase),
+		Cached: x.Status.CachedNodes, Target: x.Status.TargetNodes, Digest: x.Status.ImageDigest, Nodes: []ImageNode{}}
+	for _, n := range x.Status.Nodes {
+		r.Nodes = append(r.Nodes, ImageNode{Node: n.Name, Phase: string(n.Phase), Reason: n.Reason, Message: n.Message})
+	}
+	return r
+}
+
+// NodeExplanation is what `kubectl prewarm explain node` shows.
+type NodeExplanation struct {
+	Node         string             `json:"node"`
+	InstanceType string             `json:"instanceType,omitempty"`
+	Agent        string             `json:"agent"`
+	Roots        []RootReport       `json:"roots"`
+	Weights      []CacheExplanation `json:"weightsCaches"`
+	Images       []CacheExplanation `json:"imageCaches"`
+}
+
+// RootReport is the disk under an allowed root.
+type RootReport struct {
+	Path          string `json:"path"`
+	CapacityBytes int64  `json:"capacityBytes"`
+	FreeBytes     int64  `json:"freeBytes"`
+	ReservedBytes int64  `json:"reservedBytes"`
+}
+
+// CacheExplanation says whether a node holds a cache, and why not.
+type CacheExplanation struct {
+	Cache string `json:"cache"`
+	Warm  bool   `json:"warm"`
+	Why   string `json:"why"`
+}
+
+// agentStale is how old a heartbeat may be before the agent is taken for gone: the agent writes
+// one at least every minute.
+const agentStale = 3 * time.Minute
+
+func buildExplanation(ctx context.Context, c client.Client, nodeName string, now time.Time) (*NodeExplanation, error) {
+	node := &corev1.Node{}
+	if err := c.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil {
+		return nil, err
+	}
+	ex := &NodeExplanation{Node: node.Name, InstanceType: node.Labels[inferencev1.InstanceTypeLabel], Roots: []RootReport{},
+		Weights: []CacheExplanation{}, Images: []CacheExplanation{}}
+	nc := &prewarmv1alpha1.NodeCache{}
+	err := c.Get(ctx, types.NamespacedName{Name: nodeName}, nc)
+	switch {
+	case client.IgnoreNotFound(err) != nil:
+		return nil, err
+	case err != nil:
+		nc = nil
+		ex.Agent = "no NodeCache: no weights cache has been asked of this node yet"
+	case nc.Status.HeartbeatTime == nil:
+		ex.Agent = "no agent reports on this node: is the prewarm-agent DaemonSet's pod running here?"
+	case now.Sub(nc.Status.HeartbeatTime.Time) > agentStale:
+		ex.Agent = fmt.Sprintf("the agent last reported at %s, more than %s ago: is it running?",
+			nc.Status.HeartbeatTime.UTC().Format(time.RFC3339), agentStale)
+	default:
+		ex.Agent = fmt.Sprintf("reporting (agent %s, last at %s)", nc.Status.AgentVersion, nc.Status.HeartbeatTime.UTC().Format(time.RFC3339))
+	}
+	if nc != nil {
+		for _, r := range nc.Status.Roots {
+			ex.Roots = append(ex.Roots, RootReport{Path: r.Path, CapacityBytes: r.CapacityBytes, FreeBytes: r.FreeBytes, ReservedBytes: r.ReservedBytes})
+		}
+	}
+
+	caches := &inferencev1.ModelDataCacheConfigList{}
+	if err := c.List(ctx, caches); err != nil {
+		return nil, err
+	}
+	for _, m := range caches.Items {
+		ex.Weights = append(ex.Weights, explainWeights(&m, node, nc))
+	}
+	images := &inferencev1.InferenceImageCacheList{}
+	if err := c.List(ctx, images); err != nil {
+		return nil, err
+	}
+	for _, x := range images.Items {
+		ex.Images = append(ex.Images, explainImage(&x, node))
+	}
+	return ex, nil
+}
+
+func explainWeights(m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *prewarmv1alpha1.NodeCache) CacheExplanation {
+	e := CacheExplanation{Cache: m.Namespace + "/" + m.Name}
+	if ok, why := placement.Match(m.Spec.Placement, node); !ok {
+		e.Why = "not a target: " + why
+		return e
+	}
+	var ns *inferencev1.NodeCacheStatus
+	for i := range m.Status.Nodes {
+		if m.Status.Nodes[i].Name == node.Name {
+			ns = &m.Status.Nodes[i]
+		}
+	}
+	switch {
+	case ns == nil:
+		e.Why = "a target, not yet in the cache's status (the controller has not reconciled since the node appeared)"
+	case ns.State == inferencev1.CacheReady:
+		e.Warm, e.Why = true, "Ready: "+ns.Message
+	case ns.State == inferencev1.CacheDownloading:
+		e.Why = fmt.Sprintf("Downloading: %s", progressText(ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond))
+	case nc == nil || nc.Status.HeartbeatTime == nil:
+		e.Why = "a target, but no agent reports on this node"
+	default:
+		e.Why = fmt.Sprintf("%s (%s): %s", ns.State, ns.Reason, ns.Message)
+	}
+	return e
+}
+
+func explainImage(x *inferencev1.InferenceImageCache, node *corev1.Node) CacheExplanation {
+	e := CacheExplanation{Cache: x.Namespace + "/" + x.Name}
+	if ok, why := placement.Match(x.Spec.Placement, node); !ok {
+		e.Why = "not a target: " + why
+		return e
+	}
+	for _, n := range x.Status.Nodes {
+		if n.Name == node.Name {
+			e.Warm = n.Phase == inferencev1.ImageComplete
+			e.Why = fmt.Sprintf("%s (%s): %s", n.Phase, n.Reason, n.Message)
+			return e
+		}
+	}
+	e.Why = "a target, not yet in the cache's status"
+	return e
+}

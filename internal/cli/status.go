@@ -1,0 +1,281 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/yaml"
+
+	"github.com/prewarm/prewarm/pkg/engine"
+)
+
+// statusOptions are the flags of `status` and `explain`.
+type statusOptions struct {
+	flags         *genericclioptions.ConfigFlags
+	streams       genericiooptions.IOStreams
+	output        string
+	allNamespaces bool
+	watch         bool
+	interval      time.Duration
+	now           func() time.Time
+}
+
+func (o *statusOptions) addOutput(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&o.output, "output", "o", "", "output format: json or yaml (default: text for people)")
+}
+
+func (o *statusOptions) print(v any, text func(io.Writer) error) error {
+	switch o.output {
+	case "":
+		return text(o.streams.Out)
+	case "json":
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(o.streams.Out, string(b))
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = o.streams.Out.Write(b)
+		return err
+	}
+	return fmt.Errorf("--output %q: want json or yaml", o.output)
+}
+
+func newStatusCommand(flags *genericclioptions.ConfigFlags, streams genericiooptions.IOStreams, now func() time.Time) *cobra.Command {
+	o := &statusOptions{flags: flags, streams: streams, now: now}
+	cmd := &cobra.Command{
+		Use:   "status [NAME]",
+		Short: "Show every model with its weights and image caches, node by node",
+		Long: `Show each InferenceEndpointConfig and JumpStartModel (or the one named) with its state, its
+weights cache (per node: state, bytes, rate, time left, error) and its image cache (per node:
+phase, pull error).`,
+		Example: `  kubectl prewarm status
+  kubectl prewarm status example-model -n default --watch
+  kubectl prewarm status -A -o json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			return o.runStatus(cmd.Context(), name)
+		},
+	}
+	o.addOutput(cmd)
+	cmd.Flags().BoolVarP(&o.allNamespaces, "all-namespaces", "A", false, "every namespace")
+	cmd.Flags().BoolVarP(&o.watch, "watch", "w", false, "redraw every --interval with progress bars, until interrupted")
+	cmd.Flags().DurationVar(&o.interval, "interval", 2*time.Second, "time between redraws with --watch")
+	return cmd
+}
+
+func (o *statusOptions) runStatus(ctx context.Context, name string) error {
+	c, ns, err := clientFor(o.flags)
+	if err != nil {
+		return err
+	}
+	if o.allNamespaces {
+		ns = ""
+	}
+	tty := false
+	if f, ok := o.streams.Out.(interface{ Fd() uintptr }); ok {
+		tty = term.IsTerminal(int(f.Fd()))
+	}
+	for {
+		rep, err := buildStatus(ctx, c, ns, name)
+		if err != nil {
+			return err
+		}
+		if o.watch && tty && o.output == "" {
+			fmt.Fprint(o.streams.Out, "\033[H\033[2J")
+		}
+		if err := o.print(rep, func(w io.Writer) error { return renderStatus(w, rep, o.watch) }); err != nil {
+			return err
+		}
+		if !o.watch {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(o.interval):
+		}
+		if !tty {
+			fmt.Fprintln(o.streams.Out, "---")
+		}
+	}
+}
+
+// renderStatus writes the report for people; bars draws progress bars.
+func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
+	if len(rep.Parents) == 0 {
+		_, err := fmt.Fprintln(w, "No InferenceEndpointConfig or JumpStartModel found.")
+		return err
+	}
+	for i, p := range rep.Parents {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "%s %s/%s: %s\n", p.Kind, p.Namespace, p.Name, orDash(p.State))
+		if p.Ready != nil {
+			fmt.Fprintf(w, "  ready: %s %s: %s\n", p.Ready.Status, p.Ready.Reason, p.Ready.Message)
+		}
+		if p.Gated != nil && p.Gated.Status == "True" {
+			fmt.Fprintf(w, "  gated: %s: %s\n", p.Gated.Reason, p.Gated.Message)
+		}
+		if p.Deployment != "" {
+			fmt.Fprintf(w, "  deployment: %s, %d of %d pods ready\n", p.Deployment, p.ReadyReplicas, p.Replicas)
+		}
+		if x := p.Weights; x != nil {
+			fmt.Fprintf(w, "  weights cache %s: %s, %d/%d nodes ready, %s", x.Name, orDash(x.State), x.Ready, x.Target, engine.HumanBytes(x.TotalBytes))
+			if x.Revision != "" {
+				fmt.Fprintf(w, ", revision %s", x.Revision)
+			}
+			fmt.Fprintln(w)
+			if len(x.Nodes) > 0 {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "    NODE\tSTATE\tPROGRESS\tRATE\tETA\tMESSAGE")
+				for _, n := range x.Nodes {
+					prog := fmt.Sprintf("%s / %s", engine.HumanBytes(n.BytesDone), engine.HumanBytes(n.BytesTotal))
+					if bars {
+						prog = bar(n.BytesDone, n.BytesTotal, 20) + " " + prog
+					}
+					rate, eta := "-", "-"
+					if n.BytesPerSecond > 0 {
+						rate = engine.HumanBytes(n.BytesPerSecond) + "/s"
+					}
+					if n.ETASeconds != nil {
+						eta = (time.Duration(*n.ETASeconds) * time.Second).String()
+					}
+					msg := n.Message
+					if n.Reason != "" && n.State != "Ready" && n.State != "Downloading" {
+						msg = n.Reason + ": " + msg
+					}
+					fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.State, prog, rate, eta, msg)
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if x := p.Image; x != nil {
+			fmt.Fprintf(w, "  image cache %s/%s: %s, %d/%d nodes hold %s", x.Namespace, x.Name, orDash(x.Phase), x.Cached, x.Target, x.Image)
+			if x.Digest != "" {
+				fmt.Fprintf(w, " (%s)", x.Digest)
+			}
+			fmt.Fprintln(w)
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			header := false
+			for _, n := range x.Nodes {
+				if n.Phase == "Complete" {
+					continue // only what needs attention
+				}
+				if !header {
+					fmt.Fprintln(tw, "    NODE\tPHASE\tREASON\tMESSAGE")
+					header = true
+				}
+				fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", n.Node, n.Phase, orDash(n.Reason), n.Message)
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func bar(done, total int64, width int) string {
+	if total <= 0 {
+		return "[" + strings.Repeat(" ", width) + "]"
+	}
+	n := int(done * int64(width) / total)
+	return "[" + strings.Repeat("#", n) + strings.Repeat(".", width-n) + "]"
+}
+
+func progressText(done, total, rate int64) string {
+	s := fmt.Sprintf("%s of %s", engine.HumanBytes(done), engine.HumanBytes(total))
+	if total > 0 {
+		s += fmt.Sprintf(" (%d%%)", done*100/total)
+	}
+	if rate > 0 {
+		s += fmt.Sprintf(", %s/s", engine.HumanBytes(rate))
+		if total > done {
+			s += ", " + (time.Duration((total-done)/rate) * time.Second).String() + " left"
+		}
+	}
+	return s
+}
+
+func newExplainCommand(flags *genericclioptions.ConfigFlags, streams genericiooptions.IOStreams, now func() time.Time) *cobra.Command {
+	o := &statusOptions{flags: flags, streams: streams, now: now}
+	cmd := &cobra.Command{
+		Use:   "explain node NODE",
+		Short: "Say, for each cache, why a node is or is not warm",
+		Long: `For every weights cache and image cache in the cluster, say whether NODE holds it, and if
+not, why: not a target (instance type, affinity, taint), its agent missing, downloading (how
+far), failed (the message), or the disk it would need.`,
+		Example: `  kubectl prewarm explain node ip-10-0-1-23.us-west-2.compute.internal`,
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] != "node" {
+				return fmt.Errorf("explain %s: only nodes can be explained: kubectl prewarm explain node NODE", args[0])
+			}
+			c, _, err := clientFor(o.flags)
+			if err != nil {
+				return err
+			}
+			ex, err := buildExplanation(cmd.Context(), c, args[1], o.now())
+			if err != nil {
+				return err
+			}
+			return o.print(ex, func(w io.Writer) error { return renderExplanation(w, ex) })
+		},
+	}
+	o.addOutput(cmd)
+	return cmd
+}
+
+func renderExplanation(w io.Writer, ex *NodeExplanation) error {
+	fmt.Fprintf(w, "node %s (%s)\n", ex.Node, orDash(ex.InstanceType))
+	fmt.Fprintf(w, "  agent: %s\n", ex.Agent)
+	for _, r := range ex.Roots {
+		fmt.Fprintf(w, "  disk %s: %s, %s free for caches (%s kept free)\n", r.Path,
+			engine.HumanBytes(r.CapacityBytes), engine.HumanBytes(r.FreeBytes), engine.HumanBytes(r.ReservedBytes))
+	}
+	section := func(title string, list []CacheExplanation) {
+		fmt.Fprintf(w, "  %s:\n", title)
+		if len(list) == 0 {
+			fmt.Fprintln(w, "    (none)")
+		}
+		for _, c := range list {
+			word := "NOT WARM"
+			if c.Warm {
+				word = "WARM"
+			}
+			fmt.Fprintf(w, "    %s: %s: %s\n", c.Cache, word, c.Why)
+		}
+	}
+	section("weights caches", ex.Weights)
+	section("image caches", ex.Images)
+	return nil
+}
