@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -251,6 +252,39 @@ func TestJumpStartEndToEnd(t *testing.T) {
 			}
 			return m.Status.State == inferencev1.CacheReady && m.Status.ReadyNodes == 3, fmt.Sprintf("%+v", m.Status)
 		})
+	})
+
+	t.Run("kubectl prewarm status and explain on the live system", func(t *testing.T) {
+		run := func(args ...string) string {
+			out, err := exec.CommandContext(ctx, cliPath, append(args, "--kubeconfig="+e.cluster.KubeconfigPath)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("kubectl-prewarm %v: %v\n%s", args, err, out)
+			}
+			return string(out)
+		}
+		out := run("status", "example-jumpstart-model", "-n", "default")
+		for _, want := range []string{
+			"JumpStartModel default/example-jumpstart-model: DeploymentComplete",
+			"weights cache example-jumpstart-model-cache: Ready, 3/3 nodes ready",
+			"revision " + commit,
+			"image cache hyperpod-inference-system/iic-vllm-openai-ml-g5-24xlarge-",
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("status lacks %q:\n%s", want, out)
+			}
+		}
+		out = run("status", "problem-0", "-n", "default")
+		if !strings.Contains(out, "ready: False EULANotAccepted: meta-textgeneration-llama-3-1-8b-instruct is a gated model") {
+			t.Errorf("status of the refused model:\n%s", out)
+		}
+		out = run("explain", "node", "g5-a")
+		if !strings.Contains(out, "default/example-jumpstart-model-cache: WARM: Ready: 4 files") || !strings.Contains(out, "agent: reporting") {
+			t.Errorf("explain g5-a:\n%s", out)
+		}
+		out = run("explain", "node", "small-a")
+		if !strings.Contains(out, "default/example-jumpstart-model-cache: NOT WARM: not a target: instance type ml.g5.xlarge is not ml.g5.24xlarge") {
+			t.Errorf("explain small-a:\n%s", out)
+		}
 	})
 
 	t.Run("metrics from the running controller and agent", func(t *testing.T) {
