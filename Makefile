@@ -75,10 +75,12 @@ bench: ## Benchmark the download engine against rclone, the AWS CLI and transfer
 build: ## Build every binary into bin/.
 	go build -o $(LOCALBIN)/ ./cmd/...
 
+MODEL_SIZE ?= 2GiB
+SANDBOX_FLAGS ?=
+
 .PHONY: run
-run: ## Run prewarm's main job locally (the sandbox; not built yet, see README).
-	@echo "The one-command sandbox (kubectl-prewarm sandbox up) is not built yet; see README.md, Status." >&2
-	@exit 1
+run: build testbin ## Run the whole of prewarm on this machine (kubectl-prewarm sandbox up); MODEL_SIZE, SANDBOX_FLAGS.
+	$(LOCALBIN)/kubectl-prewarm sandbox up --model-size $(MODEL_SIZE) $(SANDBOX_FLAGS)
 
 ##@ Tools
 

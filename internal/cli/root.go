@@ -50,7 +50,7 @@ func newRoot(streams genericiooptions.IOStreams, now func() time.Time) *cobra.Co
 	flags := genericclioptions.NewConfigFlags(true)
 	flags.AddFlags(root.PersistentFlags())
 	root.AddCommand(newVersionCommand(), newPullCommand(),
-		newStatusCommand(flags, streams, now), newExplainCommand(flags, streams, now))
+		newStatusCommand(flags, streams, now), newExplainCommand(flags, streams, now), newSandboxCommand())
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
 	return root

@@ -32,7 +32,8 @@ type Cluster struct {
 	// LogDir holds every process's log.
 	LogDir string
 
-	procs []*Process
+	procs    []*Process
+	keepLogs bool
 }
 
 // Process is a child process started by the harness, with its output in a log file.
@@ -118,6 +119,9 @@ type ClusterOptions struct {
 	// KwokStages, when set, rewrites kwok's Stage documents (e.g. to delay pods becoming ready,
 	// as an image pull would).
 	KwokStages func(stages string) string
+	// LogDir, when set, is where the processes' logs go (kept after Stop); default a temporary
+	// folder removed by Stop.
+	LogDir string
 }
 
 // StartCluster starts the API server, kube-controller-manager (deployment, replicaset,
@@ -143,7 +147,12 @@ func (c *Cluster) start(opts ClusterOptions) error {
 	if err != nil {
 		return err
 	}
-	if c.LogDir, err = os.MkdirTemp("", "prewarm-cluster-"); err != nil {
+	if opts.LogDir != "" {
+		c.LogDir, c.keepLogs = opts.LogDir, true
+		if err := os.MkdirAll(c.LogDir, 0o755); err != nil {
+			return err
+		}
+	} else if c.LogDir, err = os.MkdirTemp("", "prewarm-cluster-"); err != nil {
 		return err
 	}
 	kubeconfig, err := c.KubeConfig()
@@ -218,7 +227,7 @@ func (c *Cluster) Stop() error {
 		c.procs[i].Stop(10 * time.Second)
 	}
 	err := c.APIServer.Stop()
-	if err == nil && c.LogDir != "" && os.Getenv("PREWARM_KEEP_LOGS") == "" {
+	if err == nil && c.LogDir != "" && !c.keepLogs && os.Getenv("PREWARM_KEEP_LOGS") == "" {
 		_ = os.RemoveAll(c.LogDir)
 	}
 	return err

@@ -1,0 +1,427 @@
+// Package sandbox runs the whole of prewarm on one machine: a real control plane (etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler) with kwok nodes, a local S3 server
+// holding a generated model, a Hugging Face Hub stand-in for the JumpStart path, the controller
+// and one agent process per node; it applies the seed's two manifests, shows per-node progress,
+// then scales the endpoint and measures warm and cold pods.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
+	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
+)
+
+// Options configure a sandbox.
+type Options struct {
+	// Dir holds everything the sandbox makes: logs, the kubeconfig, the nodes' disks, S3's data.
+	Dir string
+	// BinDir holds the controller and agent binaries.
+	BinDir string
+	// ModelSize is the size of the generated model behind the InferenceEndpointConfig.
+	ModelSize int64
+	// Exit stops after the measurement instead of staying up.
+	Exit bool
+	// Out receives what the sandbox shows.
+	Out io.Writer
+	// Interval is the time between two progress displays.
+	Interval time.Duration
+	// Status renders the parents' status (kubectl-prewarm status) from a kubeconfig, and says
+	// whether every parent is ready.
+	Status func(ctx context.Context, kubeconfig string) (text string, ready bool, err error)
+}
+
+const (
+	bucket     = "example-bucket"
+	prefix     = "models/example-model"
+	root       = "/opt/dlami/nvme"
+	opNS       = "hyperpod-inference-system"
+	llamaRepo  = "meta-llama/Llama-3.1-8B-Instruct"
+	hubToken   = "hf_sandbox"
+	pidFile    = "sandbox.pid"
+	warmNodes  = 3
+	coldNode   = "g5-cold"
+	replicas   = 5
+	agentImage = "prewarm/agent:sandbox"
+)
+
+// sandbox is a running sandbox.
+type sandbox struct {
+	o       Options
+	logs    string
+	cluster *testutil.Cluster
+	s3      *s3fixture.Server
+	hub     *hubfixture.Hub
+	procs   []*testutil.Process
+	files   map[string]int64 // the model's files and sizes
+}
+
+// Up runs the sandbox. It returns when ctx ends (Ctrl-C, or `sandbox down`), or, with Exit, after
+// the measurement; it removes what it made on the way out, except the logs after a failure.
+func Up(ctx context.Context, o Options) (err error) {
+	if o.Out == nil {
+		o.Out = os.Stdout
+	}
+	if o.Interval <= 0 {
+		o.Interval = 2 * time.Second
+	}
+	if o.ModelSize < 4<<20 {
+		return fmt.Errorf("--model-size %d: at least 4MiB", o.ModelSize)
+	}
+	if _, err := os.Stat(o.Dir); err == nil {
+		return fmt.Errorf("%s exists: is a sandbox running? stop it with `kubectl-prewarm sandbox down` (or remove the folder)", o.Dir)
+	}
+	for _, b := range []string{"controller", "agent"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return fmt.Errorf("%s is not in %s: run `make build` (or pass --bin-dir)", b, o.BinDir)
+		}
+	}
+	s := &sandbox{o: o, logs: filepath.Join(o.Dir, "logs")}
+	if err := os.MkdirAll(s.logs, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(o.Dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
+		return err
+	}
+	s.say("prewarm sandbox in %s (logs in %s)", o.Dir, s.logs)
+	defer func() {
+		s.stop()
+		if err != nil && !errors.Is(err, context.Canceled) {
+			_ = os.Remove(filepath.Join(o.Dir, pidFile))
+			s.say("stopped; the logs are kept in %s", s.logs)
+			return
+		}
+		if rerr := os.RemoveAll(o.Dir); rerr != nil && err == nil {
+			err = rerr
+		}
+		s.say("stopped; removed %s", o.Dir)
+	}()
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go s.watchdog(ctx, cancel)
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"start the control plane and kwok nodes", s.startCluster},
+		{"start S3 with a generated model, and a Hugging Face Hub stand-in", s.startSources},
+		{"start the controller and one agent per node", s.startPrewarm},
+		{"apply the seed's two manifests unchanged", s.applySeed},
+		{"wait until both are ready", s.waitReady},
+		{"scale the endpoint to 5 replicas and measure each pod's weights", s.measure},
+	}
+	for i, st := range steps {
+		s.say("[%d/%d] %s", i+1, len(steps), st.name)
+		if err := st.run(ctx); err != nil {
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+				err = cause
+			}
+			return fmt.Errorf("%s: %w", st.name, err)
+		}
+	}
+	if o.Exit {
+		return nil
+	}
+	s.say("\nThe sandbox is up. Explore it:\n  export KUBECONFIG=%s\n  kubectl get modeldatacacheconfig\n  kubectl get inferenceimagecache -n %s\n  kubectl-prewarm status\n  kubectl-prewarm explain node %s\nStop it with Ctrl-C or `kubectl-prewarm sandbox down`.",
+		s.kubeconfig(), opNS, coldNode)
+	<-ctx.Done()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+// Down stops the sandbox running from dir and waits until it has cleaned up.
+func Down(dir string, out io.Writer) error {
+	data, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if errors.Is(err, os.ErrNotExist) {
+		if _, serr := os.Stat(dir); serr == nil {
+			fmt.Fprintf(out, "no sandbox runs from %s; removing what is left there\n", dir)
+			return os.RemoveAll(dir)
+		}
+		fmt.Fprintf(out, "no sandbox in %s\n", dir)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, pidFile), err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		fmt.Fprintf(out, "the sandbox process %d is gone (%v); removing %s\n", pid, err, dir)
+		return os.RemoveAll(dir)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if syscall.Kill(pid, 0) != nil {
+			fmt.Fprintf(out, "sandbox stopped (process %d)\n", pid)
+			return nil
+		}
+	}
+	return fmt.Errorf("the sandbox process %d did not stop within 2 minutes", pid)
+}
+
+func (s *sandbox) say(format string, args ...any) { fmt.Fprintf(s.o.Out, format+"\n", args...) }
+
+func (s *sandbox) kubeconfig() string { return filepath.Join(s.o.Dir, "kubeconfig") }
+
+// watchdog ends the sandbox when one of its processes dies, naming it and its log.
+func (s *sandbox) watchdog(ctx context.Context, cancel context.CancelCauseFunc) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if s.cluster != nil {
+			if err := s.cluster.CheckProcesses(); err != nil {
+				cancel(err)
+				return
+			}
+		}
+		for _, p := range s.procs {
+			if done, err := p.Exited(); done {
+				cancel(fmt.Errorf("%s exited (%v); its log is %s:\n%s", p.Name, err, p.LogPath, p.LogTail(2000)))
+				return
+			}
+		}
+	}
+}
+
+func (s *sandbox) stop() {
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		s.procs[i].Stop(10 * time.Second)
+	}
+	if s.cluster != nil {
+		_ = s.cluster.Stop()
+	}
+	if s.s3 != nil {
+		s.s3.Stop()
+	}
+	if s.hub != nil {
+		s.hub.Close()
+	}
+}
+
+func (s *sandbox) startCluster(ctx context.Context) error {
+	c, err := testutil.StartClusterWith(testutil.ClusterOptions{LogDir: s.logs})
+	if err != nil {
+		return err
+	}
+	s.cluster = c
+	kc, err := os.ReadFile(c.KubeconfigPath)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(s.kubeconfig(), kc, 0o600); err != nil {
+		return err
+	}
+	for i := 1; i <= warmNodes; i++ {
+		if err := s.addNode(ctx, fmt.Sprintf("g5-%d", i), "ml.g5.24xlarge", 4); err != nil {
+			return err
+		}
+	}
+	return s.addNode(ctx, "g5x-1", "ml.g5.xlarge", 1)
+}
+
+func (s *sandbox) addNode(ctx context.Context, name, instanceType string, gpus int64) error {
+	if _, err := s.cluster.AddNode(ctx, name, testutil.NodeOptions{InstanceType: instanceType, GPUs: gpus}); err != nil {
+		return err
+	}
+	return os.MkdirAll(filepath.Join(s.o.Dir, "nodes", name, root), 0o755)
+}
+
+func (s *sandbox) startSources(ctx context.Context) error {
+	srv, err := s3fixture.Start(filepath.Join(s.o.Dir, "s3"))
+	if err != nil {
+		return err
+	}
+	s.s3 = srv
+	if err := srv.CreateBucket(ctx, bucket); err != nil {
+		return err
+	}
+	// A model shaped like a real one: config files and four safetensors shards.
+	s.files = map[string]int64{"config.json": 0, "tokenizer.json": 2 << 20, "generation_config.json": 0}
+	shard := (s.o.ModelSize - 2<<20) / 4
+	for i := 1; i <= 4; i++ {
+		s.files[fmt.Sprintf("model-%05d-of-00004.safetensors", i)] = shard
+	}
+	var seed uint64
+	for name, size := range s.files {
+		seed++
+		if size == 0 {
+			body := []byte(`{"architectures":["LlamaForCausalLM"],"model_type":"llama"}`)
+			s.files[name] = int64(len(body))
+			if err := srv.PutBytes(ctx, bucket, prefix+"/"+name, body); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.putGenerated(ctx, name, seed, size); err != nil {
+			return err
+		}
+	}
+	s.say("  s3://%s/%s: %d files, %s, at %s", bucket, prefix, len(s.files), human(s.modelBytes()), srv.Endpoint)
+
+	s.hub = hubfixture.Start()
+	commit := s.hub.AddCommit(llamaRepo, "main", map[string][]byte{
+		"config.json":       []byte(`{"architectures":["LlamaForCausalLM"]}`),
+		"model.safetensors": gen.Bytes(7, 12<<20),
+		"tokenizer.json":    gen.Bytes(8, 1<<20),
+	})
+	s.hub.SetGated(llamaRepo, hubToken)
+	s.say("  Hugging Face Hub stand-in at %s: %s@%s (gated)", s.hub.URL, llamaRepo, commit[:12])
+	return s.writeCatalog(ctx, commit)
+}
+
+// putGenerated uploads size generated bytes, through a temporary file (the S3 client wants a
+// seekable body to sign).
+func (s *sandbox) putGenerated(ctx context.Context, name string, seed uint64, size int64) error {
+	f, err := os.CreateTemp(s.o.Dir, "upload-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	if _, err := io.Copy(f, io.LimitReader(gen.Reader(seed), size)); err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	return s.s3.Put(ctx, bucket, prefix+"/"+name, f, size)
+}
+
+func (s *sandbox) modelBytes() int64 {
+	var n int64
+	for _, size := range s.files {
+		n += size
+	}
+	return n
+}
+
+// writeCatalog makes the operator namespace, a JumpStart catalog that points the seed's model at
+// the Hub stand-in, and the token Secret the seed's namespace needs for it.
+func (s *sandbox) writeCatalog(ctx context.Context, commit string) error {
+	c := s.cluster.Client
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: opNS}}); err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: "prewarm-jumpstart-catalog"},
+		Data: map[string]string{"catalog.yaml": fmt.Sprintf(`models:
+- modelId: meta-textgeneration-llama-3-1-8b-instruct
+  version: 2.1.0
+  gated: true
+  source:
+    modelSourceType: huggingface
+    huggingFaceModel: {modelId: %s, commitSHA: %s, tokenSecretRef: {name: hf-token, key: token}}
+  image: vllm/vllm-openai:v0.6.3
+  args: ["--model=/opt/ml/model", "--port=8080"]
+  port: 8080
+`, llamaRepo, commit)}} // no GPU: the JumpStart pod must not take a GPU the endpoint's pods need here
+	if err := c.Create(ctx, cm); err != nil {
+		return err
+	}
+	return c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "hf-token"},
+		Data: map[string][]byte{"token": []byte(hubToken)}})
+}
+
+func (s *sandbox) start(name, bin string, args ...string) error {
+	p, err := testutil.StartProcess(s.logs, name, filepath.Join(s.o.BinDir, bin), args...)
+	if err != nil {
+		return err
+	}
+	s.procs = append(s.procs, p)
+	return nil
+}
+
+func (s *sandbox) startPrewarm(context.Context) error {
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY": s3fixture.SecretKey} {
+		if err := os.Setenv(k, v); err != nil {
+			return err
+		}
+	}
+	if err := s.start("controller", "controller", "--kubeconfig="+s.kubeconfig(), "--leader-elect=false",
+		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--allowed-roots="+root, "--gate-timeout=10m",
+		"--s3-endpoint="+s.s3.Endpoint, "--s3-path-style", "--hf-endpoint="+s.hub.URL, "--agent-image="+agentImage); err != nil {
+		return err
+	}
+	nodes := []string{"g5x-1"}
+	for i := 1; i <= warmNodes; i++ {
+		nodes = append(nodes, fmt.Sprintf("g5-%d", i))
+	}
+	for _, n := range nodes {
+		if err := s.start("agent-"+n, "agent", "--node-name="+n, "--kubeconfig="+s.kubeconfig(),
+			"--host-prefix="+filepath.Join(s.o.Dir, "nodes", n), "--roots="+root, "--reserve=0", "--namespace="+opNS,
+			"--s3-endpoint="+s.s3.Endpoint, "--s3-path-style", "--hf-endpoint="+s.hub.URL,
+			"--status-interval=500ms", "--metrics-bind-address=0", "--health-probe-bind-address=0"); err != nil {
+			return err
+		}
+	}
+	s.say("  controller and %d agents started; each node's disk is %s/nodes/<node>%s", len(nodes), s.o.Dir, root)
+	return nil
+}
+
+func (s *sandbox) applySeed(ctx context.Context) error {
+	modRoot, err := testutil.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	for _, f := range []string{"inference-endpoint-config.yaml", "jumpstart-model.yaml"} {
+		data, err := os.ReadFile(filepath.Join(modRoot, "config", "samples", f))
+		if err != nil {
+			return err
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(data, &u.Object); err != nil {
+			return err
+		}
+		if err := s.cluster.Client.Create(ctx, u); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		s.say("  created %s %s/%s (config/samples/%s)", u.GetKind(), u.GetNamespace(), u.GetName(), f)
+	}
+	return nil
+}
+
+// runPrepare runs the pod's init container step, as the kubelet would, against the node's disk.
+func (s *sandbox) runPrepare(ctx context.Context, cacheDir, dest, endpoint string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(s.o.BinDir, "agent"), "prepare", "--cache-dir="+cacheDir, "--dest="+dest,
+		"--source=s3://"+bucket+"/"+prefix, "--region=us-west-2", "--s3-endpoint="+endpoint, "--s3-path-style")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func human(n int64) string {
+	const unit = 1 << 10
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

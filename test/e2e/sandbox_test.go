@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The README's run command, as CI runs it: sandbox up --exit, then the table it prints.
+func TestSandboxUpExit(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "sandbox")
+	cmd := exec.CommandContext(ctx, cliPath, "sandbox", "up", "--exit", "--model-size=32MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("sandbox up --exit: %v\n%s", err, out)
+	}
+	text := string(out)
+	size := regexp.MustCompile(`run against its node's disk, model ([0-9.]+ [KMG]iB):`).FindStringSubmatch(text)
+	if size == nil {
+		t.Fatalf("no table header with the model's size:\n%s", text)
+	}
+	row := regexp.MustCompile(`(?m)^\s+(example-model-\S+)\s+(\S+)\s+(warm|cold)\s+([0-9.]+) s\s+(.+)$`)
+	rows := row.FindAllStringSubmatch(text, -1)
+	if len(rows) != 5 {
+		t.Fatalf("%d pod rows, want 5:\n%s", len(rows), text)
+	}
+	warm, cold := 0, 0
+	for _, r := range rows {
+		node, kind, read := r[2], r[3], strings.TrimSpace(r[5])
+		switch kind {
+		case "warm":
+			warm++
+			if read != "0 B" || node == "g5-cold" {
+				t.Errorf("warm pod %s on %s read %s from S3, want 0 B on a node with the cache", r[1], node, read)
+			}
+		case "cold":
+			cold++
+			if read != size[1] || node != "g5-cold" {
+				t.Errorf("cold pod %s on %s read %s from S3, want the model's %s on the node without the cache", r[1], node, read, size[1])
+			}
+		}
+	}
+	if warm != 3 || cold != 2 {
+		t.Errorf("%d warm and %d cold pods, want 3 and 2", warm, cold)
+	}
+	for _, want := range []string{
+		"Read from S3 for 5 pods: ",
+		"$ kubectl get modeldatacacheconfig",
+		"$ kubectl get inferenceimagecache -n hyperpod-inference-system",
+		"example-model-cache", "example-jumpstart-model-cache", "iic-vllm-openai-ml-g5-24xlarge-",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	var headers []string
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) > 0 && f[0] == "NAME" {
+			headers = append(headers, strings.Join(f, " "))
+		}
+	}
+	if len(headers) != 2 || headers[0] != "NAME STATE TARGET READY AGE" || headers[1] != "NAME PHASE CACHED TARGET AGE" {
+		t.Errorf("kubectl get headers %q, want the seed's columns", headers)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the sandbox left %s behind (%v)", dir, err)
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", text)
+	}
+}
+
+// sandbox up stays up until sandbox down, which stops it and removes its files.
+func TestSandboxDown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	dir := filepath.Join(t.TempDir(), "sandbox")
+	up := exec.CommandContext(ctx, cliPath, "sandbox", "up", "--model-size=8MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
+	var mu sync.Mutex
+	var out bytes.Buffer
+	up.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })
+	up.Stderr = up.Stdout
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- up.Wait() }()
+	deadline := time.After(6 * time.Minute)
+	for {
+		mu.Lock()
+		ready := strings.Contains(out.String(), "The sandbox is up.")
+		mu.Unlock()
+		if ready {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("sandbox up ended early: %v\n%s", err, out.String())
+		case <-deadline:
+			t.Fatalf("sandbox up never came up:\n%s", out.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "kubeconfig")); err != nil {
+		t.Errorf("no kubeconfig for kubectl: %v", err)
+	}
+	downOut, err := exec.CommandContext(ctx, cliPath, "sandbox", "down", "--dir="+dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sandbox down: %v\n%s", err, downOut)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("sandbox up exited with %v after down:\n%s", err, out.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("sandbox up still runs after sandbox down")
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s still exists after sandbox down (%v)", dir, err)
+	}
+	if out, err := exec.CommandContext(ctx, cliPath, "sandbox", "down", "--dir="+dir).CombinedOutput(); err != nil || !strings.Contains(string(out), "no sandbox") {
+		t.Errorf("a second down: %v %s", err, out)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
