@@ -202,7 +202,11 @@ func (s *sandbox) watchdog(ctx context.Context, cancel context.CancelCauseFunc) 
 		}
 		for _, p := range s.procs {
 			if done, err := p.Exited(); done {
-				cancel(fmt.Errorf("%s exited (%v); its log is %s:\n%s", p.Name, err, p.LogPath, p.LogTail(2000)))
+				status := "exit status 0"
+				if err != nil {
+					status = err.Error()
+				}
+				cancel(fmt.Errorf("%s exited (%s); its log is %s:\n%s", p.Name, status, p.LogPath, p.LogTail(2000)))
 				return
 			}
 		}
