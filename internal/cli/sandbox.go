@@ -60,6 +60,7 @@ Run it from a clone of prewarm after make build. It stays up for kubectl until C
 	up.Flags().StringVar(&o.Dir, "dir", defaultSandboxDir(), "folder for everything the sandbox makes (removed when it stops)")
 	up.Flags().StringVar(&o.BinDir, "bin-dir", "", "folder with the controller and agent binaries (default: this binary's folder)")
 	up.Flags().StringVar(&modelSize, "model-size", "2GiB", "size of the generated model")
+	up.Flags().IntVar(&o.Nodes, "nodes", 4, "simulated nodes at the start: all ml.g5.24xlarge but one ml.g5.xlarge (2-5)")
 	up.Flags().BoolVar(&o.Exit, "exit", false, "stop after the measurement (for CI and scripts)")
 	up.Flags().DurationVar(&o.Interval, "interval", 2*time.Second, "time between two progress displays")
 

@@ -61,7 +61,8 @@ type PodResult struct {
 // runs each pod's init container step against its node's disk and prints what it took.
 func (s *sandbox) measure(ctx context.Context) error {
 	c := s.cluster.Client
-	if err := s.addNode(ctx, coldNode, "ml.g5.24xlarge", 8); err != nil {
+	// Room for the pods the warm nodes cannot take (each pod asks for 4 GPUs, each node has 4).
+	if err := s.addNode(ctx, coldNode, "ml.g5.24xlarge", int64(4*(replicas-s.warmNodes()))); err != nil {
 		return err
 	}
 	s.say("  node %s joined (ml.g5.24xlarge, no cache yet: its agent has not started)", coldNode)

@@ -37,6 +37,9 @@ type Options struct {
 	BinDir string
 	// ModelSize is the size of the generated model behind the InferenceEndpointConfig.
 	ModelSize int64
+	// Nodes is the number of simulated nodes at the start: all ml.g5.24xlarge but one
+	// ml.g5.xlarge (2-5; default 4). A node without the cache joins later.
+	Nodes int
 	// Exit stops after the measurement instead of staying up.
 	Exit bool
 	// Out receives what the sandbox shows.
@@ -56,7 +59,6 @@ const (
 	llamaRepo  = "meta-llama/Llama-3.1-8B-Instruct"
 	hubToken   = "hf_sandbox"
 	pidFile    = "sandbox.pid"
-	warmNodes  = 3
 	coldNode   = "g5-cold"
 	replicas   = 5
 	agentImage = "prewarm/agent:sandbox"
@@ -81,6 +83,12 @@ func Up(ctx context.Context, o Options) (err error) {
 	}
 	if o.Interval <= 0 {
 		o.Interval = 2 * time.Second
+	}
+	if o.Nodes == 0 {
+		o.Nodes = 4
+	}
+	if o.Nodes < 2 || o.Nodes > replicas {
+		return fmt.Errorf("--nodes %d: want 2 to %d (at least one ml.g5.24xlarge node and the ml.g5.xlarge one; at most as many as leave a pod for the node that joins)", o.Nodes, replicas)
 	}
 	if o.ModelSize < 4<<20 {
 		return fmt.Errorf("--model-size %d: at least 4MiB", o.ModelSize)
@@ -180,6 +188,9 @@ func Down(dir string, out io.Writer) error {
 	return fmt.Errorf("the sandbox process %d did not stop within 2 minutes", pid)
 }
 
+// warmNodes is how many ml.g5.24xlarge nodes there are at the start (each gets an agent).
+func (s *sandbox) warmNodes() int { return s.o.Nodes - 1 }
+
 func (s *sandbox) say(format string, args ...any) { fmt.Fprintf(s.o.Out, format+"\n", args...) }
 
 func (s *sandbox) kubeconfig() string { return filepath.Join(s.o.Dir, "kubeconfig") }
@@ -241,7 +252,7 @@ func (s *sandbox) startCluster(ctx context.Context) error {
 	if err := os.WriteFile(s.kubeconfig(), kc, 0o600); err != nil {
 		return err
 	}
-	for i := 1; i <= warmNodes; i++ {
+	for i := 1; i <= s.warmNodes(); i++ {
 		if err := s.addNode(ctx, fmt.Sprintf("g5-%d", i), "ml.g5.24xlarge", 4); err != nil {
 			return err
 		}
@@ -257,7 +268,7 @@ func (s *sandbox) addNode(ctx context.Context, name, instanceType string, gpus i
 }
 
 func (s *sandbox) startSources(ctx context.Context) error {
-	srv, err := s3fixture.Start(filepath.Join(s.o.Dir, "s3"))
+	srv, err := s3fixture.StartLogged(filepath.Join(s.o.Dir, "s3"), filepath.Join(s.logs, "versitygw.log"))
 	if err != nil {
 		return err
 	}
@@ -372,7 +383,7 @@ func (s *sandbox) startPrewarm(context.Context) error {
 		return err
 	}
 	nodes := []string{"g5x-1"}
-	for i := 1; i <= warmNodes; i++ {
+	for i := 1; i <= s.warmNodes(); i++ {
 		nodes = append(nodes, fmt.Sprintf("g5-%d", i))
 	}
 	for _, n := range nodes {

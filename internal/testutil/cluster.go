@@ -130,7 +130,7 @@ func StartCluster() (*Cluster, error) { return StartClusterWith(ClusterOptions{}
 
 // StartClusterWith is StartCluster with options.
 func StartClusterWith(opts ClusterOptions) (*Cluster, error) {
-	api, err := StartAPIServer()
+	api, err := startAPIServer(opts.LogDir)
 	if err != nil {
 		return nil, err
 	}

@@ -87,7 +87,10 @@ type APIServer struct {
 
 // StartAPIServer starts kube-apiserver and etcd from hack/testbin.sh's folder and installs the
 // CRDs in config/crd/bases. Stop it when done.
-func StartAPIServer() (*APIServer, error) {
+func StartAPIServer() (*APIServer, error) { return startAPIServer("") }
+
+// startAPIServer is StartAPIServer with the two processes' output in logDir (when set).
+func startAPIServer(logDir string) (*APIServer, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return nil, err
@@ -102,6 +105,22 @@ func StartAPIServer() (*APIServer, error) {
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: 60 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
+	}
+	var logs []*os.File
+	if logDir != "" {
+		if err := os.MkdirAll(logDir, 0o755); err != nil {
+			return nil, err
+		}
+		for _, name := range []string{"kube-apiserver", "etcd"} {
+			f, err := os.Create(filepath.Join(logDir, name+".log"))
+			if err != nil {
+				return nil, err
+			}
+			logs = append(logs, f)
+		}
+		api := env.ControlPlane.GetAPIServer()
+		api.Out, api.Err = logs[0], logs[0]
+		env.ControlPlane.Etcd = &envtest.Etcd{Out: logs[1], Err: logs[1]}
 	}
 	cfg, err := env.Start()
 	if err != nil {

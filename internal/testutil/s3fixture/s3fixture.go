@@ -65,7 +65,10 @@ func BinDir() (string, error) {
 }
 
 // Start runs versitygw on a free loopback port with its data under dir (created if needed).
-func Start(dir string) (*Server, error) {
+func Start(dir string) (*Server, error) { return StartLogged(dir, "") }
+
+// StartLogged is Start with versitygw's log at logPath (default: a file in the temp folder).
+func StartLogged(dir, logPath string) (*Server, error) {
 	bin, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -83,7 +86,7 @@ func Start(dir string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := start(path, dir, port)
+		s, err := start(path, dir, port, logPath)
 		if err == nil {
 			return s, nil
 		}
@@ -92,11 +95,14 @@ func Start(dir string) (*Server, error) {
 	return nil, lastErr
 }
 
-func start(bin, dir string, port int) (*Server, error) {
+func start(bin, dir string, port int, logPath string) (*Server, error) {
+	if logPath == "" {
+		logPath = filepath.Join(os.TempDir(), fmt.Sprintf("versitygw-%d.log", port))
+	}
 	s := &Server{
 		Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port),
 		Dir:      dir,
-		logPath:  filepath.Join(os.TempDir(), fmt.Sprintf("versitygw-%d.log", port)),
+		logPath:  logPath,
 		done:     make(chan struct{}),
 	}
 	logf, err := os.Create(s.logPath)
@@ -180,7 +186,7 @@ func (s *Server) Restart() error {
 	}
 	var n *Server
 	for range 20 {
-		if n, err = start(filepath.Join(bin, "versitygw"), s.Dir, p); err == nil {
+		if n, err = start(filepath.Join(bin, "versitygw"), s.Dir, p, s.logPath); err == nil {
 			*s = *n
 			return nil
 		}
