@@ -195,6 +195,9 @@ it downloads the model from --source into --dest, so a pod on a cold node still 
 				return err
 			}
 			o.Sources = src.sourceOptions(o.Source, region)
+			if strings.HasPrefix(o.Source, "hf://") {
+				o.Sources.Token = os.Getenv("HF_TOKEN") // from the parent's tokenSecretRef, set by the pod template
+			}
 			start := time.Now()
 			res, err := agent.Prepare(cmd.Context(), o)
 			if err != nil {
@@ -212,7 +215,7 @@ it downloads the model from --source into --dest, so a pod on a cold node still 
 	f := cmd.Flags()
 	f.StringVar(&o.CacheDir, "cache-dir", "", "the node's cache of this model (read-only)")
 	f.StringVar(&o.Dest, "dest", "", "where the inference container reads the model")
-	f.StringVar(&o.Source, "source", "", "the model's original address, for a node without the cache")
+	f.StringVar(&o.Source, "source", "", "the model's original address, for a node without the cache ($HF_TOKEN is the Hugging Face token)")
 	f.StringVar(&region, "region", "", "S3 region of the source")
 	src.register(cmd)
 	_ = cmd.MarkFlagRequired("dest")

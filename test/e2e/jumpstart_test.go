@@ -254,6 +254,25 @@ func TestJumpStartEndToEnd(t *testing.T) {
 		})
 	})
 
+	t.Run("a cold pod's init container downloads the gated model with the Secret's token", func(t *testing.T) {
+		prepare := func(token string) (string, string, error) {
+			dest := filepath.Join(t.TempDir(), "model")
+			cmd := exec.CommandContext(ctx, agentPath, "prepare", "--cache-dir=/nonexistent", "--dest="+dest,
+				"--source=hf://"+llamaRepo+"@"+commit, "--hf-endpoint="+hub.URL)
+			cmd.Env = append(os.Environ(), "HF_TOKEN="+token)
+			out, err := cmd.CombinedOutput()
+			return dest, string(out), err
+		}
+		dest, out, err := prepare("hf_granted")
+		if err != nil || !strings.Contains(out, "cold") {
+			t.Fatalf("prepare with the token: %v\n%s", err, out)
+		}
+		assertTree(t, dest, files)
+		if _, out, err := prepare(""); err == nil || !strings.Contains(out, "gated") {
+			t.Errorf("prepare without a token: %v\n%s; want a gated-repository error", err, out)
+		}
+	})
+
 	t.Run("kubectl prewarm status and explain on the live system", func(t *testing.T) {
 		run := func(args ...string) string {
 			out, err := exec.CommandContext(ctx, cliPath, append(args, "--kubeconfig="+e.cluster.KubeconfigPath)...).CombinedOutput()
