@@ -9,7 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	meta2 "k8s.io/apimachinery/pkg/api/meta"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
@@ -125,7 +125,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		switch {
 		case g.open:
 			use = cache
-			if prev := meta2.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
+			if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
 				r.event(m.owner, corev1.EventTypeNormal, g.reason, "Gate", g.message)
 			}
 			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
@@ -292,7 +292,7 @@ func (r *Reconciler) ensureService(ctx context.Context, m *model) error {
 
 // gateNote says, for an event, why the gate let the Deployment through.
 func gateNote(st *inferencev1.ParentStatus) string {
-	if c := meta2.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); c != nil {
+	if c := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); c != nil {
 		return c.Reason + ": " + c.Message
 	}
 	return "no weights cache"
