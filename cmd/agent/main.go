@@ -2,22 +2,6 @@
 // inference pods.
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+import "github.com/prewarm/prewarm/internal/cli"
 
-	"github.com/prewarm/prewarm/internal/cli"
-)
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := cli.NewAgentCommand().ExecuteContext(ctx)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
-	}
-}
+func main() { cli.Main(cli.NewAgentCommand()) }

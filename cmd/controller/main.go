@@ -102,8 +102,9 @@ func run() error {
 				Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}},
 				Label:      imageCachePods,
 			},
-			// ConfigMaps: only the catalog's namespace.
+			// ConfigMaps and Secrets: only the operator namespace (the catalog, prewarm's copies).
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
+			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,
@@ -128,10 +129,12 @@ func run() error {
 	recorder := mgr.GetEventRecorder("prewarm-controller")
 	metrics := controller.NewMetrics(ctrlmetrics.Registry)
 	hub := &controller.HubChecker{Endpoint: cfg.HFEndpoint}
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Recorder: recorder, Metrics: metrics}).SetupWithManager(ctx, mgr); err != nil {
+	// Users' Secrets and service accounts are read as needed, each at most every 30 s.
+	userObjects := controller.NewRecentReader(mgr.GetAPIReader(), 30*time.Second)
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics}).SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
-	parents := &endpoint.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Config: cfg, Hub: hub, Recorder: recorder, Metrics: metrics}
+	parents := &endpoint.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hub, Recorder: recorder, Metrics: metrics}
 	if err := parents.SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -16,7 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -62,7 +64,9 @@ func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("agent").
-		For(&prewarmv1alpha1.NodeCache{}).
+		// Only spec changes matter here; the agent's own status writes (every few seconds while
+		// downloading) bump no generation and need no sync.
+		For(&prewarmv1alpha1.NodeCache{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(a)
 }
 

@@ -19,6 +19,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // waitReady shows the parents' per-node progress until both are ready.
@@ -137,7 +138,7 @@ func (s *sandbox) measure(ctx context.Context) error {
 
 func (s *sandbox) printResults(results []PodResult) {
 	size := s.modelBytes()
-	s.say("\n  Each pod's init container (agent prepare), run against its node's disk, model %s:\n", human(size))
+	s.say("\n  Each pod's init container (agent prepare), run against its node's disk, model %s:\n", engine.HumanBytes(size))
 	tw := tabwriter.NewWriter(s.o.Out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  POD\tNODE\tNODE CACHE\tWEIGHTS READY AFTER\tREAD FROM S3")
 	var total int64
@@ -146,13 +147,13 @@ func (s *sandbox) printResults(results []PodResult) {
 		if r.Warm {
 			word = "warm"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.3f s\t%s\n", r.Pod, r.Node, word, r.Seconds, human(r.S3Bytes))
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.3f s\t%s\n", r.Pod, r.Node, word, r.Seconds, engine.HumanBytes(r.S3Bytes))
 		total += r.S3Bytes
 	}
 	_ = tw.Flush()
 	all := int64(len(results)) * size
 	s.say("\n  Read from S3 for %d pods: %s; %d cold pods would have read %s (%.1fx more).",
-		len(results), human(total), len(results), human(all), float64(all)/float64(max(total, 1)))
+		len(results), engine.HumanBytes(total), len(results), engine.HumanBytes(all), float64(all)/float64(max(total, 1)))
 }
 
 // printTables prints what the seed's two kubectl get commands print.

@@ -28,28 +28,6 @@ import (
 
 const llamaRepo = "meta-llama/Llama-3.1-8B-Instruct"
 
-// testCatalog points the seed's JumpStart model at the Hub fixture, at a pinned commit.
-func testCatalog(commit string) *corev1.ConfigMap {
-	return &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: "prewarm-jumpstart-catalog"},
-		Data: map[string]string{"catalog.yaml": fmt.Sprintf(`models:
-- modelId: meta-textgeneration-llama-3-1-8b-instruct
-  version: 2.1.0
-  gated: true
-  source:
-    modelSourceType: huggingface
-    huggingFaceModel:
-      modelId: %s
-      commitSHA: %s
-      tokenSecretRef: {name: hf-token, key: token}
-  image: vllm/vllm-openai:v0.6.3
-  args: ["--model=/opt/ml/model", "--port=8080"]
-  port: 8080
-  resources: {limits: {nvidia.com/gpu: "1"}}
-`, llamaRepo, commit)},
-	}
-}
-
 func (e *weightsEnv) jumpStart(ns, name string) *inferencev1.JumpStartModel {
 	j := &inferencev1.JumpStartModel{}
 	if err := e.c.Get(e.ctx, types.NamespacedName{Namespace: ns, Name: name}, j); err != nil {
@@ -116,7 +94,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Create(ctx, testCatalog(commit)); err != nil {
+	if err := c.Create(ctx, testutil.JumpStartCatalog(opNS, llamaRepo, commit)); err != nil {
 		t.Fatal(err)
 	}
 	for ns, token := range map[string]string{"default": "hf_granted", "team-b": "hf_not_granted"} {

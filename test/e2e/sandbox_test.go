@@ -25,7 +25,7 @@ func TestSandboxUpExit(t *testing.T) {
 		t.Fatalf("sandbox up --exit: %v\n%s", err, out)
 	}
 	text := string(out)
-	size := regexp.MustCompile(`run against its node's disk, model ([0-9.]+ [KMG]iB):`).FindStringSubmatch(text)
+	size := regexp.MustCompile(`run against its node's disk, model ([0-9.]+ [kMG]B):`).FindStringSubmatch(text)
 	if size == nil {
 		t.Fatalf("no table header with the model's size:\n%s", text)
 	}

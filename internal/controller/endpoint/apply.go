@@ -55,7 +55,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			Name: ic.Name, Namespace: ic.Namespace, Phase: ic.Status.Phase,
 			TargetNodes: ic.Status.TargetNodes, CachedNodes: ic.Status.CachedNodes,
 		}
-		if c := readyCondition(ic.Status.Conditions); c != nil {
+		if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
 			setCondition(st, gen, inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
 		} else {
 			setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonPulling, "the image cache has not reported yet")
@@ -104,13 +104,13 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			return ctrl.Result{}, err
 		}
 		if !slices.ContainsFunc(owned, func(c inferencev1.ModelDataCacheConfig) bool { return c.UID == cache.UID }) {
-			r.event(m.owner, corev1.EventTypeNormal, "CacheCreated", "Create",
+			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "CacheCreated", "Create",
 				fmt.Sprintf("weights cache %s: %s under %s on every target node", cache.Name, sourceName(cache), cache.Spec.HostPath))
 		}
 		st.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
 			Name: cache.Name, State: cache.Status.State, TargetNodes: cache.Status.TargetNodes, ReadyNodes: cache.Status.ReadyNodes,
 		}
-		if ready := readyCondition(cache.Status.Conditions); ready != nil {
+		if ready := apimeta.FindStatusCondition(cache.Status.Conditions, inferencev1.ConditionReady); ready != nil {
 			status := metav1.ConditionFalse
 			if cache.Status.State == inferencev1.CacheReady {
 				status = metav1.ConditionTrue
@@ -126,7 +126,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		case g.open:
 			use = cache
 			if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
-				r.event(m.owner, corev1.EventTypeNormal, g.reason, "Gate", g.message)
+				controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, g.reason, "Gate", g.message)
 			}
 			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
 		case active != nil:
@@ -173,7 +173,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		if use != nil {
 			r.Metrics.GateOpened(r.Now().Sub(use.CreationTimestamp.Time).Seconds())
 		}
-		r.event(m.owner, corev1.EventTypeNormal, "DeploymentCreated", "Create",
+		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "DeploymentCreated", "Create",
 			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(st)))
 		dep = want
 	case !metav1.IsControlledBy(dep, m.owner):
@@ -193,7 +193,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		}
 		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", tmpl.Annotations[controller.WeightsCacheAnnotation])
 		if after := tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
-			r.event(m.owner, corev1.EventTypeNormal, "RollStarted", "Update",
+			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "RollStarted", "Update",
 				fmt.Sprintf("Deployment %s rolls from weights cache %q to %q", dep.Name, before, after))
 		}
 	}
@@ -209,7 +209,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 				continue
 			}
 			log.Info("removing a cache the pods no longer read", "cache", c.Name)
-			r.event(m.owner, corev1.EventTypeNormal, "OldCacheRemoved", "Delete",
+			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "OldCacheRemoved", "Delete",
 				fmt.Sprintf("every pod runs the new template; removing weights cache %s from every node", c.Name))
 			if err := r.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 				return result, err
@@ -232,16 +232,6 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 				dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
 	}
 	return result, nil
-}
-
-// readyCondition returns the Ready condition of a cache.
-func readyCondition(conds []metav1.Condition) *metav1.Condition {
-	for i := range conds {
-		if conds[i].Type == inferencev1.ConditionReady {
-			return &conds[i]
-		}
-	}
-	return nil
 }
 
 // activeCache is the cache the Deployment's pod template reads, if it is one of owned.

@@ -156,11 +156,11 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 		if waited >= r.Config.GateTimeout {
 			return gateState{open: true, reason: inferencev1.ReasonGateTimeout,
 				message: fmt.Sprintf("opened after the %s gate timeout with %d of %d target nodes ready; not settled: %s",
-					r.Config.GateTimeout, st.ReadyNodes, st.TargetNodes, summarize(unsettled))}
+					r.Config.GateTimeout, st.ReadyNodes, st.TargetNodes, controller.Summarize(unsettled, 5))}
 		}
 		return gateState{reason: inferencev1.ReasonWaitingForCache, wait: r.Config.GateTimeout - waited,
 			message: fmt.Sprintf("waiting for the weights cache on %d of %d target nodes: %s (opens at the latest in %s)",
-				len(unsettled), st.TargetNodes, summarize(unsettled), (r.Config.GateTimeout - waited).Round(time.Second))}
+				len(unsettled), st.TargetNodes, controller.Summarize(unsettled, 5), (r.Config.GateTimeout - waited).Round(time.Second))}
 	}
 	waited := r.Now().Sub(c.CreationTimestamp.Time)
 	if waited >= r.Config.GateTimeout {
@@ -179,11 +179,4 @@ func progress(n inferencev1.NodeCacheStatus) string {
 		return fmt.Sprintf("%s (%s)", n.State, n.Reason)
 	}
 	return string(n.State)
-}
-
-func summarize(items []string) string {
-	if len(items) <= 5 {
-		return strings.Join(items, ", ")
-	}
-	return fmt.Sprintf("%s and %d more", strings.Join(items[:5], ", "), len(items)-5)
 }

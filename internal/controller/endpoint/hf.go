@@ -7,10 +7,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
 
@@ -84,8 +86,8 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 
 // fail records a problem that stops the parent, with a Warning event when it is news.
 func (r *Reconciler) fail(m *model, st *inferencev1.ParentStatus, p *problem) {
-	if prev := readyCondition(st.Conditions); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
-		r.event(m.owner, corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
+	if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
+		controller.Event(r.Recorder, m.owner, corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
 	}
 	st.State = inferencev1.DeploymentFailed
 	setCondition(st, m.owner.GetGeneration(), inferencev1.ConditionReady, metav1.ConditionFalse, p.reason, p.message)

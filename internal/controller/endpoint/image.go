@@ -167,8 +167,7 @@ func (r *Reconciler) ensureNamespace(ctx context.Context, name string) error {
 
 // copyPullSecrets copies the pull secrets of the parent's pods (its namespace's default service
 // account) into the operator namespace, owned by the image cache, and returns their names there.
-// Secrets are read with the uncached reader: the controller does not keep every Secret of the
-// cluster in memory.
+// The source Secrets are read through APIReader (not a cluster-wide watch of every Secret).
 func (r *Reconciler) copyPullSecrets(ctx context.Context, m *model, c *inferencev1.InferenceImageCache) ([]corev1.LocalObjectReference, error) {
 	if r.APIReader == nil {
 		return nil, nil
@@ -187,35 +186,18 @@ func (r *Reconciler) copyPullSecrets(ctx context.Context, m *model, c *inference
 			return nil, err
 		}
 		name := truncate(fmt.Sprintf("%s-%s-%s", c.Name, m.owner.GetNamespace(), ref.Name), 253)
-		if err := r.putSecret(ctx, c, name, src); err != nil {
-			return nil, fmt.Errorf("copying pull secret %s/%s: %w", m.owner.GetNamespace(), ref.Name, err)
-		}
-		out = append(out, corev1.LocalObjectReference{Name: name})
-	}
-	return out, nil
-}
-
-// putSecret creates or updates the copy of src named name in the operator namespace.
-func (r *Reconciler) putSecret(ctx context.Context, c *inferencev1.InferenceImageCache, name string, src *corev1.Secret) error {
-	dst := &corev1.Secret{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: name}, dst)
-	if apierrors.IsNotFound(err) {
-		dst = &corev1.Secret{
+		dst := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: name,
 				Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy, controller.ImageCacheLabel: c.Name}},
 			Type: src.Type, Data: src.Data,
 		}
 		if err := controllerutil.SetOwnerReference(c, dst, r.Client.Scheme()); err != nil {
-			return err
+			return nil, err
 		}
-		return r.Client.Create(ctx, dst)
+		if err := controller.PutSecret(ctx, r.Client, dst); err != nil {
+			return nil, fmt.Errorf("copying pull secret %s/%s: %w", m.owner.GetNamespace(), ref.Name, err)
+		}
+		out = append(out, corev1.LocalObjectReference{Name: name})
 	}
-	if err != nil {
-		return err
-	}
-	if dst.Type == src.Type && equality.Semantic.DeepEqual(dst.Data, src.Data) {
-		return nil
-	}
-	dst.Data = src.Data
-	return r.Client.Update(ctx, dst)
+	return out, nil
 }

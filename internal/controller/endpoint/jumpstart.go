@@ -18,6 +18,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/catalog"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/placement"
 )
 
@@ -45,7 +46,10 @@ func (r *JumpStartReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		Watches(&inferencev1.InferenceImageCache{}, handler.EnqueueRequestsFromMapFunc(jumpStartParentsOf)).
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.allModels)).
+		Watches(&corev1.ConfigMap{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.JumpStartModelList{} },
+			func(o client.Object) bool { // the catalog only
+				return o.GetNamespace() == r.Config.OperatorNamespace && o.GetName() == r.CatalogName
+			})).
 		Complete(r)
 }
 
@@ -59,23 +63,6 @@ func jumpStartParentsOf(_ context.Context, o client.Object) []reconcile.Request 
 		if p.Kind == "JumpStartModel" {
 			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
 		}
-	}
-	return reqs
-}
-
-// allModels maps a change of the catalog to every JumpStartModel.
-func (r *JumpStartReconciler) allModels(ctx context.Context, o client.Object) []reconcile.Request {
-	if o.GetNamespace() != r.Config.OperatorNamespace || o.GetName() != r.CatalogName {
-		return nil
-	}
-	list := &inferencev1.JumpStartModelList{}
-	if err := r.Client.List(ctx, list); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "listing JumpStartModels")
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for _, j := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&j)})
 	}
 	return reqs
 }

@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -28,8 +27,8 @@ import (
 // Reconciler reconciles InferenceEndpointConfig objects.
 type Reconciler struct {
 	Client client.Client
-	// APIReader reads without a cache: service accounts and pull secrets, which the controller
-	// must not keep cluster-wide in memory.
+	// APIReader reads what the controller does not watch cluster-wide: service accounts, pull
+	// secrets and token Secrets in users' namespaces (a RecentReader in the controller).
 	APIReader client.Reader
 	Config    controller.Config
 	// Hub checks Hugging Face tokens and pins revisions; nil skips the checks.
@@ -41,13 +40,6 @@ type Reconciler struct {
 	Now     func() time.Time
 }
 
-// event records an Event about obj.
-func (r *Reconciler) event(obj runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder != nil {
-		r.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", note)
-	}
-}
-
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceendpointconfigs,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceendpointconfigs/status;inferenceendpointconfigs/finalizers,verbs=get;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;create;update;patch;delete
@@ -57,7 +49,7 @@ func (r *Reconciler) event(obj runtime.Object, eventType, reason, action, note s
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
-// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;create;update
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;list;watch;create;update
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {

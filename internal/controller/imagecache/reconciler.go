@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -59,21 +60,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 		})).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allCaches)).
+		Watches(&corev1.Node{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.InferenceImageCacheList{} }, nil),
+			builder.WithPredicates(controller.NodePlacementChanged)).
 		Complete(r)
-}
-
-func (r *Reconciler) allCaches(ctx context.Context, _ client.Object) []reconcile.Request {
-	list := &inferencev1.InferenceImageCacheList{}
-	if err := r.Client.List(ctx, list); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "listing InferenceImageCaches")
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for _, c := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&c)})
-	}
-	return reqs
 }
 
 // Reconcile brings one image cache's DaemonSet, labels and status to what its spec asks, and

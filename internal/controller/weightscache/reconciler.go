@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -34,7 +35,8 @@ const uidIndex = "metadata.uid"
 // Reconciler reconciles ModelDataCacheConfig objects.
 type Reconciler struct {
 	Client client.Client
-	// APIReader reads Secrets without caching them.
+	// APIReader reads token Secrets in users' namespaces, which the controller does not watch
+	// (a RecentReader in the controller).
 	APIReader client.Reader
 	Config    controller.Config
 	// Recorder records Events on caches; nil records none.
@@ -48,7 +50,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs/status;modeldatacacheconfigs/finalizers,verbs=get;update;patch
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch;create;patch;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;create;update;delete
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr.
@@ -63,23 +65,10 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("weightscache").
 		For(&inferencev1.ModelDataCacheConfig{}).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allCaches)).
+		Watches(&corev1.Node{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.ModelDataCacheConfigList{} }, nil),
+			builder.WithPredicates(controller.NodePlacementChanged)).
 		Watches(&prewarmv1alpha1.NodeCache{}, handler.EnqueueRequestsFromMapFunc(r.cachesOfNode)).
 		Complete(r)
-}
-
-// allCaches maps a node event to every cache: any of them may target the node.
-func (r *Reconciler) allCaches(ctx context.Context, _ client.Object) []reconcile.Request {
-	list := &inferencev1.ModelDataCacheConfigList{}
-	if err := r.Client.List(ctx, list); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "listing ModelDataCacheConfigs")
-		return nil
-	}
-	reqs := make([]reconcile.Request, 0, len(list.Items))
-	for _, m := range list.Items {
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&m)})
-	}
-	return reqs
 }
 
 // cachesOfNode maps a NodeCache event to the caches it asks for or reports on.
@@ -229,7 +218,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 			setCondition(&st, m, metav1.ConditionFalse, "Deleted", "every node has removed the cache")
 		} else {
 			setCondition(&st, m, metav1.ConditionFalse, "Deleting",
-				fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), summarize(holders, 5)))
+				fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), controller.Summarize(holders, 5)))
 		}
 		if err := r.writeStatus(ctx, m, st); err != nil {
 			return err
@@ -247,7 +236,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 		}
 		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
 		r.Metrics.WeightsCache(m, true)
-		r.event(m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
+		controller.Event(r.Recorder, m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
 		return nil
 	}
 	if err := r.writeStatus(ctx, m, st); err != nil {
@@ -268,13 +257,6 @@ func holdersOf(uid string, byNode map[string]*prewarmv1alpha1.NodeCache) []strin
 	}
 	slices.Sort(out)
 	return out
-}
-
-func summarize(names []string, n int) string {
-	if len(names) <= n {
-		return fmt.Sprint(names)
-	}
-	return fmt.Sprintf("%v and %d more", names[:n], len(names)-n)
 }
 
 // applyEntry puts the cache into the node's NodeCache, creating it if needed. Each cache is its
@@ -334,12 +316,12 @@ func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferenc
 		}
 		switch n.State {
 		case inferencev1.CacheReady:
-			r.event(m, corev1.EventTypeNormal, "NodeReady", "Download", fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
+			controller.Event(r.Recorder, m, corev1.EventTypeNormal, "NodeReady", "Download", fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
 		case inferencev1.CacheFailed:
-			r.event(m, corev1.EventTypeWarning, "NodeFailed", "Download", fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
+			controller.Event(r.Recorder, m, corev1.EventTypeWarning, "NodeFailed", "Download", fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
 		case inferencev1.CacheDownloading:
 			if _, ok := before[n.Name]; !ok || before[n.Name].State != inferencev1.CacheDownloading {
-				r.event(m, corev1.EventTypeNormal, "NodeDownloading", "Download", fmt.Sprintf("node %s started downloading", n.Name))
+				controller.Event(r.Recorder, m, corev1.EventTypeNormal, "NodeDownloading", "Download", fmt.Sprintf("node %s started downloading", n.Name))
 			}
 		}
 	}

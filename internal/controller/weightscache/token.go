@@ -5,10 +5,8 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -43,36 +41,16 @@ func (r *Reconciler) copyToken(ctx context.Context, m *inferencev1.ModelDataCach
 		return "", "", err
 	}
 	name := tokenSecretName(m)
-	want := map[string][]byte{"token": src.Data[key]}
-	dst := &corev1.Secret{}
-	err = r.APIReader.Get(ctx, types.NamespacedName{Namespace: r.Config.OperatorNamespace, Name: name}, dst)
-	switch {
-	case apierrors.IsNotFound(err):
-		dst = &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: r.Config.OperatorNamespace, Name: name,
-				Labels:      map[string]string{controller.ManagedByLabel: controller.ManagedBy},
-				Annotations: map[string]string{"prewarm.io/cache": m.Namespace + "/" + m.Name}},
-			Type: corev1.SecretTypeOpaque, Data: want,
-		}
-		return name, "", r.Client.Create(ctx, dst)
-	case err != nil:
-		return "", "", err
-	case !equality.Semantic.DeepEqual(dst.Data, want):
-		dst.Data = want
-		return name, "", r.Client.Update(ctx, dst)
-	}
-	return name, "", nil
+	return name, "", controller.PutSecret(ctx, r.Client, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: r.Config.OperatorNamespace, Name: name,
+			Labels:      map[string]string{controller.ManagedByLabel: controller.ManagedBy},
+			Annotations: map[string]string{"prewarm.io/cache": m.Namespace + "/" + m.Name}},
+		Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"token": src.Data[key]},
+	})
 }
 
 // deleteToken removes the cache's token copy.
 func (r *Reconciler) deleteToken(ctx context.Context, m *inferencev1.ModelDataCacheConfig) error {
 	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.Config.OperatorNamespace, Name: tokenSecretName(m)}}
 	return client.IgnoreNotFound(r.Client.Delete(ctx, s))
-}
-
-// event records an Event about obj.
-func (r *Reconciler) event(obj runtime.Object, eventType, reason, action, note string) {
-	if r.Recorder != nil {
-		r.Recorder.Eventf(obj, nil, eventType, reason, action, "%s", note)
-	}
 }

@@ -201,8 +201,25 @@ func (s *Server) CreateBucket(ctx context.Context, bucket string) error {
 	return err
 }
 
-// Put uploads one object in a single part (so its ETag is the MD5 of its bytes).
+// Put uploads one object in a single part (so its ETag is the MD5 of its bytes). A body that
+// cannot seek (a generated stream) is spooled through a temporary file first: the client signs
+// the payload, which takes a second read.
 func (s *Server) Put(ctx context.Context, bucket, key string, body io.Reader, size int64) error {
+	if _, ok := body.(io.ReadSeeker); !ok {
+		f, err := os.CreateTemp("", "s3fixture-put-")
+		if err != nil {
+			return err
+		}
+		defer os.Remove(f.Name())
+		defer f.Close()
+		if _, err := io.CopyN(f, body, size); err != nil {
+			return fmt.Errorf("spooling %s: %w", key, err)
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		body = f
+	}
 	_, err := s.Client.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: &key, Body: body, ContentLength: aws.Int64(size)})
 	return err
 }

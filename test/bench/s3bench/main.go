@@ -256,28 +256,11 @@ func ensureModel(ctx context.Context, srv *s3fixture.Server, shards int, shardSi
 			continue
 		}
 		fmt.Printf("uploading %s (%d MiB)\n", name, size>>20)
-		if err := upload(ctx, srv, name, size, seed); err != nil {
+		if err := srv.Put(ctx, bucket, prefix+"/"+name, io.LimitReader(gen.Reader(seed), size), size); err != nil {
 			return 0, err
 		}
 	}
 	return total, nil
-}
-
-// upload generates the object into a temporary file (the SDK signs a seekable body) and puts it.
-func upload(ctx context.Context, srv *s3fixture.Server, name string, size int64, seed uint64) error {
-	f, err := os.CreateTemp("", "s3bench-object-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
-	if _, err := io.Copy(f, io.LimitReader(gen.Reader(seed), size)); err != nil {
-		return err
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	return srv.Put(ctx, bucket, prefix+"/"+name, f, size)
 }
 
 // runOnce downloads into an empty dest, syncs when the tool does not, and checks the sizes.

@@ -1,0 +1,41 @@
+package controller
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+)
+
+func TestNodePlacementChanged(t *testing.T) {
+	base := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"a": "1"}}}
+	change := func(f func(n *corev1.Node)) *corev1.Node { n := base.DeepCopy(); f(n); return n }
+	tests := []struct {
+		name string
+		new  *corev1.Node
+		want bool
+	}{
+		{"a kubelet status update", change(func(n *corev1.Node) {
+			n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+			n.ResourceVersion = "2"
+		}), false},
+		{"a label", change(func(n *corev1.Node) { n.Labels["b"] = "2" }), true},
+		{"a taint lifted", change(func(n *corev1.Node) {}), true},
+		{"cordoned", change(func(n *corev1.Node) { n.Spec.Unschedulable = true }), true},
+	}
+	tainted := base.DeepCopy()
+	tainted.Spec.Taints = []corev1.Taint{{Key: "node.kubernetes.io/not-ready", Effect: corev1.TaintEffectNoSchedule}}
+	for _, tt := range tests {
+		old := base
+		if tt.name == "a taint lifted" {
+			old = tainted
+		}
+		if got := NodePlacementChanged.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: tt.new}); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	if !NodePlacementChanged.Create(event.CreateEvent{Object: base}) || !NodePlacementChanged.Delete(event.DeleteEvent{Object: base}) {
+		t.Error("node creation and deletion must count")
+	}
+}
