@@ -177,6 +177,17 @@ func (e *VerificationError) Error() string {
 	return fmt.Sprintf("%s: %s mismatch: want %s, got %s", e.Path, e.Kind, e.Want, e.Got)
 }
 
+// ErrInvalidModel is matched (errors.Is) by errors for a source whose files cannot be stored as
+// they are listed (names that would leave the destination, prewarm's reserved names, a file
+// that is also a directory): fetching again will not help.
+var ErrInvalidModel = errors.New("the source's files cannot be stored")
+
+type invalidModelError struct{ err error }
+
+func (e *invalidModelError) Error() string        { return e.err.Error() }
+func (e *invalidModelError) Unwrap() error        { return e.err }
+func (e *invalidModelError) Is(target error) bool { return target == ErrInvalidModel }
+
 // ErrDestNotOurs is returned when Dest holds something that is not a prewarm download.
 var ErrDestNotOurs = errors.New("destination exists and is not a prewarm download")
 

@@ -30,7 +30,7 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 		return Result{}, err // sources say what they were listing
 	}
 	if err := checkPaths(listing.Files); err != nil {
-		return Result{}, fmt.Errorf("%s: %w", req.Source, err)
+		return Result{}, &invalidModelError{fmt.Errorf("%s: %w", req.Source, err)}
 	}
 	res := Result{Files: len(listing.Files), Revision: listing.Revision}
 	for _, f := range listing.Files {
@@ -93,6 +93,10 @@ type run struct {
 	inline []*crcKind
 	crcMu  sync.Mutex
 	crcs   [][]partCRC
+	// recorded[i] is, for a file the source gave no checksum for, the CRC64NVME the engine
+	// computed as it wrote it (base64), kept in the manifest so that the file's content can be
+	// re-verified later. Each is written by the file's one verifier.
+	recorded []string
 }
 
 func (e *Engine) prepare(dest string, src source.Source, listing source.Listing) (*run, error) {
@@ -128,8 +132,12 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing)
 	r.resume = st
 	r.inline = make([]*crcKind, len(listing.Files))
 	r.crcs = make([][]partCRC, len(listing.Files))
+	r.recorded = make([]string, len(listing.Files))
 	for i, f := range listing.Files {
 		r.inline[i], _ = inlineKind(f.Checksums)
+		if _, _, h, _ := checker(f.Checksums, f.Size); h == nil {
+			r.inline[i] = crc64NVMEKind // nothing to check against: record a CRC to re-verify with later
+		}
 		r.crcs[i] = st.crcs[i]
 	}
 
@@ -252,11 +260,23 @@ func (m *rateMeter) rate(now time.Time, total int64) float64 {
 
 // Manifest records what a destination holds; it is written last, just before the rename.
 type Manifest struct {
-	Version     int           `json:"version"`
-	Source      string        `json:"source"`
-	Revision    string        `json:"revision,omitempty"`
-	Files       []source.File `json:"files"`
-	CompletedAt time.Time     `json:"completedAt"`
+	Version  int           `json:"version"`
+	Source   string        `json:"source"`
+	Revision string        `json:"revision,omitempty"`
+	Files    []source.File `json:"files"`
+	// Recorded are CRC64NVME checksums (base64, by path) the engine computed while writing the
+	// files the source gave no checksum for: what the content can be re-verified against.
+	Recorded    map[string]string `json:"recorded,omitempty"`
+	CompletedAt time.Time         `json:"completedAt"`
+}
+
+// checksums returns what file f's content can be checked against: the source's checksums, or
+// the one the engine recorded.
+func (m *Manifest) checksums(f source.File) source.Checksums {
+	if _, _, h, _ := checker(f.Checksums, f.Size); h == nil && m.Recorded[f.Path] != "" {
+		return source.Checksums{CRC64NVME: m.Recorded[f.Path]}
+	}
+	return f.Checksums
 }
 
 // Matches reports whether the manifest records exactly this listing.

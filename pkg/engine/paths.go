@@ -12,7 +12,7 @@ import (
 const reservedPrefix = ".prewarm"
 
 const (
-	manifestName = ".prewarm-manifest.json"
+	manifestName = ManifestName
 	journalName  = ".prewarm-journal"
 )
 
@@ -58,3 +58,6 @@ func checkPaths(files []source.File) error {
 	}
 	return nil
 }
+
+// ManifestName is the name of the manifest a published destination holds.
+const ManifestName = ".prewarm-manifest.json"

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -20,6 +21,20 @@ func (r *run) publish(dest, sourceName string) error {
 		return err
 	}
 	m := Manifest{Version: 1, Source: sourceName, Revision: r.listing.Revision, Files: r.listing.Files, CompletedAt: r.e.now().UTC()}
+	for i, f := range r.listing.Files {
+		if _, _, h, _ := checker(f.Checksums, f.Size); h != nil {
+			continue
+		}
+		if r.recorded[i] == "" { // verified by an earlier run of this download: read it back
+			if err := r.record(context.Background(), i); err != nil {
+				return err
+			}
+		}
+		if m.Recorded == nil {
+			m.Recorded = map[string]string{}
+		}
+		m.Recorded[f.Path] = r.recorded[i]
+	}
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return err

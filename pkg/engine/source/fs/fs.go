@@ -4,6 +4,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -15,11 +16,18 @@ import (
 )
 
 // Source is a directory tree. Symbolic links are not followed out of it: a link is listed as
-// the file it points to only when that file is inside the root.
+// the file it points to only when that file is inside the root; a link that leads out of the
+// tree, or nowhere, is skipped (and named in Skipped).
 type Source struct {
 	root string
 	dir  *os.Root // opened once; every read goes through it
+	// skipped are the links the last List skipped.
+	skipped []string
 }
+
+// Skipped returns the symbolic links the last List skipped because they lead out of the tree
+// or to nothing.
+func (s *Source) Skipped() []string { return s.skipped }
 
 // New returns a source for the directory root.
 func New(root string) (*Source, error) {
@@ -41,11 +49,36 @@ func New(root string) (*Source, error) {
 	return &Source{root: abs, dir: dir}, nil
 }
 
+// NewIn returns a source for the directory rel inside parent, looked up through parent: links
+// on the way are followed only while they stay inside parent. name names the source in
+// messages (the directory's path as people know it).
+func NewIn(parent *os.Root, rel, name string) (*Source, error) {
+	info, err := parent.Stat(rel)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, &source.NotFoundError{Err: fmt.Errorf("%s: %w", name, err)}
+		}
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if !info.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory", name)
+	}
+	dir, err := parent.OpenRoot(rel)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &Source{root: name, dir: dir}, nil
+}
+
+// Close releases the source's directory.
+func (s *Source) Close() error { return s.dir.Close() }
+
 func (s *Source) String() string { return s.root }
 
 // List walks the tree and returns its regular files.
 func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	var files []source.File
+	var skipped []string
 	root := s.dir
 	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -57,9 +90,14 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 		if d.IsDir() {
 			return nil
 		}
-		// Stat through the root: a symlink that leaves the tree fails here.
+		// Stat through the root: a symlink that leaves the tree (or leads nowhere) fails here
+		// and is skipped; any other failure fails the listing.
 		info, err := root.Stat(p)
 		if err != nil {
+			if d.Type()&fs.ModeSymlink != 0 {
+				skipped = append(skipped, filepath.ToSlash(p))
+				return nil
+			}
 			return fmt.Errorf("%s: %w", p, err)
 		}
 		if !info.Mode().IsRegular() {
@@ -76,6 +114,7 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 		return source.Listing{}, fmt.Errorf("listing %s: %w", s.root, err)
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	s.skipped = skipped
 	return source.Listing{Files: files}, nil
 }
 

@@ -59,8 +59,9 @@ func TestListAndFetchADirectory(t *testing.T) {
 	}
 }
 
-// A link that points out of the tree is an error, not a way to read other files.
-func TestSymlinkOutOfTheTreeRefused(t *testing.T) {
+// A link that points out of the tree (or nowhere) is skipped, never a way to read other files;
+// the rest of the model is listed.
+func TestSymlinkOutOfTheTreeSkipped(t *testing.T) {
 	root := t.TempDir()
 	outside := filepath.Join(t.TempDir(), "secret")
 	write(t, outside, []byte("secret"))
@@ -68,15 +69,75 @@ func TestSymlinkOutOfTheTreeRefused(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(root, "leak.json")); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Symlink("../../../../etc/passwd", filepath.Join(root, "up.json")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("nothing-here", filepath.Join(root, "dangling.json")); err != nil {
+		t.Fatal(err)
+	}
 	src, err := fssrc.New(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := src.List(context.Background()); err == nil || !strings.Contains(err.Error(), "leak.json") {
-		t.Fatalf("List err = %v; want leak.json refused", err)
+	l, err := src.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, f := range l.Files {
+		paths = append(paths, f.Path)
+	}
+	if diff := cmp.Diff([]string{"config.json"}, paths); diff != "" {
+		t.Errorf("listed files (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"dangling.json", "leak.json", "up.json"}, src.Skipped()); diff != "" {
+		t.Errorf("skipped (-want +got):\n%s", diff)
 	}
 	if _, err := src.OpenRange(context.Background(), "leak.json", 0, 6); err == nil {
 		t.Fatal("OpenRange read through a link out of the tree")
+	}
+}
+
+// NewIn confines the model's own directory to its parent: a model directory that is (or passes
+// through) a link out of the parent is refused; a link that stays inside is followed.
+func TestNewInConfinesTheModelDirectory(t *testing.T) {
+	parent := t.TempDir()
+	outside := t.TempDir()
+	write(t, filepath.Join(outside, "model", "host.bin"), []byte("host file"))
+	write(t, filepath.Join(parent, "real", "m", "config.json"), []byte("{}"))
+	for link, target := range map[string]string{
+		"escape": filepath.Join(outside, "model"), // the model directory itself is a link out
+		"via":    outside,                         // a link on the way: via/model
+		"inside": "real",                          // stays inside: followed
+	} {
+		if err := os.Symlink(target, filepath.Join(parent, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := os.OpenRoot(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, rel := range []string{"escape", "via/model", "real/../../x"} {
+		if src, err := fssrc.NewIn(r, rel, "/fsx/"+rel); err == nil {
+			l, _ := src.List(context.Background())
+			t.Errorf("NewIn(%s) = a source listing %v; want it refused", rel, l.Files)
+		} else if !strings.Contains(err.Error(), "/fsx/"+rel) {
+			t.Errorf("NewIn(%s) error %q does not name the source", rel, err)
+		}
+	}
+	src, err := fssrc.NewIn(r, "inside/m", "/fsx/inside/m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	l, err := src.List(context.Background())
+	if err != nil || len(l.Files) != 1 || l.Files[0].Path != "config.json" {
+		t.Fatalf("List = %v, %v; want config.json", l.Files, err)
+	}
+	if _, err := fssrc.NewIn(r, "missing", "/fsx/missing"); !errors.Is(err, source.ErrNotFound) {
+		t.Errorf("NewIn(missing) = %v; want not found", err)
 	}
 }
 
