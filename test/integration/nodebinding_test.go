@@ -1,0 +1,153 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+// createManifests creates, for real, the objects of the given config/ files whose kinds are
+// listed (the rest, e.g. the DaemonSet, is skipped).
+func createManifests(t *testing.T, ctx context.Context, kinds map[string]bool, files ...string) {
+	t.Helper()
+	for _, f := range files {
+		raw, err := os.ReadFile(filepath.Join(server.Root, "config", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err != nil {
+				break
+			}
+			if len(u.Object) == 0 || !kinds[u.GetKind()] {
+				continue
+			}
+			if err := server.Client.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("%s %s/%s from %s: %v", u.GetKind(), u.GetNamespace(), u.GetName(), f, err)
+			}
+		}
+	}
+}
+
+// An agent may write the status of its own node's NodeCache only: checked with real service
+// account tokens that the API server binds to a pod on a node (the kubelet's projected token),
+// the shipped RBAC and the shipped ValidatingAdmissionPolicy.
+func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := server.Client
+	ns := inferencev1.DefaultOperatorNamespace
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	createManifests(t, ctx, map[string]bool{
+		"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true,
+		"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
+	}, "agent/daemonset.yaml", "rbac/agent/role.yaml", "agent/node-binding.yaml")
+
+	for _, n := range []string{"binding-a", "binding-b"} {
+		if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Create(ctx, &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The agent's pod on binding-a, as the DaemonSet would make it.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "prewarm-agent-binding-a"},
+		Spec: corev1.PodSpec{
+			ServiceAccountName: "prewarm-agent", NodeName: "binding-a",
+			Containers: []corev1.Container{{Name: "agent", Image: "prewarm/agent:test"}},
+		},
+	}
+	if err := c.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(server.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(bound *authenticationv1.BoundObjectReference) client.Client {
+		t.Helper()
+		tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "prewarm-agent", &authenticationv1.TokenRequest{
+			Spec: authenticationv1.TokenRequestSpec{BoundObjectRef: bound, ExpirationSeconds: ptr.To[int64](600)},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := rest.AnonymousClientConfig(server.Config)
+		cfg.BearerToken = tr.Status.Token
+		agent, err := client.New(cfg, client.Options{Scheme: testutil.Scheme()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return agent
+	}
+	onA := token(&authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+	unbound := token(nil)
+
+	writeStatus := func(as client.Client, node string) error {
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := as.Get(ctx, client.ObjectKey{Name: node}, nc); err != nil {
+			return err
+		}
+		patch := client.MergeFrom(nc.DeepCopy())
+		nc.Status.AgentVersion = "test"
+		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: "11111111-1111-4111-8111-111111111111", State: inferencev1.CacheReady, Reason: prewarmv1alpha1.ReasonVerified}}
+		return as.Status().Patch(ctx, nc, patch)
+	}
+	// The policy takes effect once the API server has loaded it: wait for the first denial.
+	var err2 error
+	if err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
+		err2 = writeStatus(onA, "binding-b")
+		return apierrors.IsForbidden(err2) || apierrors.IsInvalid(err2), nil
+	}); err != nil {
+		t.Fatalf("the agent of binding-a wrote binding-b's status: %v (last: %v)", err, err2)
+	}
+	if !strings.Contains(err2.Error(), "the prewarm agent of node binding-a may not write the NodeCache of node binding-b") {
+		t.Errorf("denial = %v; want it to name both nodes", err2)
+	}
+	if err := writeStatus(onA, "binding-a"); err != nil {
+		t.Errorf("the agent of binding-a could not write its own status: %v", err)
+	}
+	if err := writeStatus(unbound, "binding-a"); err == nil || !strings.Contains(err.Error(), "names no node") {
+		t.Errorf("a token bound to no pod wrote a status: %v; want it refused", err)
+	}
+	// RBAC: the agents cannot change what a node is asked to hold.
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := onA.Get(ctx, client.ObjectKey{Name: "binding-a"}, nc); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(nc.DeepCopy())
+	nc.Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: "11111111-1111-4111-8111-111111111111", Namespace: "x", Name: "y", Root: "/etc", Source: "s3://b/p"}}
+	if err := onA.Patch(ctx, nc, patch); !apierrors.IsForbidden(err) {
+		t.Errorf("an agent changed its NodeCache's spec: %v; want forbidden", err)
+	}
+	// The status that was refused is not there.
+	got := &prewarmv1alpha1.NodeCache{}
+	if err := c.Get(ctx, client.ObjectKey{Name: "binding-b"}, got); err != nil || len(got.Status.Caches) != 0 {
+		t.Errorf("binding-b's status = %+v (%v); want untouched", got.Status, err)
+	}
+}
