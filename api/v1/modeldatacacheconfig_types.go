@@ -57,6 +57,11 @@ type NodeCacheStatus struct {
 	// lastTransitionTime is when state last changed.
 	// +optional
 	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+	// retained is true for a node that is not a current target only because of its scheduling
+	// state (cordoned, tainted, unreachable): it keeps its copy, downloads nothing new, and is
+	// not counted in targetNodes; the message says until when it keeps it.
+	// +optional
+	Retained bool `json:"retained,omitempty"`
 }
 
 // ModelDataCacheConfigStatus is what prewarm observed of a weights cache.

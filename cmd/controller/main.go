@@ -54,6 +54,7 @@ func run() error {
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
 	fs.StringVar(&roots, "allowed-roots", "/opt/dlami/nvme", "comma-separated node directories weights caches may be kept under")
 	fs.DurationVar(&cfg.GateTimeout, "gate-timeout", 30*time.Minute, "longest a Deployment waits for its weights cache to settle")
+	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long a cordoned, tainted or unreachable node keeps a cache its placement still selects, before the cache is removed there")
 	fs.StringVar(&cfg.AgentImage, "agent-image", "ghcr.io/prewarm/agent:latest", "image of the agent (the inference pods' init container)")
 	fs.StringVar(&cfg.S3Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store, for the init container (the agents have their own flag)")
 	fs.BoolVar(&cfg.S3PathStyle, "s3-path-style", false, "address S3 buckets in the path, for the init container")

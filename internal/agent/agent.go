@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	iofs "io/fs"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,16 +12,21 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // Agent holds one node's caches.
@@ -33,27 +38,36 @@ type Agent struct {
 	sem     chan struct{}
 
 	mu       sync.Mutex
-	jobs     map[string]*job // by cache UID
-	removing map[string]bool // cache UIDs whose directories are being removed
-	seen     bool            // the NodeCache has been read at least once
+	jobs     map[string]*job   // by cache UID
+	removing map[string]bool   // cache UIDs whose directories are being removed
+	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
+	seen     bool              // the NodeCache has been read at least once
 	want     []prewarmv1alpha1.CacheRequest
 	dirty    chan struct{}
 	metrics  *metrics
+	// verifyLimiter paces re-verification reads across all caches (nil: no cap).
+	verifyLimiter *rate.Limiter
 }
 
 // New returns an agent that reads and writes NodeCache objects through c, and reads token
 // Secrets through secrets.
 func New(c client.Client, secrets client.Reader, opts Options) *Agent {
 	opts.Defaults()
-	return &Agent{
+	a := &Agent{
 		opts: opts, client: c, secrets: secrets, sem: make(chan struct{}, opts.MaxParallel),
-		jobs: map[string]*job{}, removing: map[string]bool{}, dirty: make(chan struct{}, 1),
+		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{}, dirty: make(chan struct{}, 1),
 		metrics: newMetrics(opts.Registerer),
 	}
+	if opts.VerifyRate > 0 {
+		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
+	}
+	return a
 }
 
-// The agent reads its own NodeCache and writes its status; nothing else.
+// The agent reads its own NodeCache and writes its status, and reads the pods on its node (to
+// keep the caches they use); nothing else.
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get
 
@@ -99,6 +113,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	}
 	for uid, j := range a.jobs {
 		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && r.Source == j.req.Source && r.Region == j.req.Region {
+			j.retainedSince = r.RetainedSince // guarded by a.mu
 			continue
 		}
 		log.Info("stopping cache", "cache", uid)
@@ -112,7 +127,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		}
 		log.Info("starting cache", "cache", uid, "source", r.Source, "root", r.Root)
 		jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		j := &job{a: a, req: r, cancel: cancel, done: make(chan struct{})}
+		j := &job{a: a, req: r, cancel: cancel, done: make(chan struct{}), retainedSince: r.RetainedSince}
 		j.status = prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
 			Message: "waiting to start", LastTransitionTime: a.now()}
 		a.jobs[uid] = j
@@ -121,12 +136,18 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	// Directories under the roots that no job wants: left by a cache removed while the agent
 	// was down.
 	for _, root := range a.opts.Roots {
-		entries, err := os.ReadDir(filepath.Join(a.opts.local(root), prewarmv1alpha1.Directory))
+		parent, err := a.opts.openCacheParent(root)
+		if err != nil {
+			continue // none yet, or not a directory prewarm may use (reported by the jobs)
+		}
+		entries, err := iofs.ReadDir(parent.FS(), ".")
+		parent.Close()
 		if err != nil {
 			continue
 		}
 		for _, e := range entries {
 			uid := strings.TrimSuffix(strings.TrimPrefix(e.Name(), "."), ".prewarm-partial")
+			uid = strings.TrimSuffix(uid, ".prewarm-migrate")
 			if !uidPattern.MatchString(uid) || a.removing[uid] {
 				continue // not a cache of ours, or already going
 			}
@@ -150,6 +171,32 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 		if j != nil {
 			<-j.done
 		}
+		// A cache a pod on this node still uses stays until no pod does.
+		for {
+			pod, err := a.podUsing(ctx, uid)
+			if err == nil && pod == "" {
+				break
+			}
+			if err != nil {
+				log.Error(err, "listing the node's pods; will retry")
+			} else {
+				a.mu.Lock()
+				if a.inUse[uid] != pod {
+					log.Info("cache still in use; keeping it", "pod", pod)
+					a.inUse[uid] = pod
+					a.markDirty()
+				}
+				a.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(a.opts.RetryInterval):
+			}
+		}
+		a.mu.Lock()
+		delete(a.inUse, uid)
+		a.mu.Unlock()
 		for {
 			err := a.removeDirs(uid)
 			if err == nil {
@@ -171,22 +218,88 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 	}()
 }
 
-// removeDirs deletes <root>/prewarm/<uid> and its partial directory under each allowed root.
-// uid has been checked to be a UID, so the paths cannot leave the roots.
+// podUsing returns a pod on this node (namespace/name) that mounts cache uid and has not
+// finished, or "".
+func (a *Agent) podUsing(ctx context.Context, uid string) (string, error) {
+	pods := &corev1.PodList{}
+	if err := a.client.List(ctx, pods); err != nil { // the cache holds this node's pods only (CacheOptions)
+		return "", err
+	}
+	dirs := map[string]bool{}
+	for _, root := range a.opts.Roots {
+		dirs[prewarmv1alpha1.CacheDir(root, uid)] = true
+	}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != a.opts.NodeName || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.HostPath != nil && dirs[filepath.Clean(v.HostPath.Path)] {
+				return p.Namespace + "/" + p.Name, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// CacheOptions are the manager cache options an agent needs: its own NodeCache and the pods on
+// its node, not the whole cluster's.
+func CacheOptions(node string) cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&prewarmv1alpha1.NodeCache{}: {Field: fields.OneTermEqualSelector("metadata.name", node)},
+		&corev1.Pod{}:                {Field: fields.OneTermEqualSelector("spec.nodeName", node)},
+	}}
+}
+
+// removeDirs deletes <root>/prewarm/<uid> (and what earlier layouts left beside it) under each
+// allowed root. Removal goes through an os.Root of <root>/prewarm: a link in the way is removed,
+// never followed.
 func (a *Agent) removeDirs(uid string) error {
 	if !uidPattern.MatchString(uid) {
 		return fmt.Errorf("refusing to remove %q: not a cache UID", uid)
 	}
 	var errs []error
 	for _, root := range a.opts.Roots {
-		dir := filepath.Join(a.opts.local(root), prewarmv1alpha1.Directory)
-		for _, name := range []string{uid, "." + uid + ".prewarm-partial"} {
-			if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+		parent, err := a.opts.openCacheParent(root)
+		if errors.Is(err, iofs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, name := range []string{uid, "." + uid + ".prewarm-partial", "." + uid + ".prewarm-migrate"} {
+			if err := parent.RemoveAll(name); err != nil {
 				errs = append(errs, err)
 			}
 		}
+		parent.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// migrateLayout moves a cache of the earlier layout (the model's files directly in
+// <root>/prewarm/<uid>) to <root>/prewarm/<uid>/model, with renames only: nothing is fetched
+// again.
+func (a *Agent) migrateLayout(root, uid string) error {
+	parent, err := a.opts.openCacheParent(root)
+	if err != nil {
+		return err
+	}
+	defer parent.Close()
+	tmp := "." + uid + ".prewarm-migrate"
+	if _, err := parent.Lstat(filepath.Join(uid, engine.ManifestName)); err == nil {
+		if err := parent.Rename(uid, tmp); err != nil {
+			return err
+		}
+	}
+	if _, err := parent.Lstat(tmp); err != nil {
+		return nil // the current layout, or nothing yet
+	}
+	if err := parent.Mkdir(uid, 0o755); err != nil && !errors.Is(err, iofs.ErrExist) {
+		return err
+	}
+	return parent.Rename(tmp, filepath.Join(uid, prewarmv1alpha1.ModelSubdir))
 }
 
 func (a *Agent) now() *metav1.Time {
@@ -234,8 +347,12 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	}
 	for uid := range a.removing {
 		if _, ok := a.jobs[uid]; !ok {
-			st.Caches = append(st.Caches, prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDeleting,
-				Reason: prewarmv1alpha1.ReasonRemoving, Message: "removing the cache's files", LastTransitionTime: a.now()})
+			cs := prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDeleting,
+				Reason: prewarmv1alpha1.ReasonRemoving, Message: "removing the cache's files", LastTransitionTime: a.now()}
+			if pod := a.inUse[uid]; pod != "" {
+				cs.Reason, cs.Message = prewarmv1alpha1.ReasonInUse, "no longer wanted here, kept while pod "+pod+" uses it"
+			}
+			st.Caches = append(st.Caches, cs)
 		}
 	}
 	slices.SortFunc(st.Caches, func(x, y prewarmv1alpha1.CacheStatus) int { return strings.Compare(x.UID, y.UID) })

@@ -5,16 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -61,8 +60,10 @@ func TestAgent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// What the node held before the agent (re)started: a whole cache whose source is gone now,
-	// two leftovers of removed caches, and something that is not a cache.
+	// What the node held before the agent (re)started: a whole cache whose source is gone now
+	// (in the earlier layout, the model's files directly in <root>/prewarm/<uid>: the agent moves
+	// it into <uid>/model without fetching anything), two leftovers of removed caches, and
+	// something that is not a cache.
 	fsrc, err := fs.New(src)
 	if err != nil {
 		t.Fatal(err)
@@ -88,53 +89,12 @@ func TestAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-		Scheme: testutil.Scheme(),
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&prewarmv1alpha1.NodeCache{}: {Field: fields.OneTermEqualSelector("metadata.name", "node-1")},
-		}},
-		Metrics: metricsserver.Options{BindAddress: "0"},
-		Logger:  logr.Discard(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := agent.New(mgr.GetClient(), mgr.GetAPIReader(), agent.Options{
-		NodeName: "node-1", Roots: []string{root}, HostPrefix: host, FileSourceRoots: []string{"/fsx"},
+	runAgent(t, ctx, api, "node-1", agent.Options{
+		Roots: []string{root}, HostPrefix: host, FileSourceRoots: []string{"/fsx"},
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
-	if err := a.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	mgrCtx, stopMgr := context.WithCancel(ctx)
-	mgrDone := make(chan error, 1)
-	go func() { mgrDone <- mgr.Start(mgrCtx) }()
-	t.Cleanup(func() {
-		stopMgr()
-		if err := <-mgrDone; err != nil {
-			t.Error(err)
-		}
-	})
-
-	status := func(uid string) prewarmv1alpha1.CacheStatus {
-		got := &prewarmv1alpha1.NodeCache{}
-		if err := api.Client.Get(ctx, client.ObjectKey{Name: "node-1"}, got); err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range got.Status.Caches {
-			if c.UID == uid {
-				return c
-			}
-		}
-		return prewarmv1alpha1.CacheStatus{}
-	}
-	wait := func(what string, cond func() bool) {
-		t.Helper()
-		if err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) { return cond(), nil }); err != nil {
-			t.Fatalf("%s: %v; warm %+v; new %+v; outside %+v", what, err, status(uidWarm), status(uidNew), status(uidOutside))
-		}
-	}
+	status, wait := watchStatus(t, ctx, api, "node-1", uidWarm, uidNew, uidOutside)
 
 	wait("all three settled", func() bool {
 		return status(uidWarm).State == inferencev1.CacheReady && status(uidNew).State == inferencev1.CacheReady &&
@@ -150,8 +110,11 @@ func TestAgent(t *testing.T) {
 		t.Errorf("the agent wrote under /etc: %v", err)
 	}
 	for p, data := range files {
-		if got, err := os.ReadFile(filepath.Join(cacheRoot, uidNew, p)); err != nil || string(got) != string(data) {
+		if got, err := os.ReadFile(filepath.Join(cacheRoot, uidNew, "model", p)); err != nil || string(got) != string(data) {
 			t.Errorf("new cache %s differs from its source (%v)", p, err)
+		}
+		if got, err := os.ReadFile(filepath.Join(cacheRoot, uidWarm, "model", p)); err != nil || string(got) != string(data) {
+			t.Errorf("the earlier layout's cache was not moved into place: %s (%v)", p, err)
 		}
 	}
 	wait("leftovers removed, the rest kept", func() bool {
@@ -172,7 +135,7 @@ func TestAgent(t *testing.T) {
 
 	// A file of the warm cache is truncated: the re-check notices, and since its source is gone
 	// the cache ends Failed, saying so, instead of Ready.
-	if err := os.Truncate(filepath.Join(cacheRoot, uidWarm, "model.safetensors"), 10); err != nil {
+	if err := os.Truncate(filepath.Join(cacheRoot, uidWarm, "model", "model.safetensors"), 10); err != nil {
 		t.Fatal(err)
 	}
 	wait("the damaged cache is no longer Ready", func() bool {
@@ -180,10 +143,34 @@ func TestAgent(t *testing.T) {
 		return st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonSourceNotFound
 	})
 
-	// The NodeCache stops listing a cache: its directory goes, and so does its status entry.
+	// A pod on the node mounts the warm cache. The NodeCache stops listing it: it stays while
+	// the pod runs, and says why; then its directory goes, and so does its status entry.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "reader"},
+		Spec: corev1.PodSpec{
+			NodeName:   "node-1",
+			Containers: []corev1.Container{{Name: "c", Image: "img"}},
+			Volumes: []corev1.Volume{{Name: "cache", VolumeSource: corev1.VolumeSource{
+				HostPath: &corev1.HostPathVolumeSource{Path: prewarmv1alpha1.CacheDir(root, uidWarm)},
+			}}},
+		},
+	}
+	if err := api.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
 	patch := client.MergeFrom(got.DeepCopy())
 	got.Spec.Caches = got.Spec.Caches[1:2]
 	if err := api.Client.Patch(ctx, got, patch); err != nil {
+		t.Fatal(err)
+	}
+	wait("an unlisted cache kept while a pod uses it", func() bool {
+		st := status(uidWarm)
+		return st.Reason == prewarmv1alpha1.ReasonInUse && strings.Contains(st.Message, "default/reader")
+	})
+	if _, err := os.Stat(filepath.Join(cacheRoot, uidWarm, "model")); err != nil {
+		t.Errorf("the cache a pod uses was removed: %v", err)
+	}
+	if err := api.Client.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
 		t.Fatal(err)
 	}
 	wait("an unlisted cache removed", func() bool {

@@ -17,6 +17,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
+	"github.com/prewarm/prewarm/pkg/engine/source/fs"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
@@ -26,8 +27,16 @@ type job struct {
 	req    prewarmv1alpha1.CacheRequest
 	cancel context.CancelFunc
 	done   chan struct{}
-	// status is guarded by a.mu.
-	status prewarmv1alpha1.CacheStatus
+	// status and retainedSince (the request's, which may change while the job runs) are
+	// guarded by a.mu.
+	status        prewarmv1alpha1.CacheStatus
+	retainedSince string
+}
+
+func (j *job) retained() bool {
+	j.a.mu.Lock()
+	defer j.a.mu.Unlock()
+	return j.retainedSince != ""
 }
 
 func (j *job) snapshot() prewarmv1alpha1.CacheStatus { return *j.status.DeepCopy() }
@@ -47,10 +56,9 @@ func (j *job) set(fn func(st *prewarmv1alpha1.CacheStatus)) {
 func (j *job) run(ctx context.Context) {
 	defer close(j.done)
 	log := ctrl.LoggerFrom(ctx)
-	dir := j.a.opts.cacheDir(j.req.Root, j.req.UID)
 	retry := j.a.opts.RetryInterval
 	for {
-		wait, ok := j.once(ctx, dir)
+		wait, ok := j.once(ctx)
 		if ok {
 			retry = j.a.opts.RetryInterval
 		} else if wait == 0 {
@@ -68,8 +76,9 @@ func (j *job) run(ctx context.Context) {
 
 // once brings the cache to Ready if it can. It returns how long to wait before the next
 // check (0: the retry backoff decides) and whether the cache is Ready.
-func (j *job) once(ctx context.Context, dir string) (time.Duration, bool) {
+func (j *job) once(ctx context.Context) (time.Duration, bool) {
 	o := &j.a.opts
+	log := ctrl.LoggerFrom(ctx)
 	if !o.allowedRoot(j.req.Root) {
 		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, o.Roots))
 		return o.MaxRetryInterval, false
@@ -78,19 +87,70 @@ func (j *job) once(ctx context.Context, dir string) (time.Duration, bool) {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
 		return o.MaxRetryInterval, false
 	}
-	// A cache already on disk is checked cheaply: the manifest is there, every file has its size.
-	m, err := engine.CheckDest(dir)
-	if err == nil {
-		j.ready(m)
-		return o.RecheckInterval, true
+	dir, err := o.ensureCacheDir(j.req.Root, j.req.UID)
+	if err != nil {
+		var noRoot errNoRoot
+		switch {
+		case errors.Is(err, errNotConfined):
+			j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, err.Error())
+			return o.MaxRetryInterval, false
+		case errors.As(err, &noRoot):
+			j.fail(prewarmv1alpha1.ReasonInsufficientCapacity, err.Error())
+			return o.MaxRetryInterval, false
+		}
+		j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
+		return 0, false
 	}
-	if !errors.Is(err, os.ErrNotExist) || j.snapshotState() == inferencev1.CacheReady {
-		// It was there and is not whole any more: fetch it again, from scratch.
-		ctrl.LoggerFrom(ctx).Info("cache is not whole; fetching it again", "reason", err.Error())
+	if err := j.a.migrateLayout(j.req.Root, j.req.UID); err != nil {
+		log.Error(err, "moving a cache of the earlier layout into place")
+	}
+	model := filepath.Join(dir, prewarmv1alpha1.ModelSubdir)
+
+	// A cache already on disk is checked cheaply first (the manifest is there, every file has
+	// its size), and then, when due, by reading it all back against its checksums.
+	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{})
+	if err == nil && len(damaged) == 0 {
+		j.ready(m)
+		if !j.verifyDue() {
+			return j.untilNextCheck(), true
+		}
+		m, damaged, err = j.verifyContent(ctx, model, m)
+		if err == nil && len(damaged) == 0 {
+			return j.untilNextCheck(), true
+		}
+		if ctx.Err() != nil {
+			return 0, false
+		}
+	}
+	switch {
+	case err == nil:
+		// Some files are damaged: out of Ready (the node loses its label), and only those files
+		// are fetched again.
+		j.a.metrics.damaged.Add(float64(len(damaged)))
+		msg := damageMessage(damaged, len(m.Files))
+		log.Info("cache damaged; repairing", "files", len(damaged), "damage", msg)
+		j.set(func(st *prewarmv1alpha1.CacheStatus) {
+			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheDamaged, msg+"; fetching them again"
+		})
+		wait, ok, done := j.repair(ctx, model, damaged)
+		if done {
+			return wait, ok
+		}
+		// The source changed since: the whole model is fetched again, into a new copy.
+	case errors.Is(err, os.ErrNotExist) && j.retained():
+		// Not a current target: keep what is here, fetch nothing new.
+		j.set(func(st *prewarmv1alpha1.CacheStatus) {
+			st.State, st.Reason, st.BytesDone, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonNotTarget, 0, 0
+			st.Message = "the node is not a current target of the cache (cordoned, tainted or unreachable); nothing is downloaded until it is"
+		})
+		return o.RecheckInterval, false
+	case !errors.Is(err, os.ErrNotExist) || j.snapshotState() == inferencev1.CacheReady:
+		// It was there and cannot be read any more: fetch it again, from scratch.
+		log.Info("cache is not whole; fetching it again", "reason", err.Error())
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheLost, "the cache is not whole: "+err.Error()
 		})
-		if err := os.RemoveAll(dir); err != nil {
+		if err := os.RemoveAll(model); err != nil {
 			j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
 			return 0, false
 		}
@@ -103,65 +163,188 @@ func (j *job) once(ctx context.Context, dir string) (time.Duration, bool) {
 		return 0, false
 	}
 	defer func() { <-j.a.sem }()
-	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
-		j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
-		return 0, false
-	}
-	srcOpts := o.Sources
-	srcOpts.Region = j.req.Region
-	uri := j.req.Source
-	if strings.HasPrefix(uri, "hf://") {
-		srcOpts.Endpoint, srcOpts.PathStyle = o.HFEndpoint, false
-		if j.req.TokenSecret != "" {
-			sec := &corev1.Secret{}
-			if err := j.a.secrets.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: j.req.TokenSecret}, sec); err != nil {
-				j.fail(prewarmv1alpha1.ReasonAccessDenied, fmt.Sprintf("reading the token Secret %s/%s: %v", o.Namespace, j.req.TokenSecret, err))
-				return 0, false
-			}
-			srcOpts.Token = string(sec.Data["token"])
-		}
-	}
-	if filepath.IsAbs(uri) {
-		uri = o.local(uri)
-	}
-	src, err := sources.Open(ctx, uri, srcOpts)
+	src, closeSrc, err := j.openSource(ctx)
 	if err != nil {
 		reason, msg, wait := j.classify(err)
 		j.fail(reason, msg)
 		return wait, false
 	}
+	defer closeSrc()
 	j.set(func(st *prewarmv1alpha1.CacheStatus) {
 		st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source
 	})
-	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer),
-		engine.WithProgress(func(p engine.Progress) {
-			j.set(func(st *prewarmv1alpha1.CacheStatus) {
-				st.BytesDone, st.BytesTotal, st.Files = p.BytesDone, p.BytesTotal, int32(p.FilesTotal)
-				st.BytesPerSecond = int64(p.BytesPerSecond)
-				if p.Phase != engine.PhaseDone {
-					st.Message = fmt.Sprintf("%s: %s of %s", p.Phase, engine.HumanBytes(p.BytesDone), engine.HumanBytes(p.BytesTotal))
-				}
-			})
-		}, o.StatusInterval))...)
-	res, err := eng.Fetch(ctx, engine.Request{Source: src, Dest: dir})
+	res, err := j.engine().Fetch(ctx, engine.Request{Source: src, Dest: model})
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, false
 		}
 		reason, msg, wait := j.classify(err)
-		ctrl.LoggerFrom(ctx).Info("download failed", "reason", reason, "error", msg)
+		log.Info("download failed", "reason", reason, "error", msg)
 		j.fail(reason, msg)
 		return wait, false
 	}
-	ctrl.LoggerFrom(ctx).Info("cache ready", "bytes", res.Bytes, "fetched", res.Fetched, "duration", res.Duration.String())
-	m, err = engine.CheckDest(dir)
-	if err != nil {
-		j.fail(prewarmv1alpha1.ReasonDownloadFailed, "the published cache does not check: "+err.Error())
+	log.Info("cache ready", "bytes", res.Bytes, "fetched", res.Fetched, "duration", res.Duration.String())
+	m, damaged, err = engine.Check(ctx, model, engine.CheckOptions{})
+	if err != nil || len(damaged) > 0 {
+		j.fail(prewarmv1alpha1.ReasonDownloadFailed, fmt.Sprintf("the published cache does not check: %v %s", err, damageMessage(damaged, len(m.Files))))
 		return 0, false
 	}
 	j.ready(m)
-	return o.RecheckInterval, true
+	j.setVerified() // every file was verified as it was written
+	return j.untilNextCheck(), true
+}
+
+// engine returns an engine that reports into the job's status.
+func (j *job) engine() *engine.Engine {
+	o := &j.a.opts
+	return engine.New(append(append([]engine.Option{}, o.Engine...),
+		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer),
+		engine.WithProgress(func(p engine.Progress) {
+			j.set(func(st *prewarmv1alpha1.CacheStatus) {
+				st.BytesDone, st.BytesTotal, st.Files = p.BytesDone, p.BytesTotal, int32(p.FilesTotal)
+				st.BytesPerSecond = int64(p.BytesPerSecond)
+				if p.Phase != engine.PhaseDone && st.Reason != prewarmv1alpha1.ReasonCacheDamaged {
+					st.Message = fmt.Sprintf("%s: %s of %s", p.Phase, engine.HumanBytes(p.BytesDone), engine.HumanBytes(p.BytesTotal))
+				}
+			})
+		}, o.StatusInterval))...)
+}
+
+// openSource opens the cache's source. File sources are opened inside their allowed root, so
+// no link on the way leads out of it.
+func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
+	o := &j.a.opts
+	srcOpts := o.Sources
+	srcOpts.Region = j.req.Region
+	uri := j.req.Source
+	if filepath.IsAbs(uri) {
+		root, rel, err := o.fileSource(uri)
+		if err != nil {
+			return nil, nil, err
+		}
+		src, err := fs.NewIn(root, rel, uri)
+		if err != nil {
+			root.Close()
+			return nil, nil, err
+		}
+		return src, func() { src.Close(); root.Close() }, nil
+	}
+	if strings.HasPrefix(uri, "hf://") {
+		srcOpts.Endpoint, srcOpts.PathStyle = o.HFEndpoint, false
+		if j.req.TokenSecret != "" {
+			sec := &corev1.Secret{}
+			if err := j.a.secrets.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: j.req.TokenSecret}, sec); err != nil {
+				return nil, nil, &source.AccessError{Err: fmt.Errorf("reading the token Secret %s/%s: %w", o.Namespace, j.req.TokenSecret, err)}
+			}
+			srcOpts.Token = string(sec.Data["token"])
+		}
+	}
+	src, err := sources.Open(ctx, uri, srcOpts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, func() {}, nil
+}
+
+// repair fetches the damaged files again. done is false when the source has changed since the
+// cache was made, and the whole model must be fetched again instead.
+func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage) (wait time.Duration, ok, done bool) {
+	select {
+	case j.a.sem <- struct{}{}:
+	case <-ctx.Done():
+		return 0, false, true
+	}
+	defer func() { <-j.a.sem }()
+	src, closeSrc, err := j.openSource(ctx)
+	if err != nil {
+		reason, msg, wait := j.classify(err)
+		j.fail(reason, msg)
+		return wait, false, true
+	}
+	defer closeSrc()
+	paths := make([]string, len(damaged))
+	for i, d := range damaged {
+		paths[i] = d.Path
+	}
+	res, err := j.engine().Repair(ctx, src, model, paths)
+	switch {
+	case errors.Is(err, engine.ErrSourceChanged):
+		ctrl.LoggerFrom(ctx).Info("the source changed since the cache was made; fetching the whole model again")
+		return 0, false, false
+	case err != nil:
+		if ctx.Err() != nil {
+			return 0, false, true
+		}
+		reason, msg, wait := j.classify(err)
+		j.fail(reason, "repairing: "+msg)
+		return wait, false, true
+	}
+	j.a.metrics.repaired.Add(float64(len(paths)))
+	ctrl.LoggerFrom(ctx).Info("cache repaired", "files", len(paths), "fetched", res.Fetched)
+	m, still, err := engine.Check(ctx, model, engine.CheckOptions{})
+	if err != nil || len(still) > 0 {
+		j.fail(prewarmv1alpha1.ReasonDownloadFailed, fmt.Sprintf("the repaired cache does not check: %v", err))
+		return 0, false, true
+	}
+	j.ready(m)
+	j.setVerified()
+	return j.untilNextCheck(), true, true
+}
+
+// verifyContent reads the whole cache back against its checksums, at most VerifyRate bytes per
+// second. The cache stays Ready meanwhile: it was whole by size, and was verified when written.
+func (j *job) verifyContent(ctx context.Context, model string, m *engine.Manifest) (*engine.Manifest, []engine.Damage, error) {
+	var last int64
+	m2, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.a.verifyLimiter, Read: func(n int64) {
+		j.a.metrics.verified.Add(float64(n - last))
+		last = n
+	}})
+	if err != nil {
+		return m, nil, err
+	}
+	if len(damaged) == 0 {
+		j.setVerified()
+		ctrl.LoggerFrom(ctx).Info("cache content verified", "bytes", last)
+	}
+	return m2, damaged, nil
+}
+
+func (j *job) verifyDue() bool {
+	j.a.mu.Lock()
+	defer j.a.mu.Unlock()
+	v := j.status.LastVerifiedTime
+	return v == nil || j.a.opts.Now().Sub(v.Time) >= j.a.opts.VerifyInterval
+}
+
+func (j *job) setVerified() {
+	j.set(func(st *prewarmv1alpha1.CacheStatus) { st.LastVerifiedTime = j.a.now() })
+}
+
+// untilNextCheck is the wait before a Ready cache is checked again: the cheap re-check, or the
+// content verification if that comes first.
+func (j *job) untilNextCheck() time.Duration {
+	o := &j.a.opts
+	j.a.mu.Lock()
+	v := j.status.LastVerifiedTime
+	j.a.mu.Unlock()
+	wait := o.RecheckInterval
+	if v != nil {
+		wait = min(wait, max(time.Second, o.VerifyInterval-o.Now().Sub(v.Time)))
+	}
+	return wait
+}
+
+// damageMessage says, for people, which files are damaged (the first few) out of how many.
+func damageMessage(damaged []engine.Damage, files int) string {
+	var parts []string
+	for i, d := range damaged {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(damaged)-3))
+			break
+		}
+		parts = append(parts, d.Path+": "+d.Problem)
+	}
+	return fmt.Sprintf("%d of %d files damaged (%s)", len(damaged), files, strings.Join(parts, "; "))
 }
 
 func (j *job) snapshotState() inferencev1.CacheState {
@@ -212,8 +395,17 @@ func (j *job) classify(err error) (string, string, time.Duration) {
 		return prewarmv1alpha1.ReasonAccessDenied, err.Error(), o.MaxRetryInterval
 	case errors.As(err, &verify):
 		return prewarmv1alpha1.ReasonVerificationFailed, err.Error(), 0
+	case errors.Is(err, engine.ErrInvalidModel), errors.Is(err, errNotConfined), permanentRefusal(err):
+		return prewarmv1alpha1.ReasonInvalidSource, err.Error(), o.MaxRetryInterval
 	case source.Retryable(err):
 		return prewarmv1alpha1.ReasonSourceUnreachable, err.Error(), 0
 	}
 	return prewarmv1alpha1.ReasonDownloadFailed, err.Error(), 0
+}
+
+// permanentRefusal reports whether err is a source's answer that another try will not change:
+// a 4xx other than throttling and timeouts (access and not-found are classified before).
+func permanentRefusal(err error) bool {
+	var se *source.StatusError
+	return errors.As(err, &se) && se.StatusCode >= 400 && se.StatusCode < 500 && !source.Retryable(err)
 }

@@ -15,6 +15,10 @@ type metrics struct {
 	failures *prometheus.CounterVec
 	free     *prometheus.GaugeVec
 	capacity *prometheus.GaugeVec
+	// verified counts bytes read back to re-verify caches; damaged counts files found damaged.
+	verified prometheus.Counter
+	damaged  prometheus.Counter
+	repaired prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,9 +41,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_agent_root_capacity_bytes", Help: "Size of the filesystem under an allowed root.",
 		}, []string{"root"}),
+		verified: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prewarm_agent_verified_bytes_total", Help: "Bytes of ready caches read back and checked against their checksums.",
+		}),
+		damaged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prewarm_agent_damaged_files_total", Help: "Files of ready caches found missing, resized or not matching their checksums.",
+		}),
+		repaired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prewarm_agent_repaired_files_total", Help: "Damaged files fetched again and put back in place.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.state, m.rate, m.done, m.failures, m.free, m.capacity)
+		reg.MustRegister(m.state, m.rate, m.done, m.failures, m.free, m.capacity, m.verified, m.damaged, m.repaired)
 	}
 	return m
 }

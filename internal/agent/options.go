@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
@@ -36,6 +37,11 @@ type Options struct {
 	HeartbeatInterval time.Duration
 	// RecheckInterval is how often a Ready cache is re-checked (manifest and sizes).
 	RecheckInterval time.Duration
+	// VerifyInterval is how often a Ready cache's content is read back and compared with its
+	// checksums (also once after the agent starts).
+	VerifyInterval time.Duration
+	// VerifyRate caps the bytes per second that re-verification reads (0: no cap).
+	VerifyRate int64
 	// RetryInterval is the first wait before a failed download is tried again; it doubles up
 	// to MaxRetryInterval.
 	RetryInterval, MaxRetryInterval time.Duration
@@ -71,6 +77,9 @@ func (o *Options) Defaults() {
 	}
 	if o.RecheckInterval <= 0 {
 		o.RecheckInterval = 5 * time.Minute
+	}
+	if o.VerifyInterval <= 0 {
+		o.VerifyInterval = 24 * time.Hour
 	}
 	if o.RetryInterval <= 0 {
 		o.RetryInterval = 10 * time.Second
@@ -123,7 +132,7 @@ func (o *Options) local(nodePath string) string {
 
 // cacheDir returns, as seen from the agent, the directory that holds cache uid under root.
 func (o *Options) cacheDir(root, uid string) string {
-	return filepath.Join(o.local(root), "prewarm", uid)
+	return prewarmv1alpha1.CacheDir(o.local(root), uid)
 }
 
 // checkSource refuses sources the agent may not read: file sources outside FileSourceRoots.

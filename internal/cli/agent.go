@@ -9,17 +9,13 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -96,6 +92,7 @@ func NewAgentCommand() *cobra.Command {
 		roots       []string
 		fileRoots   []string
 		reserve     string
+		verifyRate  string
 		kubeconfig  string
 		metricsAddr string
 		probeAddr   string
@@ -117,6 +114,9 @@ the allowed roots.`,
 			if opts.Reserve, err = ParseBytes(reserve); err != nil {
 				return fmt.Errorf("--reserve: %w", err)
 			}
+			if opts.VerifyRate, err = ParseBytes(verifyRate); err != nil {
+				return fmt.Errorf("--verify-rate: %w", err)
+			}
 			if opts.Engine, err = src.engineOptions(); err != nil {
 				return err
 			}
@@ -134,11 +134,8 @@ the allowed roots.`,
 				return err
 			}
 			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-				Scheme: scheme.New(),
-				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-					// Only this node's NodeCache, not the whole cluster's.
-					&prewarmv1alpha1.NodeCache{}: {Field: fields.OneTermEqualSelector("metadata.name", opts.NodeName)},
-				}},
+				Scheme:                 scheme.New(),
+				Cache:                  agent.CacheOptions(opts.NodeName),
 				Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 				HealthProbeBindAddress: probeAddr,
 				Logger:                 log.WithValues("node", opts.NodeName),
@@ -166,6 +163,8 @@ the allowed roots.`,
 	f.IntVar(&opts.MaxParallel, "max-parallel", 2, "caches downloading at once")
 	f.DurationVar(&opts.StatusInterval, "status-interval", 2*time.Second, "least time between two status writes")
 	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 5*time.Minute, "how often a ready cache is re-checked (manifest and sizes)")
+	f.DurationVar(&opts.VerifyInterval, "verify-interval", 24*time.Hour, "how often a ready cache's content is read back and checked against its checksums (also once at start)")
+	f.StringVar(&verifyRate, "verify-rate", "200MiB", "most bytes per second that re-verification reads from disk (0: no cap)")
 	f.DurationVar(&opts.RetryInterval, "retry-interval", 10*time.Second, "first wait before a failed download is retried (doubles up to 5m)")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	f.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")

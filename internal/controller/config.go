@@ -37,6 +37,9 @@ type Config struct {
 	FSxRoot string
 	// OperatorNamespace is where shared objects live.
 	OperatorNamespace string
+	// Retention is how long a node that a cache's placement still selects, but whose scheduling
+	// state keeps its pods off (cordoned, tainted, unreachable), keeps its copy of the cache.
+	Retention time.Duration
 }
 
 // Defaults fills the zero fields of c.
@@ -55,6 +58,9 @@ func (c *Config) Defaults() {
 	}
 	if c.OperatorNamespace == "" {
 		c.OperatorNamespace = inferencev1.DefaultOperatorNamespace
+	}
+	if c.Retention <= 0 {
+		c.Retention = 24 * time.Hour
 	}
 }
 

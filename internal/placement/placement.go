@@ -54,8 +54,18 @@ func RequiredTerms(p inferencev1.Placement) []corev1.NodeSelectorTerm {
 	return terms
 }
 
-// Match reports whether node is a target of p and, when it is not, says why.
+// Match reports whether node is a target of p and, when it is not, says why: p selects it
+// (Selects) and its scheduling state admits p's pods (Admits).
 func Match(p inferencev1.Placement, node *corev1.Node) (bool, string) {
+	if ok, why := Selects(p, node); !ok {
+		return false, why
+	}
+	return Admits(p, node)
+}
+
+// Selects reports whether p's instance types and required node affinity select node: what the
+// node is, as opposed to its passing state.
+func Selects(p inferencev1.Placement, node *corev1.Node) (bool, string) {
 	if terms := RequiredTerms(p); len(terms) > 0 {
 		sel := nodeaffinity.NewLazyErrorNodeSelector(&corev1.NodeSelector{NodeSelectorTerms: terms})
 		ok, err := sel.Match(node)
@@ -73,6 +83,14 @@ func Match(p inferencev1.Placement, node *corev1.Node) (bool, string) {
 			return false, "the node affinity does not select it"
 		}
 	}
+	return true, ""
+}
+
+// Admits reports whether node's scheduling state lets p's pods on: it is not cordoned and has
+// no NoSchedule or NoExecute taint they do not tolerate (the unreachable and not-ready taints
+// of an outage among them). This state passes; a cache on a node that p selects but does not
+// admit is kept, not removed.
+func Admits(p inferencev1.Placement, node *corev1.Node) (bool, string) {
 	taint, untolerated := schedcorev1.FindMatchingUntoleratedTaint(logr.Discard(), node.Spec.Taints, p.Tolerations,
 		func(t *corev1.Taint) bool {
 			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
@@ -80,5 +98,14 @@ func Match(p inferencev1.Placement, node *corev1.Node) (bool, string) {
 	if untolerated {
 		return false, fmt.Sprintf("taint %s is not tolerated", taint.ToString())
 	}
+	if node.Spec.Unschedulable && !tolerates(p.Tolerations, corev1.TaintNodeUnschedulable) {
+		return false, "the node is cordoned"
+	}
 	return true, ""
+}
+
+func tolerates(tolerations []corev1.Toleration, key string) bool {
+	return slices.ContainsFunc(tolerations, func(t corev1.Toleration) bool {
+		return t.ToleratesTaint(logr.Discard(), &corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule}, false)
+	})
 }

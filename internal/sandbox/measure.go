@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
@@ -115,7 +116,7 @@ func (s *sandbox) measure(ctx context.Context) error {
 	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Spec.NodeName+a.Name, b.Spec.NodeName+b.Name) })
 	var results []PodResult
 	for _, p := range pods {
-		cacheDir := filepath.Join(s.o.Dir, "nodes", p.Spec.NodeName, root, "prewarm", string(cache.UID))
+		cacheDir := prewarmv1alpha1.ModelDir(filepath.Join(s.o.Dir, "nodes", p.Spec.NodeName, root), string(cache.UID))
 		dest := filepath.Join(s.o.Dir, "pods", p.Name, "model")
 		if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 			return err

@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -58,8 +59,10 @@ type weightsEnv struct {
 
 func (e *weightsEnv) nodeRoot(node string) string { return filepath.Join(e.nodes, node, root) }
 
+// cacheDir is where node holds cache uid's model; its parent, the cache's own directory, is
+// all that the cache's pods mount.
 func (e *weightsEnv) cacheDir(node, uid string) string {
-	return filepath.Join(e.nodeRoot(node), "prewarm", uid)
+	return prewarmv1alpha1.ModelDir(e.nodeRoot(node), uid)
 }
 
 func s3Env() []string {
@@ -292,7 +295,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 	e.start("controller", controllerPath,
 		"--kubeconfig="+cluster.KubeconfigPath, "--leader-elect", "--leader-election-namespace=default",
 		"--metrics-bind-address="+metricsAddr, "--health-probe-bind-address="+probeAddr,
-		"--allowed-roots="+root, "--gate-timeout=3m",
+		"--allowed-roots="+root, "--gate-timeout=3m", "--retention=10m",
 		"--s3-endpoint="+s3srv.Endpoint, "--s3-path-style", "--agent-image=prewarm/agent:e2e")
 
 	// The Deployment must not exist before the cache is Ready on all three nodes. Read the
@@ -363,7 +366,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 			}
 		}
 		if len(tmpl.InitContainers) != 1 || tmpl.InitContainers[0].Name != "prewarm-prepare" ||
-			!slices.Contains(tmpl.InitContainers[0].Args, "--cache-dir=/var/lib/prewarm/cache/"+uid) ||
+			!slices.Contains(tmpl.InitContainers[0].Args, "--cache-dir=/var/lib/prewarm/cache/model") ||
 			!slices.Contains(tmpl.InitContainers[0].Args, "--source=s3://"+bucket+"/"+prefix) {
 			t.Errorf("init containers = %+v, want prewarm-prepare on this cache", tmpl.InitContainers)
 		}
@@ -373,6 +376,13 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		}
 		if !slices.ContainsFunc(w.VolumeMounts, func(v corev1.VolumeMount) bool { return v.MountPath == "/opt/ml/model" && v.ReadOnly }) {
 			t.Errorf("worker mounts = %+v, want the model at /opt/ml/model", w.VolumeMounts)
+		}
+		// The pods see their own cache and nothing else of the node: the only host directory
+		// they mount is this cache's, read-only.
+		for _, v := range tmpl.Volumes {
+			if v.HostPath != nil && v.HostPath.Path != prewarmv1alpha1.CacheDir(root, uid) {
+				t.Errorf("pods mount host directory %s, want only %s", v.HostPath.Path, prewarmv1alpha1.CacheDir(root, uid))
+			}
 		}
 		svc := &corev1.Service{}
 		if err := e.c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model"}, svc); err != nil || svc.Spec.Ports[0].Port != 8000 {
@@ -508,6 +518,120 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = slow.Close() })
+	t.Run("cordon keeps the cache; after the retention it goes, but not while a pod uses it", func(t *testing.T) {
+		pods := &corev1.PodList{}
+		if err := e.c.List(ctx, pods, client.InNamespace("default"), client.MatchingLabels{"app.kubernetes.io/managed-by": "prewarm"}); err != nil {
+			t.Fatal(err)
+		}
+		var node, pod string
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != "" && p.DeletionTimestamp == nil {
+				node, pod = p.Spec.NodeName, p.Name
+				break
+			}
+		}
+		if node == "" {
+			t.Fatal("no inference pod on a node")
+		}
+		config, err := os.Stat(filepath.Join(e.cacheDir(node, uid), "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cordon := func(on bool) {
+			t.Helper()
+			n := &corev1.Node{}
+			if err := e.c.Get(ctx, types.NamespacedName{Name: node}, n); err != nil {
+				t.Fatal(err)
+			}
+			patch := client.MergeFrom(n.DeepCopy())
+			n.Spec.Unschedulable = on
+			if err := e.c.Patch(ctx, n, patch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		request := func() *prewarmv1alpha1.CacheRequest {
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := e.c.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+				return nil
+			}
+			for i := range nc.Spec.Caches {
+				if nc.Spec.Caches[i].UID == uid {
+					return &nc.Spec.Caches[i]
+				}
+			}
+			return nil
+		}
+		label := inferencev1.WeightsCacheReadyLabel(uid)
+
+		// Cordoned: not a target any more, but the copy stays, and the status says so.
+		cordon(true)
+		e.eventually(30*time.Second, "the cordoned node retained, not counted", func() (bool, string) {
+			m, err := e.mdcc("example-model-cache")
+			if err != nil {
+				return false, err.Error()
+			}
+			i := slices.IndexFunc(m.Status.Nodes, func(n inferencev1.NodeCacheStatus) bool { return n.Name == node })
+			r := request()
+			return m.Status.TargetNodes == 2 && m.Status.ReadyNodes == 2 && i >= 0 && m.Status.Nodes[i].Retained &&
+					m.Status.Nodes[i].Reason == prewarmv1alpha1.ReasonNotTarget && strings.Contains(m.Status.Nodes[i].Message, "cordoned") &&
+					r != nil && r.RetainedSince != "",
+				fmt.Sprintf("target %d ready %d nodes %+v request %+v", m.Status.TargetNodes, m.Status.ReadyNodes, m.Status.Nodes, r)
+		})
+		assertTree(t, e.cacheDir(node, uid), model)
+		// Uncordoned before the retention passes: a target again, with the same files.
+		cordon(false)
+		e.waitCache("example-model-cache", 3)
+		if after, err := os.Stat(filepath.Join(e.cacheDir(node, uid), "config.json")); err != nil || !os.SameFile(config, after) {
+			t.Errorf("the cache was fetched again after an uncordon (%v)", err)
+		}
+
+		// Cordoned past the retention: the request is withdrawn, but the files stay while the
+		// pod there runs, and the node's agent says why. The retention (10m here) is made to have
+		// passed by backdating the request's retainedSince, as the cache's own field manager.
+		cordon(true)
+		e.eventually(30*time.Second, "retained again", func() (bool, string) {
+			r := request()
+			return r != nil && r.RetainedSince != "", fmt.Sprintf("request %+v", r)
+		})
+		old := *request()
+		old.RetainedSince = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+		entry, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		apply := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": prewarmv1alpha1.GroupVersion.String(), "kind": "NodeCache",
+			"metadata": map[string]any{"name": node}, "spec": map[string]any{"caches": []any{entry}},
+		}}
+		if err := e.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner("prewarm-cache-"+uid), client.ForceOwnership); err != nil {
+			t.Fatal(err)
+		}
+		e.eventually(60*time.Second, "withdrawn after the retention, kept for the pod", func() (bool, string) {
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := e.c.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+				return false, err.Error()
+			}
+			i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid })
+			return request() == nil && i >= 0 && nc.Status.Caches[i].Reason == prewarmv1alpha1.ReasonInUse &&
+					strings.Contains(nc.Status.Caches[i].Message, "default/"+pod),
+				fmt.Sprintf("request %+v status %+v", request(), nc.Status.Caches)
+		})
+		assertTree(t, e.cacheDir(node, uid), model)
+		// The pod goes: so do the files and the label.
+		if err := e.c.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: pod}}, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+		e.eventually(60*time.Second, "removed once no pod uses it", func() (bool, string) {
+			_, err := os.Stat(prewarmv1alpha1.CacheDir(e.nodeRoot(node), uid))
+			got := e.labelled(label)
+			return os.IsNotExist(err) && !slices.Contains(got, node), fmt.Sprintf("dir: %v; label on %v", err, got)
+		})
+		// Back in service: warmed again.
+		cordon(false)
+		e.waitCache("example-model-cache", 3)
+		assertTree(t, e.cacheDir(node, uid), model)
+	})
+
 	t.Run("a node that joins is warmed; its agent killed mid-download resumes", func(t *testing.T) {
 		proxy := slow
 		e.addNode("g5-d", "ml.g5.24xlarge", proxy.URL, "--concurrency=2")
@@ -547,13 +671,18 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		t.Logf("killed at %d of %d bytes; the restarted agent read %d more", done, total, afterRestart)
 		proxy.SetOptions(shaper.Options{}) // full speed from here on
 		if entries, _ := os.ReadDir(filepath.Join(e.nodeRoot("g5-d"), "prewarm")); len(entries) != 1 {
-			t.Errorf("g5-d holds %v under prewarm/, want only the cache (no partial left)", entries)
+			t.Errorf("g5-d holds %v under prewarm/, want only the cache", entries)
+		}
+		if entries, _ := os.ReadDir(prewarmv1alpha1.CacheDir(e.nodeRoot("g5-d"), uid)); len(entries) != 1 {
+			t.Errorf("g5-d's cache directory holds %v, want only the model (no partial left)", entries)
 		}
 	})
 
-	t.Run("a cache lost on a node loses its label until it is whole again", func(t *testing.T) {
-		slow.SetOptions(shaper.Options{BytesPerSecond: 256 << 10}) // keep the repair slow enough to see
-		if err := os.Remove(filepath.Join(e.cacheDir("g5-d", uid), "config.json")); err != nil {
+	t.Run("a damaged cache loses its label until the damaged file is fetched again, and only that file", func(t *testing.T) {
+		slow.SetOptions(shaper.Options{BytesPerSecond: 1 << 20}) // keep the repair slow enough to see
+		const lost = "model-00002-of-00003.safetensors"
+		before := slow.Served.Load()
+		if err := os.Remove(filepath.Join(e.cacheDir("g5-d", uid), lost)); err != nil {
 			t.Fatal(err)
 		}
 		label := inferencev1.WeightsCacheReadyLabel(uid)
@@ -572,6 +701,12 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		if got := e.labelled(label); !slices.Equal(got, []string{"g5-a", "g5-b", "g5-c", "g5-d"}) {
 			t.Errorf("label on %v after the repair, want all four", got)
 		}
+		// The repair read the lost file (and a listing), not the model again.
+		read := slow.Served.Load() - before
+		if lostSize := int64(len(model[lost])); read < lostSize || read > lostSize+lostSize/4 {
+			t.Errorf("the repair read %d bytes from S3; want about the lost file's %d (the model is %d)", read, lostSize, total)
+		}
+		t.Logf("repair read %d bytes for a lost file of %d (model %d)", read, len(model[lost]), total)
 	})
 
 	t.Run("a node too small fails with the size; the rest are ready; the gate opens", func(t *testing.T) {
@@ -610,8 +745,11 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 				}
 			}
 		}
-		if got := e.entries("g5m-b"); len(got) != 0 {
-			t.Errorf("the small node holds %v, want nothing written", got)
+		// The cache's own (empty) directory is all there is: no byte of the model was written.
+		if got := e.entries("g5m-b"); len(got) > 1 || len(got) == 1 && got[0] != string(m.UID) {
+			t.Errorf("the small node holds %v, want at most the cache's empty directory", got)
+		} else if inside, _ := os.ReadDir(prewarmv1alpha1.CacheDir(e.nodeRoot("g5m-b"), string(m.UID))); len(inside) != 0 {
+			t.Errorf("the small node's cache directory holds %v, want nothing written", inside)
 		}
 		if v, err := scrape(smallMetrics, `prewarm_agent_download_failures_total{reason="InsufficientCapacity"}`); err != nil || v < 1 {
 			t.Errorf("the small node's agent counts %g InsufficientCapacity failures (%v), want >= 1", v, err)
@@ -722,7 +860,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 			_, err := e.mdcc("example-model-cache")
 			var left []string
 			for _, n := range []string{"g5-a", "g5-b", "g5-c", "g5-d"} {
-				if _, err := os.Stat(e.cacheDir(n, uid)); err == nil {
+				if _, err := os.Stat(prewarmv1alpha1.CacheDir(e.nodeRoot(n), uid)); err == nil {
 					left = append(left, n)
 				}
 			}

@@ -39,7 +39,17 @@ type CacheRequest struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	TokenSecret string `json:"tokenSecret,omitempty"`
+	// retainedSince, when set, says the node stopped being a target of the cache at this time
+	// (RFC 3339) for a reason of scheduling state only (cordoned, tainted, unreachable): the
+	// node keeps what it holds but downloads nothing new, and the controller withdraws the
+	// request once its retention has passed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	RetainedSince string `json:"retainedSince,omitempty"`
 }
+
+// Retained reports whether the request only keeps what the node holds.
+func (r CacheRequest) Retained() bool { return r.RetainedSince != "" }
 
 // NodeCacheSpec is what the controller wants one node to hold.
 type NodeCacheSpec struct {
@@ -104,6 +114,10 @@ type CacheStatus struct {
 	// lastTransitionTime is when state last changed.
 	// +optional
 	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+	// lastVerifiedTime is when the agent last read the whole cache back and found every file
+	// matching its checksum.
+	// +optional
+	LastVerifiedTime *metav1.Time `json:"lastVerifiedTime,omitempty"`
 }
 
 // NodeCacheStatus is what the node's agent reports.
@@ -158,9 +172,6 @@ type NodeCacheList struct {
 	Items           []NodeCache `json:"items"`
 }
 
-// Directory is the name of the directory under each allowed root that holds prewarm's caches.
-const Directory = "prewarm"
-
 // Reasons an agent gives for a cache's state on its node (CamelCase, stable: scripts may match
 // on them).
 const (
@@ -177,13 +188,26 @@ const (
 	ReasonSourceUnreachable    = "SourceUnreachable"
 	ReasonDownloadFailed       = "DownloadFailed"
 	ReasonRemoving             = "Removing"
+	// ReasonNotTarget: the node is not a current target (see CacheRequest.RetainedSince) and
+	// does not hold the cache, so it does not download it.
+	ReasonNotTarget = "NotTarget"
+	// ReasonInUse: the cache is no longer wanted on the node, but a pod there still uses it; its
+	// files are removed once no pod does.
+	ReasonInUse = "InUse"
+	// ReasonCacheDamaged: files of a Ready cache no longer match their checksums or sizes; the
+	// agent fetches those files again.
+	ReasonCacheDamaged = "CacheDamaged"
+	// ReasonInvalidSource: the source answers, but what it holds cannot be cached as listed
+	// (a reserved or escaping file name, a request the source refuses for good).
+	ReasonInvalidSource = "InvalidSource"
 )
 
 // Terminal reports whether a failure reason is one that waiting will not fix: a node whose
 // cache failed for such a reason counts as settled for the Deployment gate.
 func Terminal(reason string) bool {
 	switch reason {
-	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied:
+	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied,
+		ReasonInvalidSource:
 		return true
 	}
 	return false

@@ -134,7 +134,12 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 				message: "no node matches the placement yet; the Deployment is created so that its pending pods can bring nodes up"}
 		}
 		var unsettled, failed []string
+		var targets int32
 		for _, n := range st.Nodes {
+			if n.Retained {
+				continue // not a target: pods cannot land there now
+			}
+			targets++
 			switch {
 			case n.State == inferencev1.CacheReady:
 			case n.State == inferencev1.CacheFailed && prewarmv1alpha1.Terminal(n.Reason):
@@ -143,7 +148,7 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 				unsettled = append(unsettled, fmt.Sprintf("%s %s", n.Name, progress(n)))
 			}
 		}
-		if len(unsettled) == 0 && int32(len(st.Nodes)) == st.TargetNodes {
+		if len(unsettled) == 0 && targets == st.TargetNodes {
 			if len(failed) == 0 {
 				return gateState{open: true, reason: inferencev1.ReasonGateOpen,
 					message: fmt.Sprintf("all %d target nodes hold the weights cache", st.TargetNodes)}

@@ -22,8 +22,9 @@ import (
 
 // Paths inside inference pods.
 const (
-	// CacheMountPath is where the node's cache root (<hostPath>/prewarm) is mounted, read-only,
-	// in the init container and the inference container alike, so links resolve in both.
+	// CacheMountPath is where the node's directory of this one cache (<hostPath>/prewarm/<uid>)
+	// is mounted, read-only, in the init container and the inference container alike, so links
+	// resolve in both. A pod sees its own cache only, never another one on the node.
 	CacheMountPath = "/var/lib/prewarm/cache"
 	// WorkMountPath is where the init container sees the model volume (an emptyDir).
 	WorkMountPath = "/var/lib/prewarm/model"
@@ -137,10 +138,10 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 		if cache != nil {
 			uid := string(cache.UID)
 			annotations[controller.WeightsCacheAnnotation] = cache.Name
-			prepare.Args = append(prepare.Args, "--cache-dir="+filepath.Join(CacheMountPath, uid))
+			prepare.Args = append(prepare.Args, "--cache-dir="+filepath.Join(CacheMountPath, prewarmv1alpha1.ModelSubdir))
 			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: cacheVolumeName, VolumeSource: corev1.VolumeSource{
 				HostPath: &corev1.HostPathVolumeSource{
-					Path: filepath.Join(cache.Spec.HostPath, prewarmv1alpha1.Directory), Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+					Path: prewarmv1alpha1.CacheDir(cache.Spec.HostPath, uid), Type: ptr.To(corev1.HostPathDirectoryOrCreate),
 				},
 			}})
 			mount := corev1.VolumeMount{Name: cacheVolumeName, MountPath: CacheMountPath, ReadOnly: true}

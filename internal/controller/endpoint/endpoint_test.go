@@ -86,20 +86,22 @@ func TestPodTemplate(t *testing.T) {
 		t.Fatalf("init containers = %d, want 1", len(spec.InitContainers))
 	}
 	prep := spec.InitContainers[0]
-	for _, want := range []string{"prepare", "--cache-dir=/var/lib/prewarm/cache/cafe-1", "--source=s3://example-bucket/models/m",
+	for _, want := range []string{"prepare", "--cache-dir=/var/lib/prewarm/cache/model", "--source=s3://example-bucket/models/m",
 		"--region=us-west-2", "--s3-endpoint=http://s3.local", "--s3-path-style", "--dest=/var/lib/prewarm/model/model"} {
 		if !slices.Contains(prep.Args, want) {
 			t.Errorf("prepare args %v lack %s", prep.Args, want)
 		}
 	}
-	var hostPath *corev1.HostPathVolumeSource
+	// The pods mount their own cache's directory and no other host path: a pod of another
+	// namespace's parent on the same node cannot see this cache, nor this pod another's.
+	var hostPaths []string
 	for _, v := range spec.Volumes {
 		if v.HostPath != nil {
-			hostPath = v.HostPath
+			hostPaths = append(hostPaths, v.HostPath.Path)
 		}
 	}
-	if hostPath == nil || hostPath.Path != "/opt/dlami/nvme/prewarm" {
-		t.Errorf("hostPath volume = %+v, want the cache root /opt/dlami/nvme/prewarm", hostPath)
+	if !slices.Equal(hostPaths, []string{"/opt/dlami/nvme/prewarm/cafe-1"}) {
+		t.Errorf("host paths mounted = %v, want only the cache's own /opt/dlami/nvme/prewarm/cafe-1", hostPaths)
 	}
 	worker := spec.Containers[0]
 	for _, vm := range append(worker.VolumeMounts, prep.VolumeMounts...) {

@@ -100,35 +100,35 @@ func (r *Reconciler) cachesOfNode(ctx context.Context, o client.Object) []reconc
 
 // Reconcile brings one cache's nodes, labels and status to what its spec asks.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	err := r.reconcile(ctx, req)
+	requeue, err := r.reconcile(ctx, req)
 	r.Metrics.ReconcileError("weightscache", err)
-	return ctrl.Result{}, err
+	return ctrl.Result{RequeueAfter: requeue}, err
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Duration, error) {
 	m := &inferencev1.ModelDataCacheConfig{}
 	if err := r.Client.Get(ctx, req.NamespacedName, m); err != nil {
-		return client.IgnoreNotFound(err)
+		return 0, client.IgnoreNotFound(err)
 	}
 	deleting := !m.DeletionTimestamp.IsZero()
 	if !deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
 		patch := client.MergeFrom(m.DeepCopy())
 		controllerutil.AddFinalizer(m, inferencev1.CacheFinalizer)
 		if err := r.Client.Patch(ctx, m, patch); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
-		return nil
+		return 0, nil
 	}
 
 	nodes := &corev1.NodeList{}
 	if err := r.Client.List(ctx, nodes); err != nil {
-		return err
+		return 0, err
 	}
 	nodeCaches := &prewarmv1alpha1.NodeCacheList{}
 	if err := r.Client.List(ctx, nodeCaches); err != nil {
-		return err
+		return 0, err
 	}
 	byNode := map[string]*prewarmv1alpha1.NodeCache{}
 	for i := range nodeCaches.Items {
@@ -143,17 +143,46 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	if !deleting {
 		var err error
 		if entry.TokenSecret, tokenProblem, err = r.copyToken(ctx, m); err != nil {
-			return err
+			return 0, err
 		}
 	}
 
 	// Targets: the nodes the parent's pods may run on (none while deleting, or when the cache
-	// cannot be kept at all).
+	// cannot be kept at all). A node the placement selects but whose scheduling state keeps the
+	// pods off for now (cordoned, tainted, unreachable) is not a target, but keeps what it was
+	// asked for until the retention passes: that state passes, and the model will be wanted
+	// there again.
 	var targets []*corev1.Node
+	retained := map[string]retention{}
+	var requeue time.Duration
+	now := r.Now()
 	if !deleting && allowed && srcErr == nil {
 		for i := range nodes.Items {
-			if ok, _ := placement.Match(m.Spec.Placement, &nodes.Items[i]); ok {
-				targets = append(targets, &nodes.Items[i])
+			n := &nodes.Items[i]
+			if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
+				continue
+			}
+			ok, why := placement.Admits(m.Spec.Placement, n)
+			if ok {
+				targets = append(targets, n)
+				continue
+			}
+			asked := requestFor(byNode[n.Name], uid)
+			if asked == nil {
+				continue // never asked here: nothing to keep
+			}
+			since := asked.RetainedSince
+			t, err := time.Parse(time.RFC3339, since)
+			if err != nil {
+				since, t = now.UTC().Format(time.RFC3339), now
+			}
+			left := r.Config.Retention - now.Sub(t)
+			if left <= 0 {
+				continue // kept long enough: withdrawn below
+			}
+			retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention), why: why}
+			if requeue == 0 || left < requeue {
+				requeue = left
 			}
 		}
 	}
@@ -162,26 +191,34 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 		isTarget[n.Name] = true
 	}
 
-	// Ask each target node for the cache; withdraw the ask from every other node.
-	for _, n := range targets {
-		if nc := byNode[n.Name]; nc != nil && slices.ContainsFunc(nc.Spec.Caches, func(c prewarmv1alpha1.CacheRequest) bool { return c == entry }) {
+	// Ask each target node for the cache, and each retained node to keep it; withdraw the ask
+	// from every other node.
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		want := entry
+		if keep, ok := retained[n.Name]; ok {
+			want.RetainedSince = keep.since
+		} else if !isTarget[n.Name] {
 			continue
 		}
-		if err := r.applyEntry(ctx, n, &entry, uid); err != nil {
-			return fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
+		if asked := requestFor(byNode[n.Name], uid); asked != nil && *asked == want {
+			continue
+		}
+		if err := r.applyEntry(ctx, n, &want, uid); err != nil {
+			return 0, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
 		}
 	}
 	for _, nc := range nodeCaches.Items {
-		if isTarget[nc.Name] || !slices.ContainsFunc(nc.Spec.Caches, func(c prewarmv1alpha1.CacheRequest) bool { return c.UID == uid }) {
+		if _, keep := retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(&nc, uid) == nil {
 			continue
 		}
 		if err := r.withdrawEntry(ctx, &nc, uid); err != nil {
-			return fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
+			return 0, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
 		}
 	}
 
 	// What the agents report.
-	st := r.gather(m, targets, byNode)
+	st := r.gather(m, targets, retained, byNode)
 	r.nodeEvents(m, st)
 
 	// Labels: on exactly the Ready target nodes.
@@ -189,13 +226,13 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	ready := map[string]bool{}
 	for _, ns := range st.Nodes {
 		if ns.State == inferencev1.CacheReady {
-			ready[ns.Name] = true
+			ready[ns.Name] = true // retained nodes too: new pods prefer them again once they are admitted
 		}
 	}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		if err := controller.SetNodeLabel(ctx, r.Client, n, label, ready[n.Name] && !deleting); err != nil {
-			return err
+			return 0, err
 		}
 	}
 
@@ -221,29 +258,29 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 				fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), controller.Summarize(holders, 5)))
 		}
 		if err := r.writeStatus(ctx, m, st); err != nil {
-			return err
+			return 0, err
 		}
 		if len(holders) > 0 {
-			return nil // NodeCache events bring us back
+			return 0, nil // NodeCache events bring us back
 		}
 		if err := r.deleteToken(ctx, m); err != nil {
-			return err
+			return 0, err
 		}
 		patch := client.MergeFrom(m.DeepCopy())
 		controllerutil.RemoveFinalizer(m, inferencev1.CacheFinalizer)
 		if err := r.Client.Patch(ctx, m, patch); err != nil {
-			return client.IgnoreNotFound(err)
+			return 0, client.IgnoreNotFound(err)
 		}
 		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
 		r.Metrics.WeightsCache(m, true)
 		controller.Event(r.Recorder, m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
-		return nil
+		return requeue, nil
 	}
 	if err := r.writeStatus(ctx, m, st); err != nil {
-		return err
+		return 0, err
 	}
 	r.Metrics.WeightsCache(m, false)
-	return nil
+	return requeue, nil
 }
 
 // holdersOf lists the nodes whose NodeCache still asks for or reports cache uid.
@@ -303,6 +340,24 @@ func (r *Reconciler) withdrawEntry(ctx context.Context, nc *prewarmv1alpha1.Node
 }
 
 func fieldManager(uid string) string { return "prewarm-cache-" + uid }
+
+// retention is why and how long a node that is not a target keeps a cache.
+type retention struct {
+	since string // RFC 3339, as in the NodeCache request
+	until time.Time
+	why   string
+}
+
+// requestFor returns nc's request for cache uid, or nil.
+func requestFor(nc *prewarmv1alpha1.NodeCache, uid string) *prewarmv1alpha1.CacheRequest {
+	if nc == nil {
+		return nil
+	}
+	if i := slices.IndexFunc(nc.Spec.Caches, func(c prewarmv1alpha1.CacheRequest) bool { return c.UID == uid }); i >= 0 {
+		return &nc.Spec.Caches[i]
+	}
+	return nil
+}
 
 // nodeEvents records a node's cache becoming Ready or Failed.
 func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus) {

@@ -3,8 +3,10 @@ package weightscache
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -18,7 +20,7 @@ import (
 )
 
 // gather builds the cache's status from the target nodes' NodeCache reports.
-func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) inferencev1.ModelDataCacheConfigStatus {
+func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache) inferencev1.ModelDataCacheConfigStatus {
 	uid := string(m.UID)
 	st := inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: m.Generation,
@@ -70,6 +72,28 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 			failures = append(failures, fmt.Sprintf("%s: %s", n.Name, ns.Message))
 		default:
 			pending++
+		}
+		st.Nodes = append(st.Nodes, ns)
+	}
+
+	// Retained nodes: listed, not counted.
+	for _, name := range slices.Sorted(maps.Keys(retained)) {
+		ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: true}
+		keep := retained[name]
+		if nc := byNode[name]; nc != nil {
+			if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
+				rep := nc.Status.Caches[i]
+				ns.State, ns.BytesDone, ns.BytesTotal = rep.State, rep.BytesDone, rep.BytesTotal
+			}
+		}
+		ns.Reason = prewarmv1alpha1.ReasonNotTarget
+		ns.Message = fmt.Sprintf("not a current target (%s); keeps its copy until %s, downloads nothing new",
+			keep.why, keep.until.UTC().Format(time.RFC3339))
+		if p, ok := previous[name]; ok && p.State == ns.State && p.Retained {
+			ns.LastTransitionTime = p.LastTransitionTime
+		} else {
+			now := metav1.NewTime(r.Now())
+			ns.LastTransitionTime = &now
 		}
 		st.Nodes = append(st.Nodes, ns)
 	}

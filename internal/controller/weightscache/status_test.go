@@ -54,7 +54,7 @@ func TestGather(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := r.gather(m, tt.targets, tt.byNode)
+			st := r.gather(m, tt.targets, nil, tt.byNode)
 			c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 			if st.State != tt.state || st.ReadyNodes != tt.ready || st.TargetNodes != int32(len(tt.targets)) ||
 				c == nil || c.Reason != tt.reason || !strings.Contains(c.Message, tt.inMessage) || st.ObservedGeneration != 3 {
@@ -62,7 +62,7 @@ func TestGather(t *testing.T) {
 			}
 		})
 	}
-	st := r.gather(m, nodes("a"), map[string]*prewarmv1alpha1.NodeCache{"a": {}})
+	st := r.gather(m, nodes("a"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": {}})
 	if st.Nodes[0].Reason != "AgentNotReporting" || !strings.Contains(st.Nodes[0].Message, "agent") {
 		t.Errorf("a node whose agent never reported: %+v", st.Nodes[0])
 	}

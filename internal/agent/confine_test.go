@@ -1,0 +1,217 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/gen"
+)
+
+// runAgent runs an agent for node under its own manager until the test ends.
+func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, o agent.Options) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
+		Scheme:     testutil.Scheme(),
+		Cache:      agent.CacheOptions(node),
+		Metrics:    metricsserver.Options{BindAddress: "0"},
+		Logger:     logr.Discard(),
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}, // one agent per test in this process
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.NodeName = node
+	if err := agent.New(mgr.GetClient(), mgr.GetAPIReader(), o).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	mctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// watchStatus returns a reader of one cache's status in node's NodeCache, and a wait that fails
+// the test with the named caches' statuses when its condition does not hold in time.
+func watchStatus(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, uids ...string) (func(string) prewarmv1alpha1.CacheStatus, func(string, func() bool)) {
+	status := func(uid string) prewarmv1alpha1.CacheStatus {
+		got := &prewarmv1alpha1.NodeCache{}
+		if err := api.Client.Get(ctx, client.ObjectKey{Name: node}, got); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range got.Status.Caches {
+			if c.UID == uid {
+				return c
+			}
+		}
+		return prewarmv1alpha1.CacheStatus{}
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		if err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) { return cond(), nil }); err != nil {
+			var sts []string
+			for _, uid := range uids {
+				sts = append(sts, fmt.Sprintf("%+v", status(uid)))
+			}
+			t.Fatalf("%s: %v; caches %s", what, err, strings.Join(sts, "; "))
+		}
+	}
+	return status, wait
+}
+
+func writeFiles(t *testing.T, dir string, files map[string][]byte) {
+	t.Helper()
+	for p, data := range files {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Paths are confined: a <root>/prewarm that is a link leads nowhere (nothing is written or
+// removed through it); an FSx modelLocation that is, or passes through, a link out of the FSx
+// root is refused; a model's own link out of its tree is skipped, the rest cached. And a Ready
+// cache whose content changes on disk (one byte flipped, the size unchanged) leaves Ready and
+// has only the damaged file fetched again.
+func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
+	ctrl.SetLogger(logr.Discard())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	api, err := testutil.StartAPIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Stop() })
+
+	const (
+		uidLinked  = "66666666-6666-4666-8666-666666666666"
+		uidEscape  = "77777777-7777-4777-8777-777777777777"
+		uidVia     = "88888888-8888-4888-8888-888888888888"
+		uidGood    = "99999999-9999-4999-8999-999999999999"
+		uidVictim  = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
+		linkedRoot = "/opt/linked"
+		root       = "/opt/dlami/nvme"
+	)
+	host := t.TempDir()
+	secret := map[string][]byte{"secret.key": []byte("host secret")}
+	writeFiles(t, filepath.Join(host, "etc", "private"), secret)
+	// Something of the host's, named like a cache, that a removal through the link would hit.
+	writeFiles(t, filepath.Join(host, "etc", "private", uidVictim), map[string][]byte{"keep": []byte("keep")})
+	// Root /opt/linked's prewarm directory is a link to the host's /etc/private.
+	for _, r := range []string{linkedRoot, root} {
+		if err := os.MkdirAll(filepath.Join(host, r), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(host, "etc", "private"), filepath.Join(host, linkedRoot, "prewarm")); err != nil {
+		t.Fatal(err)
+	}
+	// FSx: a real model with one link out of its tree; a model location that is a link out of
+	// the FSx root; one that passes through such a link.
+	model := map[string][]byte{"config.json": []byte(`{"a":1}`), "model.safetensors": gen.Bytes(9, 2<<20)}
+	writeFiles(t, filepath.Join(host, "fsx", "good"), model)
+	if err := os.Symlink(filepath.Join(host, "etc", "private", "secret.key"), filepath.Join(host, "fsx", "good", "leak.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(host, "etc", "private"), filepath.Join(host, "fsx", "escape")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(host, "etc"), filepath.Join(host, "fsx", "via")); err != nil {
+		t.Fatal(err)
+	}
+
+	nc := &prewarmv1alpha1.NodeCache{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
+			{UID: uidLinked, Namespace: "a", Name: "linked", Root: linkedRoot, Source: "/fsx/good"},
+			{UID: uidEscape, Namespace: "b", Name: "escape", Root: root, Source: "/fsx/escape"},
+			{UID: uidVia, Namespace: "b", Name: "via", Root: root, Source: "/fsx/via/private"},
+			{UID: uidGood, Namespace: "c", Name: "good", Root: root, Source: "/fsx/good"},
+		}},
+	}
+	if err := api.Client.Create(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, ctx, api, "node-1", agent.Options{
+		Roots: []string{root, linkedRoot}, HostPrefix: host, FileSourceRoots: []string{"/fsx"},
+		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond, VerifyInterval: 300 * time.Millisecond,
+		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
+	})
+	status, wait := watchStatus(t, ctx, api, "node-1", uidLinked, uidEscape, uidVia, uidGood)
+	wait("all settled", func() bool {
+		return status(uidLinked).State == inferencev1.CacheFailed && status(uidEscape).State == inferencev1.CacheFailed &&
+			status(uidVia).State == inferencev1.CacheFailed && status(uidGood).State == inferencev1.CacheReady &&
+			status(uidGood).LastVerifiedTime != nil
+	})
+	if st := status(uidLinked); st.Reason != prewarmv1alpha1.ReasonHostPathNotAllowed || !strings.Contains(st.Message, "symbolic link") {
+		t.Errorf("a root whose prewarm directory is a link: %+v; want HostPathNotAllowed naming the link", st)
+	}
+	for _, uid := range []string{uidEscape, uidVia} {
+		if st := status(uid); !prewarmv1alpha1.Terminal(st.Reason) || !strings.Contains(st.Message, "/fsx/") {
+			t.Errorf("a source leading out of the FSx root: %+v; want a terminal failure naming it", st)
+		}
+	}
+	// Nothing written or removed through the link, nothing of the host's in any cache.
+	entries, _ := os.ReadDir(filepath.Join(host, "etc", "private"))
+	if len(entries) != 2 {
+		t.Errorf("the link's target holds %v, want only what the host put there", entries)
+	}
+	if _, err := os.Stat(filepath.Join(host, "etc", "private", uidVictim, "keep")); err != nil {
+		t.Errorf("a host directory named like a cache was removed through the link: %v", err)
+	}
+	good := prewarmv1alpha1.ModelDir(filepath.Join(host, root), uidGood)
+	got, _ := os.ReadDir(good)
+	var names []string
+	for _, e := range got {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, ",") != ".prewarm-manifest.json,config.json,model.safetensors" {
+		t.Errorf("the good cache holds %v; want the model without the link out of its tree", names)
+	}
+	for _, uid := range []string{uidEscape, uidVia} {
+		if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uid)); len(e) != 0 {
+			t.Errorf("cache %s holds %v, want nothing", uid, e)
+		}
+	}
+
+	// One byte flipped in the Ready cache, size unchanged: the periodic content check catches
+	// it, the cache leaves Ready, and the file is fetched again.
+	shard := filepath.Join(good, "model.safetensors")
+	data, _ := os.ReadFile(shard)
+	data[12345] ^= 0x01
+	if err := os.WriteFile(shard, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	config, _ := os.Stat(filepath.Join(good, "config.json"))
+	wait("repaired and Ready again", func() bool {
+		b, _ := os.ReadFile(shard)
+		return string(b) == string(model["model.safetensors"]) && status(uidGood).State == inferencev1.CacheReady
+	})
+	if after, _ := os.Stat(filepath.Join(good, "config.json")); !os.SameFile(config, after) {
+		t.Error("the repair replaced an undamaged file")
+	}
+}

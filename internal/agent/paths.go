@@ -1,0 +1,132 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// errNotConfined is matched by the errors of paths that would lead out of where the agent may
+// write or read: a symbolic link where prewarm wants a directory, a source that leaves its root.
+var errNotConfined = errors.New("not confined")
+
+type confineError struct{ msg string }
+
+func (e *confineError) Error() string        { return e.msg }
+func (e *confineError) Is(target error) bool { return target == errNotConfined }
+
+// ensureCacheDir makes <root>/prewarm/<uid> (as seen from the agent) a real directory inside the
+// allowed root, creating what is missing, and returns its path. An allowed root is the cluster
+// admin's and may itself be reached through a link; below it, prewarm's directory and the cache
+// directory must be directories, not links: a link there could point anywhere on the node.
+// Everything is looked up through an os.Root of the allowed root, so no component can lead out
+// of it.
+func (o *Options) ensureCacheDir(root, uid string) (string, error) {
+	if !uidPattern.MatchString(uid) {
+		return "", fmt.Errorf("%q is not a cache UID", uid)
+	}
+	r, err := os.OpenRoot(o.local(root))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", errNoRoot{root}
+	}
+	if err != nil {
+		return "", fmt.Errorf("opening the allowed root %s: %w", root, err)
+	}
+	defer func() { r.Close() }()
+	node := root
+	for _, name := range []string{prewarmv1alpha1.Directory, uid} {
+		node = filepath.Join(node, name)
+		if err := realDir(r, name, node, true); err != nil {
+			return "", err
+		}
+		sub, err := r.OpenRoot(name)
+		if err != nil {
+			return "", err
+		}
+		r.Close()
+		r = sub
+	}
+	return o.cacheDir(root, uid), nil
+}
+
+// errNoRoot: an allowed root that this node does not have (no local disk mounted there).
+type errNoRoot struct{ root string }
+
+func (e errNoRoot) Error() string {
+	return fmt.Sprintf("the allowed root %s does not exist on this node: no local disk to keep caches on", e.root)
+}
+
+// realDir checks that name, under r, is a directory and not a symbolic link; with create, a
+// missing one is made. node is its path on the node, for messages.
+func realDir(r *os.Root, name, node string, create bool) error {
+	info, err := r.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) && create {
+		if err := r.Mkdir(name, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		info, err = r.Lstat(name)
+	}
+	if err != nil {
+		return err
+	}
+	if info.Mode()&fs.ModeSymlink != 0 {
+		target, _ := r.Readlink(name)
+		return &confineError{fmt.Sprintf("%s is a symbolic link (to %s); prewarm keeps caches only in real directories under an allowed root", node, target)}
+	}
+	if !info.IsDir() {
+		return &confineError{fmt.Sprintf("%s is not a directory", node)}
+	}
+	return nil
+}
+
+// openCacheParent opens <root>/prewarm for removals and scans; it fails when that is a link.
+func (o *Options) openCacheParent(root string) (*os.Root, error) {
+	r, err := os.OpenRoot(o.local(root))
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	if err := realDir(r, prewarmv1alpha1.Directory, filepath.Join(root, prewarmv1alpha1.Directory), false); err != nil {
+		return nil, err
+	}
+	return r.OpenRoot(prewarmv1alpha1.Directory)
+}
+
+// fileSource resolves a file source (a node path under one of FileSourceRoots) inside its root:
+// it returns the os.Root of the source root and the path of the model below it. Links on the
+// way are followed only while they stay inside the source root.
+func (o *Options) fileSource(path string) (*os.Root, string, error) {
+	if err := o.checkSource(path); err != nil {
+		return nil, "", err
+	}
+	for _, r := range o.FileSourceRoots {
+		rel, ok := strings.CutPrefix(path, r+"/")
+		if !ok {
+			continue
+		}
+		root, err := os.OpenRoot(o.local(r))
+		if err != nil {
+			return nil, "", fmt.Errorf("opening the file source root %s: %w", r, err)
+		}
+		info, err := root.Stat(rel)
+		if err != nil {
+			root.Close()
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, "", &source.NotFoundError{Err: fmt.Errorf("source %s: %w", path, err)}
+			}
+			return nil, "", &confineError{fmt.Sprintf("source %s: %v (a source may not lead out of %s)", path, err, r)}
+		}
+		if !info.IsDir() {
+			root.Close()
+			return nil, "", fmt.Errorf("source %s is not a directory", path)
+		}
+		return root, rel, nil
+	}
+	return nil, "", fmt.Errorf("source %s is not under an allowed file source root (%s)", path, strings.Join(o.FileSourceRoots, ", "))
+}
