@@ -49,16 +49,9 @@ func TestInstallManifestsAreValid(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				break
-			}
-			if len(u.Object) > 0 {
-				u.SetAnnotations(map[string]string{"source": res})
-				objs = append(objs, u)
-			}
+		for _, u := range decodeManifests(raw) {
+			u.SetAnnotations(map[string]string{"source": res})
+			objs = append(objs, u)
 		}
 	}
 	// Namespaces first, as kustomize orders them: the namespaced objects need them to exist,
@@ -91,4 +84,19 @@ func cmpBool(a, b bool) int {
 		return 1
 	}
 	return -1
+}
+
+// decodeManifests splits a multi-document YAML file into its (non-empty) objects.
+func decodeManifests(raw []byte) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			return out
+		}
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
 }

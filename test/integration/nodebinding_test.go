@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -13,8 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -34,13 +31,8 @@ func createManifests(t *testing.T, ctx context.Context, kinds map[string]bool, f
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err != nil {
-				break
-			}
-			if len(u.Object) == 0 || !kinds[u.GetKind()] {
+		for _, u := range decodeManifests(raw) {
+			if !kinds[u.GetKind()] {
 				continue
 			}
 			if err := server.Client.Create(ctx, u); err != nil && !apierrors.IsAlreadyExists(err) {
