@@ -79,8 +79,8 @@ MODEL_SIZE ?= 2GiB
 SANDBOX_FLAGS ?=
 
 .PHONY: run
-run: build testbin ## Run the whole of prewarm on this machine (kubectl-prewarm sandbox up); MODEL_SIZE, SANDBOX_FLAGS.
-	$(LOCALBIN)/kubectl-prewarm sandbox up --model-size $(MODEL_SIZE) $(SANDBOX_FLAGS)
+run: build testbin ## Run the whole of prewarm on this machine (prewarm-sandbox up); MODEL_SIZE, SANDBOX_FLAGS.
+	$(LOCALBIN)/prewarm-sandbox up --model-size $(MODEL_SIZE) $(SANDBOX_FLAGS)
 
 ##@ Tools
 

@@ -2,6 +2,9 @@
 // inference pods.
 package main
 
-import "github.com/prewarm/prewarm/internal/cli"
+import (
+	"github.com/prewarm/prewarm/internal/cli"
+	"github.com/prewarm/prewarm/internal/cli/agentcmd"
+)
 
-func main() { cli.Main(cli.NewAgentCommand()) }
+func main() { cli.Main(agentcmd.NewAgentCommand()) }

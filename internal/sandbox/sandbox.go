@@ -95,7 +95,7 @@ func Up(ctx context.Context, o Options) (err error) {
 		return fmt.Errorf("--model-size %d: at least 4MiB", o.ModelSize)
 	}
 	if _, err := os.Stat(o.Dir); err == nil {
-		return fmt.Errorf("%s exists: is a sandbox running? stop it with `kubectl-prewarm sandbox down` (or remove the folder)", o.Dir)
+		return fmt.Errorf("%s exists: is a sandbox running? stop it with `prewarm-sandbox down` (or remove the folder)", o.Dir)
 	}
 	for _, b := range []string{"controller", "agent"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
@@ -149,7 +149,7 @@ func Up(ctx context.Context, o Options) (err error) {
 	if o.Exit {
 		return nil
 	}
-	s.say("\nThe sandbox is up. Explore it:\n  export KUBECONFIG=%s\n  kubectl get modeldatacacheconfig\n  kubectl get inferenceimagecache -n %s\n  kubectl-prewarm status\n  kubectl-prewarm explain node %s\nStop it with Ctrl-C or `kubectl-prewarm sandbox down`.",
+	s.say("\nThe sandbox is up. Explore it:\n  export KUBECONFIG=%s\n  kubectl get modeldatacacheconfig\n  kubectl get inferenceimagecache -n %s\n  kubectl-prewarm status\n  kubectl-prewarm explain node %s\nStop it with Ctrl-C or `prewarm-sandbox down`.",
 		s.kubeconfig(), opNS, coldNode)
 	<-ctx.Done()
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {

@@ -90,3 +90,27 @@ func TestEngineImportsNothingFromKubernetes(t *testing.T) {
 		}
 	}
 }
+
+// The binaries prewarm ships link no test code, not even indirectly: the agent runs on every GPU
+// node, the controller in every cluster. And the controller does not link the agent, nor the
+// agent the controller. (prewarm-sandbox, a development tool on the test harness, is not shipped.)
+func TestShippedBinariesLinkNoTestCode(t *testing.T) {
+	const mod = "github.com/prewarm/prewarm/"
+	testCode := []string{
+		mod + "internal/testutil", mod + "internal/sandbox",
+		"sigs.k8s.io/controller-runtime/pkg/envtest", "net/http/httptest", "testing",
+	}
+	notIn := map[string][]string{
+		mod + "cmd/controller": {mod + "internal/agent", mod + "internal/cli/agentcmd"},
+		mod + "cmd/agent":      {mod + "internal/controller", mod + "internal/cli/kubectl"},
+	}
+	for _, p := range list(t, "./cmd/agent", "./cmd/controller", "./cmd/kubectl-prewarm", "./cmd/sleeper") {
+		for _, dep := range p.Deps {
+			for _, bad := range append(testCode, notIn[p.ImportPath]...) {
+				if dep == bad || strings.HasPrefix(dep, bad+"/") {
+					t.Errorf("%s links %s", p.ImportPath, dep)
+				}
+			}
+		}
+	}
+}

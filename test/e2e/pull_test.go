@@ -24,7 +24,7 @@ import (
 )
 
 var (
-	cliPath, agentPath, controllerPath string
+	cliPath, agentPath, controllerPath, sandboxPath string
 	s3srv                              *s3fixture.Server
 	model                              = map[string][]byte{}
 	total                              int64
@@ -45,6 +45,7 @@ func run(m *testing.M) int {
 	cliPath = filepath.Join(tmp, "kubectl-prewarm")
 	agentPath = filepath.Join(tmp, "agent")
 	controllerPath = filepath.Join(tmp, "controller")
+	sandboxPath = filepath.Join(tmp, "prewarm-sandbox")
 	build := exec.Command("go", "build", "-o", tmp+"/", "github.com/prewarm/prewarm/cmd/...")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

@@ -19,7 +19,7 @@ func TestSandboxUpExit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	dir := filepath.Join(t.TempDir(), "sandbox")
-	cmd := exec.CommandContext(ctx, cliPath, "sandbox", "up", "--exit", "--model-size=32MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
+	cmd := exec.CommandContext(ctx, sandboxPath, "up", "--exit", "--model-size=32MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("sandbox up --exit: %v\n%s", err, out)
@@ -86,7 +86,7 @@ func TestSandboxDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	dir := filepath.Join(t.TempDir(), "sandbox")
-	up := exec.CommandContext(ctx, cliPath, "sandbox", "up", "--model-size=8MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
+	up := exec.CommandContext(ctx, sandboxPath, "up", "--model-size=8MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
 	var mu sync.Mutex
 	var out bytes.Buffer
 	up.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })
@@ -115,7 +115,7 @@ func TestSandboxDown(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "kubeconfig")); err != nil {
 		t.Errorf("no kubeconfig for kubectl: %v", err)
 	}
-	downOut, err := exec.CommandContext(ctx, cliPath, "sandbox", "down", "--dir="+dir).CombinedOutput()
+	downOut, err := exec.CommandContext(ctx, sandboxPath, "down", "--dir="+dir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("sandbox down: %v\n%s", err, downOut)
 	}
@@ -130,7 +130,7 @@ func TestSandboxDown(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("%s still exists after sandbox down (%v)", dir, err)
 	}
-	if out, err := exec.CommandContext(ctx, cliPath, "sandbox", "down", "--dir="+dir).CombinedOutput(); err != nil || !strings.Contains(string(out), "no sandbox") {
+	if out, err := exec.CommandContext(ctx, sandboxPath, "down", "--dir="+dir).CombinedOutput(); err != nil || !strings.Contains(string(out), "no sandbox") {
 		t.Errorf("a second down: %v %s", err, out)
 	}
 }

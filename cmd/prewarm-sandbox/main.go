@@ -1,27 +1,29 @@
-package cli
+// Command prewarm-sandbox runs the whole of prewarm on one machine, for trying it out and for
+// the end-to-end tests: a local control plane, simulated GPU nodes, a local S3 server, the
+// controller and one agent per node. It is built on the test harness (internal/testutil) and is
+// not shipped in prewarm's images.
+package main
 
 import (
-	"bytes"
-	"context"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/cli"
+	"github.com/prewarm/prewarm/internal/cli/kubectl"
 	"github.com/prewarm/prewarm/internal/sandbox"
-	"github.com/prewarm/prewarm/internal/scheme"
 )
 
 func defaultSandboxDir() string { return filepath.Join(os.TempDir(), "prewarm-sandbox") }
 
 func newSandboxCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "sandbox",
-		Short: "Run the whole of prewarm on this machine: control plane, simulated GPU nodes, S3, agents",
+		Use:           "prewarm-sandbox",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Short:         "Run the whole of prewarm on this machine: control plane, simulated GPU nodes, S3, agents",
 	}
 	var (
 		o         sandbox.Options
@@ -39,14 +41,14 @@ to 5 replicas after a node without the cache joins, run each pod's init containe
 its node's disk and print how long each pod waited for its weights and what it read from S3.
 
 Run it from a clone of prewarm after make build. It stays up for kubectl until Ctrl-C or
-"sandbox down"; with --exit it stops after the measurement. Logs: <dir>/logs.`,
+"prewarm-sandbox down"; with --exit it stops after the measurement. Logs: <dir>/logs.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			size, err := ParseBytes(modelSize)
+			size, err := cli.ParseBytes(modelSize)
 			if err != nil {
 				return err
 			}
-			o.ModelSize, o.Out, o.Status = size, cmd.OutOrStdout(), sandboxStatus
+			o.ModelSize, o.Out, o.Status = size, cmd.OutOrStdout(), kubectl.StatusAll
 			if o.BinDir == "" {
 				self, err := os.Executable()
 				if err != nil {
@@ -76,27 +78,4 @@ Run it from a clone of prewarm after make build. It stays up for kubectl until C
 	return cmd
 }
 
-// sandboxStatus renders `kubectl-prewarm status -A` and says whether every parent is complete.
-func sandboxStatus(ctx context.Context, kubeconfig string) (string, bool, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return "", false, err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		return "", false, err
-	}
-	rep, err := buildStatus(ctx, c, "", "")
-	if err != nil {
-		return "", false, err
-	}
-	var buf bytes.Buffer
-	if err := renderStatus(&buf, rep, true); err != nil {
-		return "", false, err
-	}
-	ready := len(rep.Parents) > 0
-	for _, p := range rep.Parents {
-		ready = ready && p.State == string(inferencev1.DeploymentComplete)
-	}
-	return buf.String(), ready, nil
-}
+func main() { cli.Main(newSandboxCommand()) }

@@ -1,6 +1,7 @@
-package cli
+package kubectl
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,8 +14,12 @@ import (
 	"golang.org/x/term"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -278,4 +283,30 @@ func renderExplanation(w io.Writer, ex *NodeExplanation) error {
 	section("weights caches", ex.Weights)
 	section("image caches", ex.Images)
 	return nil
+}
+
+// StatusAll renders `kubectl-prewarm status -A` for the cluster of a kubeconfig file, and says
+// whether every parent is complete (the sandbox shows it as it waits).
+func StatusAll(ctx context.Context, kubeconfig string) (string, bool, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return "", false, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		return "", false, err
+	}
+	rep, err := buildStatus(ctx, c, "", "")
+	if err != nil {
+		return "", false, err
+	}
+	var buf bytes.Buffer
+	if err := renderStatus(&buf, rep, true); err != nil {
+		return "", false, err
+	}
+	ready := len(rep.Parents) > 0
+	for _, p := range rep.Parents {
+		ready = ready && p.State == string(inferencev1.DeploymentComplete)
+	}
+	return buf.String(), ready, nil
 }

@@ -1,16 +1,16 @@
-package cli
+package kubectl
 
 import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
@@ -62,13 +62,13 @@ a pull of what DEST already holds returns at once.`,
 }
 
 func (o *pullOptions) run(cmd *cobra.Command, src, dest string) error {
-	partSize, err := ParseBytes(o.partSize)
+	partSize, err := cli.ParseBytes(o.partSize)
 	if err != nil {
 		return fmt.Errorf("--part-size: %w", err)
 	}
 	var limit int64
 	if o.limitRate != "" {
-		if limit, err = ParseBytes(o.limitRate); err != nil {
+		if limit, err = cli.ParseBytes(o.limitRate); err != nil {
 			return fmt.Errorf("--limit-rate: %w", err)
 		}
 	}
@@ -124,29 +124,6 @@ func revisionNote(rev string) string {
 		return ""
 	}
 	return "; revision " + rev
-}
-
-// ParseBytes reads a size such as 16MiB, 500MB, 1.5G or 1048576.
-func ParseBytes(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	i := len(t)
-	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
-		i--
-	}
-	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("%q is not a size (e.g. 16MiB, 500MB)", s)
-	}
-	mult := map[string]float64{
-		"": 1, "b": 1,
-		"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-		"ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20, "gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40,
-	}[unit]
-	if mult == 0 {
-		return 0, fmt.Errorf("%q: unknown unit %q (use B, kB, MB, GB, KiB, MiB, GiB)", s, unit)
-	}
-	return int64(v * mult), nil
 }
 
 // progressDisplay draws a bar on a terminal, or prints a line every few seconds elsewhere.

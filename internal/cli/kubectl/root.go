@@ -1,16 +1,18 @@
-// Package cli holds the commands of kubectl-prewarm, thin over prewarm's libraries.
-package cli
+// Package kubectl holds the commands of kubectl-prewarm (also a kubectl plugin): status, explain
+// node, pull and version.
+package kubectl
 
 import (
 	"fmt"
 	"os"
-	"runtime/debug"
 	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/prewarm/prewarm/internal/cli"
 )
 
 // NewRootCommand returns the kubectl-prewarm command tree.
@@ -50,7 +52,7 @@ func newRoot(streams genericiooptions.IOStreams, now func() time.Time) *cobra.Co
 	flags := genericclioptions.NewConfigFlags(true)
 	flags.AddFlags(root.PersistentFlags())
 	root.AddCommand(newVersionCommand(), newPullCommand(),
-		newStatusCommand(flags, streams, now), newExplainCommand(flags, streams, now), newSandboxCommand())
+		newStatusCommand(flags, streams, now), newExplainCommand(flags, streams, now))
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
 	return root
@@ -62,16 +64,8 @@ func newVersionCommand() *cobra.Command {
 		Short: "Print the version of kubectl-prewarm",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), Version())
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), cli.Version())
 			return err
 		},
 	}
-}
-
-// Version is the module version this binary was built from, or "devel".
-func Version() string {
-	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
-		return info.Main.Version
-	}
-	return "devel"
 }

@@ -1,94 +1,30 @@
-package cli
+// Package agentcmd is the command tree of the agent binary: the node agent, and "agent prepare",
+// the init container of inference pods.
+package agentcmd
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/pkg/engine"
-	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
-
-// sourceFlags are the flags that reach S3 and the Hugging Face Hub.
-type sourceFlags struct {
-	s3Endpoint  string
-	s3PathStyle bool
-	hfEndpoint  string
-	concurrency int
-	partSize    string
-	limitRate   string
-}
-
-func (f *sourceFlags) register(cmd *cobra.Command) {
-	fs := cmd.Flags()
-	fs.StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store (default: AWS)")
-	fs.BoolVar(&f.s3PathStyle, "s3-path-style", false, "address S3 buckets in the path (most S3-compatible stores want it)")
-	fs.StringVar(&f.hfEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror; default https://huggingface.co)")
-	fs.IntVar(&f.concurrency, "concurrency", engine.DefaultConcurrency, "ranged reads in flight at once, per cache")
-	fs.StringVar(&f.partSize, "part-size", "16MiB", "size of each ranged read")
-	fs.StringVar(&f.limitRate, "limit-rate", "", "cap each download's rate, in bytes per second (e.g. 500MB)")
-}
-
-func (f *sourceFlags) engineOptions() ([]engine.Option, error) {
-	part, err := ParseBytes(f.partSize)
-	if err != nil {
-		return nil, fmt.Errorf("--part-size: %w", err)
-	}
-	opts := []engine.Option{engine.WithConcurrency(f.concurrency), engine.WithPartSize(part)}
-	if f.limitRate != "" {
-		limit, err := ParseBytes(f.limitRate)
-		if err != nil {
-			return nil, fmt.Errorf("--limit-rate: %w", err)
-		}
-		opts = append(opts, engine.WithRateLimit(limit))
-	}
-	return opts, nil
-}
-
-// sourceOptions returns the source options for one address.
-func (f *sourceFlags) sourceOptions(uri, region string) sources.Options {
-	o := sources.Options{Region: region, Connections: f.concurrency}
-	switch {
-	case strings.HasPrefix(uri, "s3://"):
-		o.Endpoint, o.PathStyle = f.s3Endpoint, f.s3PathStyle || f.s3Endpoint != ""
-	case strings.HasPrefix(uri, "hf://"):
-		o.Endpoint = f.hfEndpoint
-	}
-	return o
-}
-
-// NewLogger returns the JSON logger prewarm's daemons write to stderr.
-func NewLogger(verbosity int) logr.Logger {
-	h := slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-verbosity)})
-	return logr.FromSlogHandler(h)
-}
-
-// RestConfig loads a kubeconfig file, or the in-cluster / $KUBECONFIG configuration.
-func RestConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
-	}
-	return ctrl.GetConfig()
-}
 
 // NewAgentCommand returns the command tree of the agent binary.
 func NewAgentCommand() *cobra.Command {
 	var (
 		opts        agent.Options
-		src         sourceFlags
+		src         cli.SourceFlags
 		roots       []string
 		fileRoots   []string
 		reserve     string
@@ -111,25 +47,25 @@ the allowed roots.`,
 		Args:          cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if opts.Reserve, err = ParseBytes(reserve); err != nil {
+			if opts.Reserve, err = cli.ParseBytes(reserve); err != nil {
 				return fmt.Errorf("--reserve: %w", err)
 			}
-			if opts.VerifyRate, err = ParseBytes(verifyRate); err != nil {
+			if opts.VerifyRate, err = cli.ParseBytes(verifyRate); err != nil {
 				return fmt.Errorf("--verify-rate: %w", err)
 			}
-			if opts.Engine, err = src.engineOptions(); err != nil {
+			if opts.Engine, err = src.EngineOptions(); err != nil {
 				return err
 			}
-			opts.Roots, opts.FileSourceRoots, opts.Version = roots, fileRoots, Version()
+			opts.Roots, opts.FileSourceRoots, opts.Version = roots, fileRoots, cli.Version()
 			opts.Registerer = ctrlmetrics.Registry
-			opts.Sources = src.sourceOptions("s3://", "")
-			opts.HFEndpoint = src.hfEndpoint
+			opts.Sources = src.SourceOptions("s3://", "")
+			opts.HFEndpoint = src.HFEndpoint
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			log := NewLogger(verbosity)
+			log := cli.NewLogger(verbosity)
 			ctrl.SetLogger(log)
-			cfg, err := RestConfig(kubeconfig)
+			cfg, err := cli.RestConfig(kubeconfig)
 			if err != nil {
 				return err
 			}
@@ -170,7 +106,7 @@ the allowed roots.`,
 	f.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
 	f.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
 	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity")
-	src.register(cmd)
+	src.Register(cmd)
 	cmd.AddCommand(newPrepareCommand())
 	return cmd
 }
@@ -178,7 +114,7 @@ the allowed roots.`,
 func newPrepareCommand() *cobra.Command {
 	var (
 		o      agent.PrepareOptions
-		src    sourceFlags
+		src    cli.SourceFlags
 		region string
 	)
 	cmd := &cobra.Command{
@@ -190,10 +126,10 @@ it downloads the model from --source into --dest, so a pod on a cold node still 
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if o.Engine, err = src.engineOptions(); err != nil {
+			if o.Engine, err = src.EngineOptions(); err != nil {
 				return err
 			}
-			o.Sources = src.sourceOptions(o.Source, region)
+			o.Sources = src.SourceOptions(o.Source, region)
 			if strings.HasPrefix(o.Source, "hf://") {
 				o.Sources.Token = os.Getenv("HF_TOKEN") // from the parent's tokenSecretRef, set by the pod template
 			}
@@ -216,7 +152,7 @@ it downloads the model from --source into --dest, so a pod on a cold node still 
 	f.StringVar(&o.Dest, "dest", "", "where the inference container reads the model")
 	f.StringVar(&o.Source, "source", "", "the model's original address, for a node without the cache ($HF_TOKEN is the Hugging Face token)")
 	f.StringVar(&region, "region", "", "S3 region of the source")
-	src.register(cmd)
+	src.Register(cmd)
 	_ = cmd.MarkFlagRequired("dest")
 	return cmd
 }

@@ -1,0 +1,119 @@
+// Package cli holds what prewarm's command-line binaries share: running a command tree as main,
+// the version, logging, the kubeconfig, byte sizes and the source and engine flags. The binaries'
+// own commands live in the packages below it (agentcmd, kubectl), so that each binary links only
+// what it runs.
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/sources"
+)
+
+// SourceFlags are the flags that reach S3 and the Hugging Face Hub, and tune the engine.
+type SourceFlags struct {
+	s3Endpoint  string
+	s3PathStyle bool
+	// HFEndpoint is the Hugging Face Hub endpoint (empty: huggingface.co).
+	HFEndpoint  string
+	concurrency int
+	partSize    string
+	limitRate   string
+}
+
+// Register adds the flags to cmd.
+func (f *SourceFlags) Register(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store (default: AWS)")
+	fs.BoolVar(&f.s3PathStyle, "s3-path-style", false, "address S3 buckets in the path (most S3-compatible stores want it)")
+	fs.StringVar(&f.HFEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror; default https://huggingface.co)")
+	fs.IntVar(&f.concurrency, "concurrency", engine.DefaultConcurrency, "ranged reads in flight at once, per cache")
+	fs.StringVar(&f.partSize, "part-size", "16MiB", "size of each ranged read")
+	fs.StringVar(&f.limitRate, "limit-rate", "", "cap each download's rate, in bytes per second (e.g. 500MB)")
+}
+
+// EngineOptions returns the engine options the flags ask for.
+func (f *SourceFlags) EngineOptions() ([]engine.Option, error) {
+	part, err := ParseBytes(f.partSize)
+	if err != nil {
+		return nil, fmt.Errorf("--part-size: %w", err)
+	}
+	opts := []engine.Option{engine.WithConcurrency(f.concurrency), engine.WithPartSize(part)}
+	if f.limitRate != "" {
+		limit, err := ParseBytes(f.limitRate)
+		if err != nil {
+			return nil, fmt.Errorf("--limit-rate: %w", err)
+		}
+		opts = append(opts, engine.WithRateLimit(limit))
+	}
+	return opts, nil
+}
+
+// SourceOptions returns the source options for one address.
+func (f *SourceFlags) SourceOptions(uri, region string) sources.Options {
+	o := sources.Options{Region: region, Connections: f.concurrency}
+	switch {
+	case strings.HasPrefix(uri, "s3://"):
+		o.Endpoint, o.PathStyle = f.s3Endpoint, f.s3PathStyle || f.s3Endpoint != ""
+	case strings.HasPrefix(uri, "hf://"):
+		o.Endpoint = f.HFEndpoint
+	}
+	return o
+}
+
+// NewLogger returns the JSON logger prewarm's daemons write to stderr.
+func NewLogger(verbosity int) logr.Logger {
+	h := slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-verbosity)})
+	return logr.FromSlogHandler(h)
+}
+
+// RestConfig loads a kubeconfig file, or the in-cluster / $KUBECONFIG configuration.
+func RestConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return ctrl.GetConfig()
+}
+
+// Version is the module version this binary was built from, or "devel".
+func Version() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
+		return info.Main.Version
+	}
+	return "devel"
+}
+
+// ParseBytes reads a size such as 16MiB, 500MB, 1.5G or 1048576.
+func ParseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := len(t)
+	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') && t[i-1] != '.' {
+		i--
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("%q is not a size (e.g. 16MiB, 500MB)", s)
+	}
+	mult := map[string]float64{
+		"": 1, "b": 1,
+		"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+		"ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20, "gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40,
+	}[unit]
+	if mult == 0 {
+		return 0, fmt.Errorf("%q: unknown unit %q (use B, kB, MB, GB, KiB, MiB, GiB)", s, unit)
+	}
+	return int64(v * mult), nil
+}
