@@ -146,9 +146,8 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 			continue
 		}
 		for _, e := range entries {
-			uid := strings.TrimSuffix(strings.TrimPrefix(e.Name(), "."), ".prewarm-partial")
-			uid = strings.TrimSuffix(uid, ".prewarm-migrate")
-			if !uidPattern.MatchString(uid) || a.removing[uid] {
+			uid := entryUID(e.Name())
+			if uid == "" || a.removing[uid] {
 				continue // not a cache of ours, or already going
 			}
 			if _, ok := a.jobs[uid]; ok {
@@ -268,7 +267,7 @@ func (a *Agent) removeDirs(uid string) error {
 			errs = append(errs, err)
 			continue
 		}
-		for _, name := range []string{uid, "." + uid + ".prewarm-partial", "." + uid + ".prewarm-migrate"} {
+		for _, name := range entries(uid) {
 			if err := parent.RemoveAll(name); err != nil {
 				errs = append(errs, err)
 			}
@@ -276,6 +275,23 @@ func (a *Agent) removeDirs(uid string) error {
 		parent.Close()
 	}
 	return errors.Join(errs...)
+}
+
+// entries are the names cache uid may have under <root>/prewarm: its directory, and what earlier
+// layouts and an interrupted migration leave beside it (the partial download, now inside the
+// cache directory, was once beside it).
+func entries(uid string) []string {
+	return []string{uid, "." + uid + ".prewarm-partial", "." + uid + ".prewarm-migrate"}
+}
+
+// entryUID returns the cache UID an entry under <root>/prewarm belongs to (one of its
+// entries), or "".
+func entryUID(name string) string {
+	uid, _, _ := strings.Cut(strings.TrimPrefix(name, "."), ".prewarm-")
+	if !uidPattern.MatchString(uid) || !slices.Contains(entries(uid), name) {
+		return ""
+	}
+	return uid
 }
 
 // migrateLayout moves a cache of the earlier layout (the model's files directly in
@@ -287,7 +303,7 @@ func (a *Agent) migrateLayout(root, uid string) error {
 		return err
 	}
 	defer parent.Close()
-	tmp := "." + uid + ".prewarm-migrate"
+	tmp := entries(uid)[2] // .<uid>.prewarm-migrate
 	if _, err := parent.Lstat(filepath.Join(uid, engine.ManifestName)); err == nil {
 		if err := parent.Rename(uid, tmp); err != nil {
 			return err

@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,16 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
-	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source/fs"
@@ -37,29 +33,14 @@ const (
 // directories nobody wants and leaves alone what is not a cache; it refuses a root that is not
 // allowed without writing there; and a cache that stops being whole is noticed.
 func TestAgent(t *testing.T) {
-	ctrl.SetLogger(logr.Discard())
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	api, err := testutil.StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
-
+	ctx, api := startAPI(t)
 	host := t.TempDir()
 	root := "/opt/dlami/nvme"
 	cacheRoot := filepath.Join(host, root, "prewarm")
 	// The model, on a "mounted FSx".
 	src := filepath.Join(host, "fsx", "model")
 	files := map[string][]byte{"config.json": []byte(`{"a":1}`), "model.safetensors": gen.Bytes(7, 3<<20)}
-	for p, data := range files {
-		if err := os.MkdirAll(src, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(src, p), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeFiles(t, src, files)
 	// What the node held before the agent (re)started: a whole cache whose source is gone now
 	// (in the earlier layout, the model's files directly in <root>/prewarm/<uid>: the agent moves
 	// it into <uid>/model without fetching anything), two leftovers of removed caches, and

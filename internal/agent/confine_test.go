@@ -24,6 +24,20 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 )
 
+// startAPI starts a real API server (and etcd) for the test, and a context that ends with it.
+func startAPI(t *testing.T) (context.Context, *testutil.APIServer) {
+	t.Helper()
+	ctrl.SetLogger(logr.Discard())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	api, err := testutil.StartAPIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Stop() })
+	return ctx, api
+}
+
 // runAgent runs an agent for node under its own manager until the test ends.
 func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, o agent.Options) {
 	t.Helper()
@@ -98,14 +112,7 @@ func writeFiles(t *testing.T, dir string, files map[string][]byte) {
 // cache whose content changes on disk (one byte flipped, the size unchanged) leaves Ready and
 // has only the damaged file fetched again.
 func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
-	ctrl.SetLogger(logr.Discard())
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	api, err := testutil.StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
+	ctx, api := startAPI(t)
 
 	const (
 		uidLinked  = "66666666-6666-4666-8666-666666666666"

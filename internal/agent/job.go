@@ -57,6 +57,9 @@ func (j *job) run(ctx context.Context) {
 	defer close(j.done)
 	log := ctrl.LoggerFrom(ctx)
 	retry := j.a.opts.RetryInterval
+	if err := j.a.migrateLayout(j.req.Root, j.req.UID); err != nil {
+		log.Error(err, "moving a cache of the earlier layout into place")
+	}
 	for {
 		wait, ok := j.once(ctx)
 		if ok {
@@ -101,9 +104,6 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
 		return 0, false
 	}
-	if err := j.a.migrateLayout(j.req.Root, j.req.UID); err != nil {
-		log.Error(err, "moving a cache of the earlier layout into place")
-	}
 	model := filepath.Join(dir, prewarmv1alpha1.ModelSubdir)
 
 	// A cache already on disk is checked cheaply first (the manifest is there, every file has
@@ -114,7 +114,7 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		if !j.verifyDue() {
 			return j.untilNextCheck(), true
 		}
-		m, damaged, err = j.verifyContent(ctx, model, m)
+		m, damaged, err = j.verifyContent(ctx, model)
 		if err == nil && len(damaged) == 0 {
 			return j.untilNextCheck(), true
 		}
@@ -156,24 +156,15 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		}
 	}
 
-	// Wait for a download slot.
-	select {
-	case j.a.sem <- struct{}{}:
-	case <-ctx.Done():
-		return 0, false
-	}
-	defer func() { <-j.a.sem }()
-	src, closeSrc, err := j.openSource(ctx)
-	if err != nil {
-		reason, msg, wait := j.classify(err)
-		j.fail(reason, msg)
-		return wait, false
-	}
-	defer closeSrc()
-	j.set(func(st *prewarmv1alpha1.CacheStatus) {
-		st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source
+	var res engine.Result
+	err = j.download(ctx, func(eng *engine.Engine, src source.Source) error {
+		j.set(func(st *prewarmv1alpha1.CacheStatus) {
+			st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source
+		})
+		var err error
+		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model})
+		return err
 	})
-	res, err := j.engine().Fetch(ctx, engine.Request{Source: src, Dest: model})
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, false
@@ -184,20 +175,41 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		return wait, false
 	}
 	log.Info("cache ready", "bytes", res.Bytes, "fetched", res.Fetched, "duration", res.Duration.String())
-	m, damaged, err = engine.Check(ctx, model, engine.CheckOptions{})
-	if err != nil || len(damaged) > 0 {
-		j.fail(prewarmv1alpha1.ReasonDownloadFailed, fmt.Sprintf("the published cache does not check: %v %s", err, damageMessage(damaged, len(m.Files))))
+	return j.settle(ctx, model, "published")
+}
+
+// settle makes the cache Ready after a download or a repair, which verified every file it
+// wrote, once the result checks.
+func (j *job) settle(ctx context.Context, model, what string) (time.Duration, bool) {
+	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{})
+	if err == nil && len(damaged) > 0 {
+		err = errors.New(damageMessage(damaged, len(m.Files)))
+	}
+	if err != nil {
+		j.fail(prewarmv1alpha1.ReasonDownloadFailed, fmt.Sprintf("the %s cache does not check: %v", what, err))
 		return 0, false
 	}
 	j.ready(m)
-	j.setVerified() // every file was verified as it was written
+	j.setVerified()
 	return j.untilNextCheck(), true
 }
 
-// engine returns an engine that reports into the job's status.
-func (j *job) engine() *engine.Engine {
+// download runs fn with an engine that reports into the job's status and the cache's source,
+// once one of the node's download slots is free.
+func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
+	select {
+	case j.a.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-j.a.sem }()
+	src, closeSrc, err := j.openSource(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeSrc()
 	o := &j.a.opts
-	return engine.New(append(append([]engine.Option{}, o.Engine...),
+	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
 		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer),
 		engine.WithProgress(func(p engine.Progress) {
 			j.set(func(st *prewarmv1alpha1.CacheStatus) {
@@ -208,6 +220,11 @@ func (j *job) engine() *engine.Engine {
 				}
 			})
 		}, o.StatusInterval))...)
+	err = fn(eng, src)
+	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
+		ctrl.LoggerFrom(ctx).Info("links that lead out of the model's directory were skipped", "links", fs.Skipped())
+	}
+	return err
 }
 
 // openSource opens the cache's source. File sources are opened inside their allowed root, so
@@ -249,24 +266,16 @@ func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 // repair fetches the damaged files again. done is false when the source has changed since the
 // cache was made, and the whole model must be fetched again instead.
 func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage) (wait time.Duration, ok, done bool) {
-	select {
-	case j.a.sem <- struct{}{}:
-	case <-ctx.Done():
-		return 0, false, true
-	}
-	defer func() { <-j.a.sem }()
-	src, closeSrc, err := j.openSource(ctx)
-	if err != nil {
-		reason, msg, wait := j.classify(err)
-		j.fail(reason, msg)
-		return wait, false, true
-	}
-	defer closeSrc()
 	paths := make([]string, len(damaged))
 	for i, d := range damaged {
 		paths[i] = d.Path
 	}
-	res, err := j.engine().Repair(ctx, src, model, paths)
+	var res engine.Result
+	err := j.download(ctx, func(eng *engine.Engine, src source.Source) error {
+		var err error
+		res, err = eng.Repair(ctx, src, model, paths)
+		return err
+	})
 	switch {
 	case errors.Is(err, engine.ErrSourceChanged):
 		ctrl.LoggerFrom(ctx).Info("the source changed since the cache was made; fetching the whole model again")
@@ -281,32 +290,23 @@ func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage)
 	}
 	j.a.metrics.repaired.Add(float64(len(paths)))
 	ctrl.LoggerFrom(ctx).Info("cache repaired", "files", len(paths), "fetched", res.Fetched)
-	m, still, err := engine.Check(ctx, model, engine.CheckOptions{})
-	if err != nil || len(still) > 0 {
-		j.fail(prewarmv1alpha1.ReasonDownloadFailed, fmt.Sprintf("the repaired cache does not check: %v", err))
-		return 0, false, true
-	}
-	j.ready(m)
-	j.setVerified()
-	return j.untilNextCheck(), true, true
+	wait, ok = j.settle(ctx, model, "repaired")
+	return wait, ok, true
 }
 
 // verifyContent reads the whole cache back against its checksums, at most VerifyRate bytes per
 // second. The cache stays Ready meanwhile: it was whole by size, and was verified when written.
-func (j *job) verifyContent(ctx context.Context, model string, m *engine.Manifest) (*engine.Manifest, []engine.Damage, error) {
+func (j *job) verifyContent(ctx context.Context, model string) (*engine.Manifest, []engine.Damage, error) {
 	var last int64
-	m2, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.a.verifyLimiter, Read: func(n int64) {
+	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.a.verifyLimiter, Read: func(n int64) {
 		j.a.metrics.verified.Add(float64(n - last))
 		last = n
 	}})
-	if err != nil {
-		return m, nil, err
-	}
-	if len(damaged) == 0 {
+	if err == nil && len(damaged) == 0 {
 		j.setVerified()
 		ctrl.LoggerFrom(ctx).Info("cache content verified", "bytes", last)
 	}
-	return m2, damaged, nil
+	return m, damaged, err
 }
 
 func (j *job) verifyDue() bool {

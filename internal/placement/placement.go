@@ -91,21 +91,21 @@ func Selects(p inferencev1.Placement, node *corev1.Node) (bool, string) {
 // of an outage among them). This state passes; a cache on a node that p selects but does not
 // admit is kept, not removed.
 func Admits(p inferencev1.Placement, node *corev1.Node) (bool, string) {
-	taint, untolerated := schedcorev1.FindMatchingUntoleratedTaint(logr.Discard(), node.Spec.Taints, p.Tolerations,
+	taints := node.Spec.Taints
+	if node.Spec.Unschedulable {
+		// A cordon is the unschedulable taint, which the node lifecycle controller adds a moment
+		// later: judge it as that taint from the start.
+		taints = append(slices.Clone(taints), corev1.Taint{Key: corev1.TaintNodeUnschedulable, Effect: corev1.TaintEffectNoSchedule})
+	}
+	taint, untolerated := schedcorev1.FindMatchingUntoleratedTaint(logr.Discard(), taints, p.Tolerations,
 		func(t *corev1.Taint) bool {
 			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
 		}, false)
-	if untolerated {
-		return false, fmt.Sprintf("taint %s is not tolerated", taint.ToString())
-	}
-	if node.Spec.Unschedulable && !tolerates(p.Tolerations, corev1.TaintNodeUnschedulable) {
+	switch {
+	case !untolerated:
+		return true, ""
+	case taint.Key == corev1.TaintNodeUnschedulable:
 		return false, "the node is cordoned"
 	}
-	return true, ""
-}
-
-func tolerates(tolerations []corev1.Toleration, key string) bool {
-	return slices.ContainsFunc(tolerations, func(t corev1.Toleration) bool {
-		return t.ToleratesTaint(logr.Discard(), &corev1.Taint{Key: key, Effect: corev1.TaintEffectNoSchedule}, false)
-	})
+	return false, fmt.Sprintf("taint %s is not tolerated", taint.ToString())
 }

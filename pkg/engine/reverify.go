@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -47,8 +46,6 @@ func Check(ctx context.Context, dest string, o CheckOptions) (*Manifest, []Damag
 		return m, nil, err
 	}
 	defer root.Close()
-	bufp := chunkPool.Get().(*[]byte)
-	defer chunkPool.Put(bufp)
 	var damaged []Damage
 	var read int64
 	for _, f := range m.Files {
@@ -71,65 +68,26 @@ func Check(ctx context.Context, dest string, o CheckOptions) (*Manifest, []Damag
 		if !o.Content {
 			continue
 		}
-		kind, want, h, encode := checker(m.checksums(f), f.Size)
-		if h == nil {
-			continue // no checksum from the source nor recorded: the size is all there is
-		}
-		file, err := root.Open(rel)
-		if err != nil {
-			damaged = append(damaged, Damage{Path: f.Path, Problem: err.Error()})
-			continue
-		}
-		err = hashLimited(ctx, h, file, *bufp, o.Limiter, func(n int) {
-			read += int64(n)
+		before := read
+		err = readAndCompare(ctx, root, f.Path, m.checksums(f), f.Size, o.Limiter, func(n int64) {
+			read = before + n
 			if o.Read != nil {
 				o.Read(read)
 			}
 		})
-		file.Close()
 		var stop *stopped
-		if errors.As(err, &stop) {
+		var verr *VerificationError
+		switch {
+		case errors.As(err, &stop):
 			return m, nil, stop.err // cancelled, or out of time at this rate: nothing is known
-		}
-		if err != nil {
-			damaged = append(damaged, Damage{Path: f.Path, Problem: "reading: " + err.Error()})
-			continue
-		}
-		if got := encode(h.Sum(nil)); got != want {
-			damaged = append(damaged, Damage{Path: f.Path, Problem: fmt.Sprintf("%s mismatch: want %s, got %s", kind, want, got)})
+		case errors.As(err, &verr):
+			damaged = append(damaged, Damage{Path: f.Path, Problem: fmt.Sprintf("%s mismatch: want %s, got %s", verr.Kind, verr.Want, verr.Got)})
+		case err != nil:
+			damaged = append(damaged, Damage{Path: f.Path, Problem: err.Error()})
 		}
 	}
 	return m, damaged, nil
 }
-
-func hashLimited(ctx context.Context, h io.Writer, f *os.File, buf []byte, lim *rate.Limiter, read func(int)) error {
-	if lim != nil && lim.Burst() < len(buf) {
-		buf = buf[:max(1, lim.Burst())]
-	}
-	for {
-		if lim != nil {
-			if err := lim.WaitN(ctx, len(buf)); err != nil {
-				return &stopped{err}
-			}
-		} else if err := ctx.Err(); err != nil {
-			return &stopped{err}
-		}
-		n, err := f.Read(buf)
-		h.Write(buf[:n])
-		read(n)
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// stopped is a check that ended before it could decide: cancelled, or past its deadline.
-type stopped struct{ err error }
-
-func (s *stopped) Error() string { return s.err.Error() }
 
 // ErrSourceChanged is returned by Repair when the source no longer holds what the destination
 // recorded: repairing would mix two versions of the model.

@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"hash"
 	"hash/crc32"
@@ -17,6 +18,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"golang.org/x/time/rate"
 
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -56,30 +59,46 @@ func (r *run) verifyFile(ctx context.Context, idx int) error {
 	if info.Size() != f.Size {
 		return &VerificationError{file: idx, Path: f.Path, Kind: "size", Want: fmt.Sprint(f.Size), Got: fmt.Sprint(info.Size())}
 	}
-	kind, want, h, encode := checker(f.Checksums, f.Size)
-	if h == nil {
+	if f.Checksums.Empty() {
 		// The source vouches for nothing but the size; record what was written, to re-verify
 		// the file against later.
 		return r.record(ctx, idx)
 	}
 	if crc, ok := r.combinedCRC(idx); ok {
+		kind, want, _, _ := checker(f.Checksums, f.Size)
 		if got := r.inline[idx].encoder(crc); got != want {
 			return &VerificationError{file: idx, Path: f.Path, Kind: kind, Want: want, Got: got}
 		}
 		return nil
 	}
-	file, err := r.root.Open(rel)
+	err = readAndCompare(ctx, r.root, f.Path, f.Checksums, f.Size, nil, nil)
+	var verr *VerificationError
+	if errors.As(err, &verr) {
+		verr.file = idx
+	}
+	return err
+}
+
+// readAndCompare reads file path under root and compares it with the checksum c gives: nil, a
+// *VerificationError, a *stopped error (cancelled, or out of time at lim's rate), or the
+// error that kept it from being read. lim and read are hashFile's.
+func readAndCompare(ctx context.Context, root *os.Root, path string, c source.Checksums, size int64, lim *rate.Limiter, read func(int64)) error {
+	kind, want, h, encode := checker(c, size)
+	if h == nil {
+		return nil
+	}
+	file, err := root.Open(filepath.FromSlash(path))
 	if err != nil {
 		return err
 	}
 	defer file.Close()
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
-	if err := hashFile(ctx, h, file, *bufp); err != nil {
-		return fmt.Errorf("reading %s to verify it: %w", f.Path, err)
+	if err := hashFile(ctx, h, file, *bufp, lim, read); err != nil {
+		return fmt.Errorf("reading %s to verify it: %w", path, err)
 	}
 	if got := encode(h.Sum(nil)); got != want {
-		return &VerificationError{file: idx, Path: f.Path, Kind: kind, Want: want, Got: got}
+		return &VerificationError{Path: path, Kind: kind, Want: want, Got: got}
 	}
 	return nil
 }
@@ -87,10 +106,8 @@ func (r *run) verifyFile(ctx context.Context, idx int) error {
 // record computes file idx's CRC64NVME from its parts' CRCs (or, after a resume with another
 // part size, by reading it back) into r.recorded.
 func (r *run) record(ctx context.Context, idx int) error {
-	var b [8]byte
-	if crc, ok := r.combinedCRC(idx); ok && r.inline[idx] == crc64NVMEKind {
-		binary.BigEndian.PutUint64(b[:], crc)
-		r.recorded[idx] = base64.StdEncoding.EncodeToString(b[:])
+	if crc, ok := r.combinedCRC(idx); ok { // files without checksums stream in with CRC64NVME (prepare)
+		r.recorded[idx] = crc64NVMEKind.encoder(crc)
 		return nil
 	}
 	file, err := r.root.Open(filepath.FromSlash(r.listing.Files[idx].Path))
@@ -101,20 +118,35 @@ func (r *run) record(ctx context.Context, idx int) error {
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	h := crc64.New(crc64NVME)
-	if err := hashFile(ctx, h, file, *bufp); err != nil {
+	if err := hashFile(ctx, h, file, *bufp, nil, nil); err != nil {
 		return fmt.Errorf("reading %s to record its checksum: %w", r.listing.Files[idx].Path, err)
 	}
 	r.recorded[idx] = base64.StdEncoding.EncodeToString(h.Sum(nil))
 	return nil
 }
 
-func hashFile(ctx context.Context, h hash.Hash, f *os.File, buf []byte) error {
+// hashFile feeds f to h through buf. With lim, it reads at most lim's rate; read, when set, is
+// told the bytes read so far. A cancelled context, or a rate that cannot finish before the
+// context's deadline, ends it with a *stopped error.
+func hashFile(ctx context.Context, h io.Writer, f *os.File, buf []byte, lim *rate.Limiter, read func(int64)) error {
+	if lim != nil && lim.Burst() < len(buf) {
+		buf = buf[:max(1, lim.Burst())]
+	}
+	var total int64
 	for {
-		if err := ctx.Err(); err != nil {
-			return err
+		if lim != nil {
+			if err := lim.WaitN(ctx, len(buf)); err != nil {
+				return &stopped{err}
+			}
+		} else if err := ctx.Err(); err != nil {
+			return &stopped{err}
 		}
 		n, err := f.Read(buf)
 		h.Write(buf[:n])
+		total += int64(n)
+		if read != nil {
+			read(total)
+		}
 		if err == io.EOF {
 			return nil
 		}
@@ -123,6 +155,12 @@ func hashFile(ctx context.Context, h hash.Hash, f *os.File, buf []byte) error {
 		}
 	}
 }
+
+// stopped is a read that ended before it could decide: cancelled, or past its deadline.
+type stopped struct{ err error }
+
+func (s *stopped) Error() string { return s.err.Error() }
+func (s *stopped) Unwrap() error { return s.err }
 
 // CRC64NVME returns the S3 full-object CRC64NVME checksum of data, base64 as S3 sends it.
 func CRC64NVME(data []byte) string {

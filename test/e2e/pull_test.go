@@ -25,9 +25,9 @@ import (
 
 var (
 	cliPath, agentPath, controllerPath, sandboxPath string
-	s3srv                              *s3fixture.Server
-	model                              = map[string][]byte{}
-	total                              int64
+	s3srv                                           *s3fixture.Server
+	model                                           = map[string][]byte{}
+	total                                           int64
 )
 
 const bucket, prefix = "example-bucket", "models/example-model"

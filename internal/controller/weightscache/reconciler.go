@@ -287,8 +287,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 func holdersOf(uid string, byNode map[string]*prewarmv1alpha1.NodeCache) []string {
 	var out []string
 	for name, nc := range byNode {
-		if slices.ContainsFunc(nc.Spec.Caches, func(c prewarmv1alpha1.CacheRequest) bool { return c.UID == uid }) ||
-			slices.ContainsFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }) {
+		if requestFor(nc, uid) != nil || reportFor(nc, uid) != nil {
 			out = append(out, name)
 		}
 	}
@@ -340,6 +339,17 @@ func (r *Reconciler) withdrawEntry(ctx context.Context, nc *prewarmv1alpha1.Node
 }
 
 func fieldManager(uid string) string { return "prewarm-cache-" + uid }
+
+// reportFor returns the agent's report on cache uid in nc's status, or nil.
+func reportFor(nc *prewarmv1alpha1.NodeCache, uid string) *prewarmv1alpha1.CacheStatus {
+	if nc == nil {
+		return nil
+	}
+	if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
+		return &nc.Status.Caches[i]
+	}
+	return nil
+}
 
 // retention is why and how long a node that is not a target keeps a cache.
 type retention struct {

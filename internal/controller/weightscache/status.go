@@ -32,18 +32,12 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 	for _, ns := range m.Status.Nodes {
 		previous[ns.Name] = ns
 	}
-	var downloading, failed, pending int
-	var failures []string
-	for _, n := range targets {
-		ns := inferencev1.NodeCacheStatus{Name: n.Name, State: inferencev1.CachePending}
-		nc := byNode[n.Name]
-		var rep *prewarmv1alpha1.CacheStatus
-		if nc != nil {
-			if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
-				rep = &nc.Status.Caches[i]
-			}
-		}
-		switch {
+	// node builds one node's entry from its agent's report; a retained node is listed with why
+	// it is kept, and is not counted.
+	node := func(name string, keep *retention) inferencev1.NodeCacheStatus {
+		ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: keep != nil}
+		nc := byNode[name]
+		switch rep := reportFor(nc, uid); {
 		case rep != nil:
 			ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
 			ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond
@@ -56,12 +50,23 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		default:
 			ns.Reason, ns.Message = "Requested", "the node's agent has not picked the cache up yet"
 		}
-		if p, ok := previous[n.Name]; ok && p.State == ns.State {
+		if keep != nil {
+			ns.Reason, ns.BytesPerSecond = prewarmv1alpha1.ReasonNotTarget, 0
+			ns.Message = fmt.Sprintf("not a current target (%s); keeps its copy until %s, downloads nothing new",
+				keep.why, keep.until.UTC().Format(time.RFC3339))
+		}
+		if p, ok := previous[name]; ok && p.State == ns.State && p.Retained == ns.Retained {
 			ns.LastTransitionTime = p.LastTransitionTime
 		} else {
 			now := metav1.NewTime(r.Now())
 			ns.LastTransitionTime = &now
 		}
+		return ns
+	}
+	var downloading, failed, pending int
+	var failures []string
+	for _, n := range targets {
+		ns := node(n.Name, nil)
 		switch ns.State {
 		case inferencev1.CacheReady:
 			st.ReadyNodes++
@@ -75,27 +80,9 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		}
 		st.Nodes = append(st.Nodes, ns)
 	}
-
-	// Retained nodes: listed, not counted.
 	for _, name := range slices.Sorted(maps.Keys(retained)) {
-		ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: true}
 		keep := retained[name]
-		if nc := byNode[name]; nc != nil {
-			if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
-				rep := nc.Status.Caches[i]
-				ns.State, ns.BytesDone, ns.BytesTotal = rep.State, rep.BytesDone, rep.BytesTotal
-			}
-		}
-		ns.Reason = prewarmv1alpha1.ReasonNotTarget
-		ns.Message = fmt.Sprintf("not a current target (%s); keeps its copy until %s, downloads nothing new",
-			keep.why, keep.until.UTC().Format(time.RFC3339))
-		if p, ok := previous[name]; ok && p.State == ns.State && p.Retained {
-			ns.LastTransitionTime = p.LastTransitionTime
-		} else {
-			now := metav1.NewTime(r.Now())
-			ns.LastTransitionTime = &now
-		}
-		st.Nodes = append(st.Nodes, ns)
+		st.Nodes = append(st.Nodes, node(name, &keep))
 	}
 
 	switch {
@@ -108,7 +95,7 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 			fmt.Sprintf("all %d target nodes hold the cache (%s), verified", st.TargetNodes, engine.HumanBytes(st.TotalBytes)))
 	case failed > 0 && downloading == 0 && pending == 0:
 		st.State = inferencev1.CacheFailed
-		reason := st.Nodes[slices.IndexFunc(st.Nodes, func(n inferencev1.NodeCacheStatus) bool { return n.State == inferencev1.CacheFailed })].Reason
+		reason := st.Nodes[slices.IndexFunc(st.Nodes, func(n inferencev1.NodeCacheStatus) bool { return n.State == inferencev1.CacheFailed && !n.Retained })].Reason
 		setCondition(&st, m, metav1.ConditionFalse, reason,
 			fmt.Sprintf("%d of %d target nodes hold the cache; %d failed: %s", st.ReadyNodes, st.TargetNodes, failed, strings.Join(failures, "; ")))
 	case downloading > 0:

@@ -37,6 +37,10 @@ type Checksums struct {
 	GitBlobSHA1 string `json:"gitBlobSha1,omitempty"`
 }
 
+// Empty reports whether the source vouches for no checksum of the file (its size is then all
+// there is to check it by).
+func (c Checksums) Empty() bool { return c == Checksums{} }
+
 // Listing is a model's files at one revision.
 type Listing struct {
 	// Files are the model's files, in a stable order.
