@@ -8,10 +8,12 @@ import (
 // InferenceImageCacheSpec is one image, to be pulled and pinned on every target node. prewarm
 // writes it, one per (image, placement), shared by every parent that uses that image there.
 type InferenceImageCacheSpec struct {
-	// image is the image to pull and pin.
+	// image is the image to pull and pin. It is immutable: the cache is named after its image
+	// and placement, and its parents rely on it holding exactly that image.
 	// +required
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.image is immutable: an image cache holds the image its parents named; prewarm creates another cache for another image"
 	Image string `json:"image"`
 
 	// imagePullSecrets are Secrets in the operator namespace used to pull the image.
@@ -21,8 +23,9 @@ type InferenceImageCacheSpec struct {
 	// +kubebuilder:validation:MaxItems=16
 	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 
-	// placement is the set of target nodes.
+	// placement is the set of target nodes. It is immutable, as image is.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.placement is immutable: an image cache serves the placement its parents named; prewarm creates another cache for another placement"
 	Placement Placement `json:"placement"`
 
 	// parentReferences are the parents that use this image cache; it is deleted when the last

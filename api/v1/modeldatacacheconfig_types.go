@@ -85,7 +85,7 @@ type ModelDataCacheConfigStatus struct {
 	// totalBytes is the size of the model.
 	// +optional
 	TotalBytes int64 `json:"totalBytes,omitempty"`
-	// nodes is each target node's copy.
+	// nodes is each target node's copy (at most MaxStatusNodes; the ones not Ready first).
 	// +optional
 	// +listType=map
 	// +listMapKey=name
@@ -129,3 +129,7 @@ type ModelDataCacheConfigList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ModelDataCacheConfig `json:"items"`
 }
+
+// MaxStatusNodes is the most nodes a cache's status lists (status.nodes' maxItems). Beyond it the
+// status lists the nodes that are not Ready first, and the Ready condition says how many it left out.
+const MaxStatusNodes = 5000

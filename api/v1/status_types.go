@@ -41,6 +41,7 @@ const (
 	ReasonInsufficientCapacity = "InsufficientCapacity"
 	ReasonHostPathNotAllowed   = "HostPathNotAllowed"
 	ReasonSourceUnreachable    = "SourceUnreachable"
+	ReasonSourceNotAllowed     = "SourceNotAllowed"
 	ReasonGateOpen             = "GateOpen"
 	ReasonGateTimeout          = "GateTimeout"
 	ReasonWaitingForCache      = "WaitingForCache"
@@ -52,6 +53,24 @@ const (
 	ReasonTokenSecretProblem   = "TokenSecretProblem"
 	ReasonDeploymentCreated    = "DeploymentCreated"
 	ReasonCacheDisabled        = "CacheDisabled"
+	// ReasonInvalidSpec: an object prewarm derives from the parent would be refused by the API
+	// server (a name that is no valid Service name, a volume name prewarm uses, an invalid
+	// operator); nothing is created until the spec changes.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonNameConflict: an object prewarm would create already exists and is not this parent's;
+	// prewarm never overwrites it.
+	ReasonNameConflict = "NameConflict"
+	// ReasonPodSecurity: the namespace enforces a Pod Security level that refuses the pods'
+	// hostPath volumes.
+	ReasonPodSecurity = "PodSecurity"
+	// ReasonReplicaFailure: the Deployment cannot create pods; the message is the API server's.
+	ReasonReplicaFailure = "ReplicaFailure"
+	// ReasonImageCacheMismatch: the image cache of the name this parent's image and placement
+	// give holds something else; the parent does not use it.
+	ReasonImageCacheMismatch = "ImageCacheMismatch"
+	// ReasonParentNotFound: a cache's parent reference does not resolve to the parent that made
+	// it; the cache is asked of no node.
+	ReasonParentNotFound = "ParentNotFound"
 )
 
 // WeightsCacheRollup is a parent's view of its weights cache.

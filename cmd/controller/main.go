@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 
 	"github.com/prewarm/prewarm/internal/catalog"
 	"github.com/prewarm/prewarm/internal/cli"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/endpoint"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
@@ -41,7 +41,7 @@ func main() {
 func run() error {
 	var (
 		cfg           controller.Config
-		roots         string
+		configFile    string
 		kubeconfig    string
 		metricsAddr   string
 		probeAddr     string
@@ -52,15 +52,11 @@ func run() error {
 		catalogName   string
 	)
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
-	fs.StringVar(&roots, "allowed-roots", "/opt/dlami/nvme", "comma-separated node directories weights caches may be kept under")
+	fs.StringVar(&configFile, "config", "", "the operator configuration shared with the agents (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
 	fs.DurationVar(&cfg.GateTimeout, "gate-timeout", 30*time.Minute, "longest a Deployment waits for its weights cache to settle")
 	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long a cordoned, tainted or unreachable node keeps a cache its placement still selects, before the cache is removed there")
 	fs.StringVar(&cfg.AgentImage, "agent-image", "ghcr.io/prewarm/agent:latest", "image of the agent (the inference pods' init container)")
-	fs.StringVar(&cfg.S3Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store, for the init container (the agents have their own flag)")
-	fs.BoolVar(&cfg.S3PathStyle, "s3-path-style", false, "address S3 buckets in the path, for the init container")
 	fs.StringVar(&cfg.S3CredentialsSecret, "s3-credentials-secret", "", "Secret, in each parent's namespace, with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for the init container (optional)")
-	fs.StringVar(&cfg.HFEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror), for the init container")
-	fs.StringVar(&cfg.FSxRoot, "fsx-root", "/fsx", "where FSx for Lustre file systems are mounted on the nodes")
 	fs.StringVar(&cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
 	fs.StringVar(&catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
@@ -77,11 +73,12 @@ func run() error {
 		fmt.Println(cli.Version())
 		return nil
 	}
-	cfg.AllowedRoots = strings.Split(roots, ",")
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
+	op, err := config.Load(configFile)
+	if err != nil {
 		return err
 	}
+	cfg.Operator = op
+	cfg.Defaults()
 
 	imageCachePods, err := labels.Parse(controller.ImageCacheLabel)
 	if err != nil {
@@ -129,10 +126,13 @@ func run() error {
 	}
 	recorder := mgr.GetEventRecorder("prewarm-controller")
 	metrics := controller.NewMetrics(ctrlmetrics.Registry)
-	hub := &controller.HubChecker{Endpoint: cfg.HFEndpoint}
+	hub := &controller.HubChecker{Endpoint: cfg.HuggingFace.Endpoint}
 	// Users' Secrets and service accounts are read as needed, each at most every 30 s.
 	userObjects := controller.NewRecentReader(mgr.GetAPIReader(), 30*time.Second)
 	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics}).SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	parents := &endpoint.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hub, Recorder: recorder, Metrics: metrics}
@@ -145,6 +145,6 @@ func run() error {
 	if err := (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	log.Info("controller starting", "version", cli.Version(), "allowedRoots", cfg.AllowedRoots, "gateTimeout", cfg.GateTimeout.String())
+	log.Info("controller starting", "version", cli.Version(), "allowedRoots", cfg.CacheRoots, "gateTimeout", cfg.GateTimeout.String())
 	return mgr.Start(ctx)
 }

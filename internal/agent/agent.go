@@ -112,7 +112,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		wanted[r.UID] = r
 	}
 	for uid, j := range a.jobs {
-		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && r.Source == j.req.Source && r.Region == j.req.Region {
+		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && r.Source == j.req.Source {
 			j.retainedSince = r.RetainedSince // guarded by a.mu
 			continue
 		}
@@ -125,7 +125,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		if _, ok := a.jobs[uid]; ok || a.removing[uid] {
 			continue // running, or to be started once its old directories are gone
 		}
-		log.Info("starting cache", "cache", uid, "source", r.Source, "root", r.Root)
+		log.Info("starting cache", "cache", uid, "source", r.Source.String(), "root", r.Root)
 		jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		j := &job{a: a, req: r, cancel: cancel, done: make(chan struct{}), retainedSince: r.RetainedSince}
 		j.status = prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
@@ -135,7 +135,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	}
 	// Directories under the roots that no job wants: left by a cache removed while the agent
 	// was down.
-	for _, root := range a.opts.Roots {
+	for _, root := range a.opts.Config.CacheRoots {
 		parent, err := a.opts.openCacheParent(root)
 		if err != nil {
 			continue // none yet, or not a directory prewarm may use (reported by the jobs)
@@ -225,7 +225,7 @@ func (a *Agent) podUsing(ctx context.Context, uid string) (string, error) {
 		return "", err
 	}
 	dirs := map[string]bool{}
-	for _, root := range a.opts.Roots {
+	for _, root := range a.opts.Config.CacheRoots {
 		dirs[prewarmv1alpha1.CacheDir(root, uid)] = true
 	}
 	for _, p := range pods.Items {
@@ -258,7 +258,7 @@ func (a *Agent) removeDirs(uid string) error {
 		return fmt.Errorf("refusing to remove %q: not a cache UID", uid)
 	}
 	var errs []error
-	for _, root := range a.opts.Roots {
+	for _, root := range a.opts.Config.CacheRoots {
 		parent, err := a.opts.openCacheParent(root)
 		if errors.Is(err, iofs.ErrNotExist) {
 			continue
@@ -355,7 +355,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := prewarmv1alpha1.NodeCacheStatus{AgentVersion: a.opts.Version, HeartbeatTime: a.now()}
-	for _, root := range a.opts.Roots {
+	for _, root := range a.opts.Config.CacheRoots {
 		st.Roots = append(st.Roots, a.rootStatus(root))
 	}
 	for _, j := range a.jobs {

@@ -15,6 +15,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source/fs"
@@ -61,9 +62,9 @@ func TestAgent(t *testing.T) {
 	nc := &prewarmv1alpha1.NodeCache{
 		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
 		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
-			{UID: uidWarm, Namespace: "default", Name: "warm", Root: root, Source: "/fsx/gone"},
-			{UID: uidNew, Namespace: "default", Name: "new", Root: root, Source: "/fsx/model"},
-			{UID: uidOutside, Namespace: "default", Name: "outside", Root: "/etc", Source: "/fsx/model"},
+			{UID: uidWarm, Namespace: "default", Name: "warm", Root: root, Source: fsxSource("gone")},
+			{UID: uidNew, Namespace: "default", Name: "new", Root: root, Source: fsxSource("model")},
+			{UID: uidOutside, Namespace: "default", Name: "outside", Root: "/etc", Source: fsxSource("model")},
 		}},
 	}
 	if err := api.Client.Create(ctx, nc); err != nil {
@@ -71,7 +72,7 @@ func TestAgent(t *testing.T) {
 	}
 
 	runAgent(t, ctx, api, "node-1", agent.Options{
-		Roots: []string{root}, HostPrefix: host, FileSourceRoots: []string{"/fsx"},
+		Config: testConfig(root), HostPrefix: host,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
@@ -161,3 +162,14 @@ func TestAgent(t *testing.T) {
 }
 
 func sorted(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }
+
+// testFSx is the FSx file system the agent tests read, mounted at /fsx on the test "node".
+const testFSx = "fs-0123456789abcdef0"
+
+func fsxSource(path string) prewarmv1alpha1.CacheSource {
+	return prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: testFSx, Path: path}
+}
+
+func testConfig(roots ...string) config.Operator {
+	return config.Operator{Kind: config.Kind, CacheRoots: roots, FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}}}
+}

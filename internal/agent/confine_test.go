@@ -154,17 +154,17 @@ func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
 	nc := &prewarmv1alpha1.NodeCache{
 		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
 		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
-			{UID: uidLinked, Namespace: "a", Name: "linked", Root: linkedRoot, Source: "/fsx/good"},
-			{UID: uidEscape, Namespace: "b", Name: "escape", Root: root, Source: "/fsx/escape"},
-			{UID: uidVia, Namespace: "b", Name: "via", Root: root, Source: "/fsx/via/private"},
-			{UID: uidGood, Namespace: "c", Name: "good", Root: root, Source: "/fsx/good"},
+			{UID: uidLinked, Namespace: "a", Name: "linked", Root: linkedRoot, Source: fsxSource("good")},
+			{UID: uidEscape, Namespace: "b", Name: "escape", Root: root, Source: fsxSource("escape")},
+			{UID: uidVia, Namespace: "b", Name: "via", Root: root, Source: fsxSource("via/private")},
+			{UID: uidGood, Namespace: "c", Name: "good", Root: root, Source: fsxSource("good")},
 		}},
 	}
 	if err := api.Client.Create(ctx, nc); err != nil {
 		t.Fatal(err)
 	}
 	runAgent(t, ctx, api, "node-1", agent.Options{
-		Roots: []string{root, linkedRoot}, HostPrefix: host, FileSourceRoots: []string{"/fsx"},
+		Config: testConfig(root, linkedRoot), HostPrefix: host,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond, VerifyInterval: 300 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
@@ -178,7 +178,7 @@ func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
 		t.Errorf("a root whose prewarm directory is a link: %+v; want HostPathNotAllowed naming the link", st)
 	}
 	for _, uid := range []string{uidEscape, uidVia} {
-		if st := status(uid); !prewarmv1alpha1.Terminal(st.Reason) || !strings.Contains(st.Message, "/fsx/") {
+		if st := status(uid); !prewarmv1alpha1.Terminal(st.Reason) || !strings.Contains(st.Message, "fsx://"+testFSx+"/") {
 			t.Errorf("a source leading out of the FSx root: %+v; want a terminal failure naming it", st)
 		}
 	}

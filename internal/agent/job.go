@@ -83,10 +83,10 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 	o := &j.a.opts
 	log := ctrl.LoggerFrom(ctx)
 	if !o.allowedRoot(j.req.Root) {
-		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, o.Roots))
+		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, o.Config.CacheRoots))
 		return o.MaxRetryInterval, false
 	}
-	if err := o.checkSource(j.req.Source); err != nil {
+	if _, _, err := o.sourceSpec(j.req.Source); err != nil {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
 		return o.MaxRetryInterval, false
 	}
@@ -159,7 +159,7 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 	var res engine.Result
 	err = j.download(ctx, func(eng *engine.Engine, src source.Source) error {
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
-			st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source
+			st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source.String()
 		})
 		var err error
 		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model})
@@ -231,32 +231,31 @@ func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Sourc
 // no link on the way leads out of it.
 func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 	o := &j.a.opts
-	srcOpts := o.Sources
-	srcOpts.Region = j.req.Region
-	uri := j.req.Source
-	if filepath.IsAbs(uri) {
-		root, rel, err := o.fileSource(uri)
+	cs := j.req.Source
+	if cs.Type == inferencev1.ModelSourceFSx {
+		root, rel, err := o.fileSource(cs)
 		if err != nil {
 			return nil, nil, err
 		}
-		src, err := fs.NewIn(root, rel, uri)
+		src, err := fs.NewIn(root, rel, cs.String())
 		if err != nil {
 			root.Close()
 			return nil, nil, err
 		}
 		return src, func() { src.Close(); root.Close() }, nil
 	}
-	if strings.HasPrefix(uri, "hf://") {
-		srcOpts.Endpoint, srcOpts.PathStyle = o.HFEndpoint, false
-		if j.req.TokenSecret != "" {
-			sec := &corev1.Secret{}
-			if err := j.a.secrets.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: j.req.TokenSecret}, sec); err != nil {
-				return nil, nil, &source.AccessError{Err: fmt.Errorf("reading the token Secret %s/%s: %w", o.Namespace, j.req.TokenSecret, err)}
-			}
-			srcOpts.Token = string(sec.Data["token"])
-		}
+	spec, srcOpts, err := o.sourceSpec(cs)
+	if err != nil {
+		return nil, nil, err
 	}
-	src, err := sources.Open(ctx, uri, srcOpts)
+	if cs.Type == inferencev1.ModelSourceHuggingFace && j.req.TokenSecret != "" {
+		sec := &corev1.Secret{}
+		if err := j.a.secrets.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: j.req.TokenSecret}, sec); err != nil {
+			return nil, nil, &source.AccessError{Err: fmt.Errorf("reading the token Secret %s/%s: %w", o.Namespace, j.req.TokenSecret, err)}
+		}
+		srcOpts.Token = string(sec.Data["token"])
+	}
+	src, err := sources.Open(ctx, spec, srcOpts)
 	if err != nil {
 		return nil, nil, err
 	}

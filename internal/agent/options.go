@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
@@ -20,13 +21,12 @@ import (
 type Options struct {
 	// NodeName is the node this agent serves; its NodeCache has the same name.
 	NodeName string
-	// Roots are the node directories the cluster admin allows caches under.
-	Roots []string
+	// Config is the operator configuration the agents share with the controller: the cache
+	// roots, how S3 and the Hub are reached, where FSx file systems are mounted.
+	Config config.Operator
 	// HostPrefix is where the node's filesystem is seen from the agent: a root /opt/dlami/nvme is
 	// at HostPrefix+/opt/dlami/nvme. Empty when the roots are mounted at their own paths.
 	HostPrefix string
-	// FileSourceRoots are the node directories a file source (a mounted FSx) may read from.
-	FileSourceRoots []string
 	// Reserve is the free space, per root, that caches never take.
 	Reserve int64
 	// MaxParallel is how many caches download at once.
@@ -45,10 +45,8 @@ type Options struct {
 	// RetryInterval is the first wait before a failed download is tried again; it doubles up
 	// to MaxRetryInterval.
 	RetryInterval, MaxRetryInterval time.Duration
-	// Sources configures the S3 source (endpoint, addressing, connections).
-	Sources sources.Options
-	// HFEndpoint is the Hugging Face Hub endpoint (a mirror); empty means huggingface.co.
-	HFEndpoint string
+	// Connections sizes each S3 source's connection pool.
+	Connections int
 	// Engine are extra engine options (concurrency, part size, rate limit).
 	Engine []engine.Option
 	// Registerer, when set, receives the agent's and the engine's metrics.
@@ -63,8 +61,8 @@ type Options struct {
 
 // Defaults fills the zero fields of o.
 func (o *Options) Defaults() {
-	if len(o.Roots) == 0 {
-		o.Roots = []string{"/opt/dlami/nvme"}
+	if o.Config.Kind == "" {
+		o.Config = config.Default()
 	}
 	if o.MaxParallel <= 0 {
 		o.MaxParallel = 2
@@ -97,12 +95,8 @@ func (o *Options) Validate() error {
 	if o.NodeName == "" {
 		return fmt.Errorf("the node name is required (--node-name, or $NODE_NAME from the downward API)")
 	}
-	for _, list := range [][]string{o.Roots, o.FileSourceRoots} {
-		for _, r := range list {
-			if !filepath.IsAbs(r) || filepath.Clean(r) != r || r == "/" {
-				return fmt.Errorf("root %q: want a clean absolute path other than /", r)
-			}
-		}
+	if err := o.Config.Validate(); err != nil {
+		return err
 	}
 	if o.Reserve < 0 {
 		return fmt.Errorf("reserve %d: must not be negative", o.Reserve)
@@ -114,12 +108,8 @@ var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 
 // allowedRoot reports whether root is one of the allowed roots.
 func (o *Options) allowedRoot(root string) bool {
-	for _, r := range o.Roots {
-		if r == root {
-			return true
-		}
-	}
-	return false
+	ok, _ := o.Config.CacheRootAllowed(root)
+	return ok
 }
 
 // local returns where a node path is seen from the agent.
@@ -135,22 +125,27 @@ func (o *Options) cacheDir(root, uid string) string {
 	return prewarmv1alpha1.CacheDir(o.local(root), uid)
 }
 
-// checkSource refuses sources the agent may not read: file sources outside FileSourceRoots.
-func (o *Options) checkSource(src string) error {
-	switch {
-	case strings.HasPrefix(src, "s3://"), strings.HasPrefix(src, "hf://"):
-		return nil
-	case strings.Contains(src, "://"):
-		return fmt.Errorf("source %q: unknown scheme", src)
-	}
-	clean := filepath.Clean(src)
-	if !filepath.IsAbs(src) || clean != src {
-		return fmt.Errorf("source %q: want s3://, hf:// or a clean absolute path", src)
-	}
-	for _, r := range o.FileSourceRoots {
-		if strings.HasPrefix(clean, r+"/") {
-			return nil
+// sourceSpec returns the address the engine opens for a cache's source, and the options to
+// open it with. An FSx source is read where the configuration says its file system is mounted
+// (as seen from the agent).
+func (o *Options) sourceSpec(cs prewarmv1alpha1.CacheSource) (sources.Spec, sources.Options, error) {
+	opts := sources.Options{Connections: o.Connections}
+	switch cs.Type {
+	case inferencev1.ModelSourceS3:
+		opts.Endpoint, opts.PathStyle = o.Config.S3.Endpoint, o.Config.S3.PathStyle || o.Config.S3.Endpoint != ""
+		return sources.Spec{Kind: sources.S3, Bucket: cs.Bucket, Prefix: cs.Prefix, Region: cs.Region}, opts, nil
+	case inferencev1.ModelSourceHuggingFace:
+		opts.Endpoint = o.Config.HuggingFace.Endpoint
+		return sources.Spec{Kind: sources.HuggingFace, Repo: cs.RepoID, Revision: cs.Revision}, opts, nil
+	case inferencev1.ModelSourceFSx:
+		mount, err := o.Config.FSxMountPath(cs.FileSystemID)
+		if err != nil {
+			return sources.Spec{}, opts, err
 		}
+		if cs.Path != "" && !filepath.IsLocal(cs.Path) {
+			return sources.Spec{}, opts, fmt.Errorf("FSx path %q: want a path inside the file system", cs.Path)
+		}
+		return sources.Spec{Kind: sources.Dir, Path: filepath.Join(mount, cs.Path)}, opts, nil
 	}
-	return fmt.Errorf("source %s is not under an allowed file source root (%s)", src, strings.Join(o.FileSourceRoots, ", "))
+	return sources.Spec{}, opts, fmt.Errorf("source type %q: want s3, huggingface or fsx", cs.Type)
 }

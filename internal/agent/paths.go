@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/pkg/engine/source"
@@ -98,32 +97,39 @@ func (o *Options) openCacheParent(root string) (*os.Root, error) {
 	return r.OpenRoot(prewarmv1alpha1.Directory)
 }
 
-// fileSource resolves a file source (a node path under one of FileSourceRoots) inside its root:
-// it returns the os.Root of the source root and the path of the model below it. Links on the
-// way are followed only while they stay inside the source root. path has passed checkSource.
-func (o *Options) fileSource(path string) (*os.Root, string, error) {
-	for _, r := range o.FileSourceRoots {
-		rel, ok := strings.CutPrefix(path, r+"/")
-		if !ok {
-			continue
-		}
-		root, err := os.OpenRoot(o.local(r))
-		if err != nil {
-			return nil, "", fmt.Errorf("opening the file source root %s: %w", r, err)
-		}
-		info, err := root.Stat(rel)
-		if err != nil {
-			root.Close()
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil, "", &source.NotFoundError{Err: fmt.Errorf("source %s: %w", path, err)}
-			}
-			return nil, "", &confineError{fmt.Sprintf("source %s: %v (a source may not lead out of %s)", path, err, r)}
-		}
-		if !info.IsDir() {
-			root.Close()
-			return nil, "", fmt.Errorf("source %s is not a directory", path)
-		}
-		return root, rel, nil
+// fileSource resolves an FSx source inside its file system's mount: it returns the os.Root of
+// the mount and the model's path below it. Links on the way are followed only while they stay
+// inside the mount.
+func (o *Options) fileSource(cs prewarmv1alpha1.CacheSource) (*os.Root, string, error) {
+	mount, err := o.Config.FSxMountPath(cs.FileSystemID)
+	if err != nil {
+		return nil, "", err
 	}
-	return nil, "", fmt.Errorf("source %s is not under an allowed file source root (%s)", path, strings.Join(o.FileSourceRoots, ", "))
+	rel := cs.Path
+	if rel == "" {
+		rel = "."
+	}
+	if !filepath.IsLocal(rel) {
+		return nil, "", &confineError{fmt.Sprintf("source %s: want a path inside the file system", cs)}
+	}
+	root, err := os.OpenRoot(o.local(mount))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, "", fmt.Errorf("FSx file system %s is not mounted at %s on this node: %w", cs.FileSystemID, mount, err)
+		}
+		return nil, "", fmt.Errorf("opening the mount %s of FSx file system %s: %w", mount, cs.FileSystemID, err)
+	}
+	info, err := root.Stat(rel)
+	if err != nil {
+		root.Close()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, "", &source.NotFoundError{Err: fmt.Errorf("source %s: %w", cs, err)}
+		}
+		return nil, "", &confineError{fmt.Sprintf("source %s: %v (a source may not lead out of %s)", cs, err, mount)}
+	}
+	if !info.IsDir() {
+		root.Close()
+		return nil, "", fmt.Errorf("source %s is not a directory", cs)
+	}
+	return root, rel, nil
 }

@@ -17,9 +17,9 @@ type PrepareOptions struct {
 	CacheDir string
 	// Dest is the directory the inference container reads the model from.
 	Dest string
-	// Source is the model's original address, for a node without the cache.
-	Source string
-	// Sources configures the source (region, endpoint).
+	// Source is the model's original address, for a node without the cache (Kind empty: none).
+	Source sources.Spec
+	// Sources configures the source (endpoint, token).
 	Sources sources.Options
 	// Engine are extra engine options.
 	Engine []engine.Option
@@ -92,7 +92,7 @@ func link(m *engine.Manifest, cacheDir, dest string) error {
 
 func cold(ctx context.Context, o PrepareOptions, reason string) (PrepareResult, error) {
 	res := PrepareResult{Reason: reason}
-	if o.Source == "" {
+	if o.Source.Kind == "" {
 		return res, fmt.Errorf("the node has no cache (%s) and no source to download from", reason)
 	}
 	src, err := sources.Open(ctx, o.Source, o.Sources)

@@ -1,5 +1,5 @@
 // Package cli holds what prewarm's command-line binaries share: running a command tree as main,
-// the version, logging, the kubeconfig, byte sizes and the source and engine flags. The binaries'
+// the version, logging, the kubeconfig, byte sizes and the engine flags. The binaries'
 // own commands live in the packages below it (agentcmd, kubectl), so that each binary links only
 // what it runs.
 package cli
@@ -19,33 +19,31 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/prewarm/prewarm/pkg/engine"
-	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
-// SourceFlags are the flags that reach S3 and the Hugging Face Hub, and tune the engine.
-type SourceFlags struct {
-	s3Endpoint  string
-	s3PathStyle bool
-	// HFEndpoint is the Hugging Face Hub endpoint (empty: huggingface.co).
-	HFEndpoint  string
+// EngineFlags tune the download engine.
+type EngineFlags struct {
 	concurrency int
 	partSize    string
 	limitRate   string
 }
 
 // Register adds the flags to cmd.
-func (f *SourceFlags) Register(cmd *cobra.Command) {
+func (f *EngineFlags) Register(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	fs.StringVar(&f.s3Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store (default: AWS)")
-	fs.BoolVar(&f.s3PathStyle, "s3-path-style", false, "address S3 buckets in the path (most S3-compatible stores want it)")
-	fs.StringVar(&f.HFEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror; default https://huggingface.co)")
 	fs.IntVar(&f.concurrency, "concurrency", engine.DefaultConcurrency, "ranged reads in flight at once, per cache")
 	fs.StringVar(&f.partSize, "part-size", "16MiB", "size of each ranged read")
 	fs.StringVar(&f.limitRate, "limit-rate", "", "cap each download's rate, in bytes per second (e.g. 500MB)")
 }
 
+// Connections is how many connections a source should keep for the engine.
+func (f *EngineFlags) Connections() int { return f.concurrency }
+
 // EngineOptions returns the engine options the flags ask for.
-func (f *SourceFlags) EngineOptions() ([]engine.Option, error) {
+func (f *EngineFlags) EngineOptions() ([]engine.Option, error) {
+	if f.concurrency < 1 {
+		return nil, fmt.Errorf("--concurrency must be at least 1")
+	}
 	part, err := ParseBytes(f.partSize)
 	if err != nil {
 		return nil, fmt.Errorf("--part-size: %w", err)
@@ -59,18 +57,6 @@ func (f *SourceFlags) EngineOptions() ([]engine.Option, error) {
 		opts = append(opts, engine.WithRateLimit(limit))
 	}
 	return opts, nil
-}
-
-// SourceOptions returns the source options for one address.
-func (f *SourceFlags) SourceOptions(uri, region string) sources.Options {
-	o := sources.Options{Region: region, Connections: f.concurrency}
-	switch {
-	case strings.HasPrefix(uri, "s3://"):
-		o.Endpoint, o.PathStyle = f.s3Endpoint, f.s3PathStyle || f.s3Endpoint != ""
-	case strings.HasPrefix(uri, "hf://"):
-		o.Endpoint = f.HFEndpoint
-	}
-	return o
 }
 
 // NewLogger returns the JSON logger prewarm's daemons write to stderr.

@@ -5,8 +5,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -14,27 +12,22 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 )
 
-// Config is the cluster admin's configuration of prewarm.
+// Config is the cluster admin's configuration of prewarm's controller: the configuration it
+// shares with the agents, and its own settings.
 type Config struct {
-	// AllowedRoots are the node directories weights caches may be kept under.
-	AllowedRoots []string
+	config.Operator
 	// GateTimeout is the longest a Deployment waits for its weights cache to settle.
 	GateTimeout time.Duration
 	// AgentImage is the image of the agent, used as the inference pods' init container.
 	AgentImage string
-	// S3Endpoint and S3PathStyle reach an S3-compatible store instead of AWS S3.
-	S3Endpoint  string
-	S3PathStyle bool
 	// S3CredentialsSecret names a Secret, in each parent's namespace, whose AWS_ACCESS_KEY_ID,
 	// AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN keys the init container uses (optional).
 	S3CredentialsSecret string
-	// HFEndpoint is a Hugging Face Hub mirror.
-	HFEndpoint string
-	// FSxRoot is where FSx for Lustre file systems are mounted on the nodes.
-	FSxRoot string
 	// OperatorNamespace is where shared objects live.
 	OperatorNamespace string
 	// Retention is how long a node that a cache's placement still selects, but whose scheduling
@@ -44,17 +37,14 @@ type Config struct {
 
 // Defaults fills the zero fields of c.
 func (c *Config) Defaults() {
-	if len(c.AllowedRoots) == 0 {
-		c.AllowedRoots = []string{inferencev1.DefaultWeightsCacheHostPath}
+	if c.Operator.Kind == "" {
+		c.Operator = config.Default()
 	}
 	if c.GateTimeout <= 0 {
 		c.GateTimeout = 30 * time.Minute
 	}
 	if c.AgentImage == "" {
 		c.AgentImage = "ghcr.io/prewarm/agent:latest"
-	}
-	if c.FSxRoot == "" {
-		c.FSxRoot = "/fsx"
 	}
 	if c.OperatorNamespace == "" {
 		c.OperatorNamespace = inferencev1.DefaultOperatorNamespace
@@ -64,47 +54,35 @@ func (c *Config) Defaults() {
 	}
 }
 
-// Validate checks what the admin set.
-func (c *Config) Validate() error {
-	for _, r := range append(slices.Clone(c.AllowedRoots), c.FSxRoot) {
-		if !filepath.IsAbs(r) || filepath.Clean(r) != r || r == "/" {
-			return fmt.Errorf("root %q: want a clean absolute path other than /", r)
-		}
-	}
-	return nil
-}
-
-// HostPathAllowed says whether hostPath is one of the allowed roots, and if not, why.
-func (c *Config) HostPathAllowed(hostPath string) (bool, string) {
-	if slices.Contains(c.AllowedRoots, filepath.Clean(hostPath)) && filepath.Clean(hostPath) == hostPath {
-		return true, ""
-	}
-	return false, fmt.Sprintf("hostPath %s is not an allowed cache root; the cluster admin allows %s",
-		hostPath, strings.Join(c.AllowedRoots, ", "))
-}
-
-// SourceURI returns the address of a model source as the engine names it, and its region.
-func (c *Config) SourceURI(s inferencev1.ModelSourceConfig) (uri, region string, err error) {
+// CacheSource returns the typed address of a model source, as the agents and the init container
+// read it. An FSx source must name a file system the configuration maps to a mount.
+func (c *Config) CacheSource(s inferencev1.ModelSourceConfig) (prewarmv1alpha1.CacheSource, error) {
 	loc := strings.Trim(s.ModelLocation, "/")
+	out := prewarmv1alpha1.CacheSource{Type: s.ModelSourceType}
 	switch s.ModelSourceType {
 	case inferencev1.ModelSourceS3:
 		if s.S3Storage == nil {
-			return "", "", fmt.Errorf("modelSourceType s3 needs s3Storage")
+			return out, fmt.Errorf("modelSourceType s3 needs s3Storage")
 		}
-		return "s3://" + s.S3Storage.BucketName + "/" + loc, s.S3Storage.Region, nil
+		out.Bucket, out.Prefix, out.Region = s.S3Storage.BucketName, loc, s.S3Storage.Region
+		return out, nil
 	case inferencev1.ModelSourceHuggingFace:
 		if s.HuggingFaceModel == nil {
-			return "", "", fmt.Errorf("modelSourceType huggingface needs huggingFaceModel")
+			return out, fmt.Errorf("modelSourceType huggingface needs huggingFaceModel")
 		}
-		uri := "hf://" + s.HuggingFaceModel.ModelID
-		if s.HuggingFaceModel.CommitSHA != "" {
-			uri += "@" + s.HuggingFaceModel.CommitSHA
-		}
-		return uri, "", nil
+		out.RepoID, out.Revision = s.HuggingFaceModel.ModelID, s.HuggingFaceModel.CommitSHA
+		return out, nil
 	case inferencev1.ModelSourceFSx:
-		return filepath.Join(c.FSxRoot, loc), "", nil
+		if s.FSxStorage == nil || s.FSxStorage.FileSystemID == "" {
+			return out, fmt.Errorf("modelSourceType fsx needs fsxStorage.fileSystemId")
+		}
+		if _, err := c.FSxMountPath(s.FSxStorage.FileSystemID); err != nil {
+			return out, err
+		}
+		out.FileSystemID, out.Path = s.FSxStorage.FileSystemID, loc
+		return out, nil
 	}
-	return "", "", fmt.Errorf("modelSourceType %s cannot be cached on node-local disk", s.ModelSourceType)
+	return out, fmt.Errorf("modelSourceType %s cannot be cached on node-local disk", s.ModelSourceType)
 }
 
 // Labels and annotations prewarm sets on the objects it writes.

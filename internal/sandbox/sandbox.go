@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
@@ -350,9 +351,20 @@ func (s *sandbox) startPrewarm(context.Context) error {
 			return err
 		}
 	}
+	// One operator configuration for the controller and every agent, as the prewarm-config
+	// ConfigMap is in a cluster.
+	conf := filepath.Join(s.o.Dir, "config.yaml")
+	op := config.Operator{
+		CacheRoots:  []string{root},
+		S3:          config.S3{Endpoint: s.s3.Endpoint, PathStyle: true},
+		HuggingFace: config.HuggingFace{Endpoint: s.hub.URL},
+	}
+	if err := op.Write(conf); err != nil {
+		return err
+	}
 	if err := s.start("controller", "controller", "--kubeconfig="+s.kubeconfig(), "--leader-elect=false",
-		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--allowed-roots="+root, "--gate-timeout=10m",
-		"--s3-endpoint="+s.s3.Endpoint, "--s3-path-style", "--hf-endpoint="+s.hub.URL, "--agent-image="+agentImage); err != nil {
+		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--config="+conf, "--gate-timeout=10m",
+		"--agent-image="+agentImage); err != nil {
 		return err
 	}
 	nodes := []string{"g5x-1"}
@@ -361,8 +373,7 @@ func (s *sandbox) startPrewarm(context.Context) error {
 	}
 	for _, n := range nodes {
 		if err := s.start("agent-"+n, "agent", "--node-name="+n, "--kubeconfig="+s.kubeconfig(),
-			"--host-prefix="+filepath.Join(s.o.Dir, "nodes", n), "--roots="+root, "--reserve=0", "--namespace="+opNS,
-			"--s3-endpoint="+s.s3.Endpoint, "--s3-path-style", "--hf-endpoint="+s.hub.URL,
+			"--host-prefix="+filepath.Join(s.o.Dir, "nodes", n), "--config="+conf, "--reserve=0", "--namespace="+opNS,
 			"--status-interval=500ms", "--metrics-bind-address=0", "--health-probe-bind-address=0"); err != nil {
 			return err
 		}
@@ -396,7 +407,7 @@ func (s *sandbox) applySeed(ctx context.Context) error {
 // runPrepare runs the pod's init container step, as the kubelet would, against the node's disk.
 func (s *sandbox) runPrepare(ctx context.Context, cacheDir, dest, endpoint string) (string, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(s.o.BinDir, "agent"), "prepare", "--cache-dir="+cacheDir, "--dest="+dest,
-		"--source=s3://"+bucket+"/"+prefix, "--region=us-west-2", "--s3-endpoint="+endpoint, "--s3-path-style")
+		"--s3-bucket="+bucket, "--s3-prefix="+prefix, "--region=us-west-2", "--s3-endpoint="+endpoint, "--s3-path-style")
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -116,7 +116,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 	e.start("controller", controllerPath,
 		"--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect=false",
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
-		"--allowed-roots="+root, "--s3-endpoint="+s3srv.Endpoint, "--s3-path-style", "--agent-image=prewarm/agent:e2e")
+		"--config="+e.config(s3srv.Endpoint), "--agent-image=prewarm/agent:e2e")
 
 	// The inference pods' namespace pulls with a secret; the image cache must pull with it too.
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "regcred"}, Type: corev1.SecretTypeDockerConfigJson,

@@ -87,7 +87,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 	e.start("controller", controllerPath,
 		"--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect=false",
 		"--metrics-bind-address="+metricsAddr, "--health-probe-bind-address=0",
-		"--allowed-roots="+root, "--hf-endpoint="+hub.URL, "--agent-image=prewarm/agent:e2e")
+		"--config="+e.config(s3srv.Endpoint), "--agent-image=prewarm/agent:e2e")
 
 	for _, ns := range []string{opNS, "team-b", "team-c"} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -154,7 +154,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 			t.Errorf("worker %+v, want the catalog's image, args and port", w)
 		}
 		prep := dep.Spec.Template.Spec.InitContainers[0]
-		if !slices.Contains(prep.Args, "--source=hf://"+llamaRepo+"@"+commit) || !slices.Contains(prep.Args, "--hf-endpoint="+hub.URL) {
+		if !slices.Contains(prep.Args, "--hf-repo="+llamaRepo) || !slices.Contains(prep.Args, "--hf-revision="+commit) || !slices.Contains(prep.Args, "--hf-endpoint="+hub.URL) {
 			t.Errorf("prepare args %v", prep.Args)
 		}
 		if !slices.ContainsFunc(prep.Env, func(v corev1.EnvVar) bool {
@@ -236,7 +236,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 		prepare := func(token string) (string, string, error) {
 			dest := filepath.Join(t.TempDir(), "model")
 			cmd := exec.CommandContext(ctx, agentPath, "prepare", "--cache-dir=/nonexistent", "--dest="+dest,
-				"--source=hf://"+llamaRepo+"@"+commit, "--hf-endpoint="+hub.URL)
+				"--hf-repo="+llamaRepo, "--hf-revision="+commit, "--hf-endpoint="+hub.URL)
 			cmd.Env = append(os.Environ(), "HF_TOKEN="+token)
 			out, err := cmd.CombinedOutput()
 			return dest, string(out), err

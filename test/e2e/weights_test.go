@@ -33,6 +33,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
@@ -55,6 +56,8 @@ type weightsEnv struct {
 	procs    []*testutil.Process
 	// hfEndpoint, when set, is the Hugging Face Hub the agents use.
 	hfEndpoint string
+	// fsx are the FSx file systems the configuration maps to mounts.
+	fsx []config.FSxMount
 }
 
 func (e *weightsEnv) nodeRoot(node string) string { return filepath.Join(e.nodes, node, root) }
@@ -95,14 +98,13 @@ func (e *weightsEnv) startAgent(name, endpoint string, extra ...string) {
 	e.t.Helper()
 	args := append([]string{
 		"--node-name=" + name, "--kubeconfig=" + e.cluster.KubeconfigPath,
-		"--host-prefix=" + filepath.Join(e.nodes, name), "--roots=" + root, "--reserve=0",
-		"--s3-endpoint=" + endpoint, "--s3-path-style",
+		"--host-prefix=" + filepath.Join(e.nodes, name), "--config=" + e.config(endpoint), "--reserve=0",
 		"--status-interval=250ms", "--retry-interval=1s", "--recheck-interval=1s",
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--part-size=2MiB", "--concurrency=8",
 	}, extra...)
 	if e.hfEndpoint != "" {
-		args = append(args, "--hf-endpoint="+e.hfEndpoint, "--namespace="+opNS)
+		args = append(args, "--namespace="+opNS)
 	}
 	logName := "agent-" + name
 	if n := e.restarts[name]; n > 0 {
@@ -252,6 +254,17 @@ func condition(conds []metav1.Condition, typ string) metav1.Condition {
 }
 
 // newEnv starts a cluster (with opts) for the test, and cleans everything up after it.
+// config writes the operator configuration the controller and the agents read: the test's
+// cache root, the S3 endpoint given, the env's Hugging Face Hub and FSx mounts.
+func (e *weightsEnv) config(s3Endpoint string) string {
+	op := config.Operator{CacheRoots: []string{root}, FSx: e.fsx}
+	if s3Endpoint != "" {
+		op.S3 = config.S3{Endpoint: s3Endpoint, PathStyle: true}
+	}
+	op.HuggingFace.Endpoint = e.hfEndpoint
+	return testutil.OperatorConfig(e.t, op)
+}
+
 func newEnv(t *testing.T, opts testutil.ClusterOptions) *weightsEnv {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	t.Cleanup(cancel)
@@ -295,8 +308,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 	e.start("controller", controllerPath,
 		"--kubeconfig="+cluster.KubeconfigPath, "--leader-elect", "--leader-election-namespace=default",
 		"--metrics-bind-address="+metricsAddr, "--health-probe-bind-address="+probeAddr,
-		"--allowed-roots="+root, "--gate-timeout=3m", "--retention=10m",
-		"--s3-endpoint="+s3srv.Endpoint, "--s3-path-style", "--agent-image=prewarm/agent:e2e")
+		"--config="+e.config(s3srv.Endpoint), "--gate-timeout=3m", "--retention=10m", "--agent-image=prewarm/agent:e2e")
 
 	// The Deployment must not exist before the cache is Ready on all three nodes. Read the
 	// Deployment first, then the cache: readyNodes only grows here, so a Deployment seen with a
@@ -367,7 +379,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		}
 		if len(tmpl.InitContainers) != 1 || tmpl.InitContainers[0].Name != "prewarm-prepare" ||
 			!slices.Contains(tmpl.InitContainers[0].Args, "--cache-dir=/var/lib/prewarm/cache/model") ||
-			!slices.Contains(tmpl.InitContainers[0].Args, "--source=s3://"+bucket+"/"+prefix) {
+			!slices.Contains(tmpl.InitContainers[0].Args, "--s3-bucket="+bucket) || !slices.Contains(tmpl.InitContainers[0].Args, "--s3-prefix="+prefix) {
 			t.Errorf("init containers = %+v, want prewarm-prepare on this cache", tmpl.InitContainers)
 		}
 		w := tmpl.Containers[0]
@@ -467,7 +479,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		defer proxy.Close()
 		prepare := func(cacheDir, dest string) string {
 			cmd := exec.CommandContext(ctx, agentPath, "prepare", "--cache-dir="+cacheDir, "--dest="+dest,
-				"--source=s3://"+bucket+"/"+prefix, "--region=us-west-2", "--s3-endpoint="+proxy.URL, "--s3-path-style")
+				"--s3-bucket="+bucket, "--s3-prefix="+prefix, "--region=us-west-2", "--s3-endpoint="+proxy.URL, "--s3-path-style")
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("agent prepare: %v\n%s", err, out)

@@ -58,7 +58,7 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 		"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 	}, "agent/daemonset.yaml", "rbac/agent/role.yaml", "agent/node-binding.yaml")
 
-	for _, n := range []string{"binding-a", "binding-b"} {
+	for _, n := range []string{"binding-a", "binding-b", "binding-probe"} {
 		if err := c.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}); err != nil {
 			t.Fatal(err)
 		}
@@ -110,13 +110,17 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: "11111111-1111-4111-8111-111111111111", State: inferencev1.CacheReady, Reason: prewarmv1alpha1.ReasonVerified}}
 		return as.Status().Patch(ctx, nc, patch)
 	}
-	// The policy takes effect once the API server has loaded it: wait for the first denial.
-	var err2 error
+	// The policy takes effect once the API server has loaded it: wait for the first denial, on
+	// a NodeCache of its own, so that writes admitted before that leave binding-b untouched.
 	if err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
-		err2 = writeStatus(onA, "binding-b")
-		return apierrors.IsForbidden(err2) || apierrors.IsInvalid(err2), nil
+		err := writeStatus(onA, "binding-probe")
+		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
 	}); err != nil {
-		t.Fatalf("the agent of binding-a wrote binding-b's status: %v (last: %v)", err, err2)
+		t.Fatalf("the policy never refused the agent of binding-a a write to another node's NodeCache: %v", err)
+	}
+	err2 := writeStatus(onA, "binding-b")
+	if !apierrors.IsForbidden(err2) && !apierrors.IsInvalid(err2) {
+		t.Fatalf("the agent of binding-a wrote binding-b's status: %v", err2)
 	}
 	if !strings.Contains(err2.Error(), "the prewarm agent of node binding-a may not write the NodeCache of node binding-b") {
 		t.Errorf("denial = %v; want it to name both nodes", err2)
@@ -133,7 +137,7 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	patch := client.MergeFrom(nc.DeepCopy())
-	nc.Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: "11111111-1111-4111-8111-111111111111", Namespace: "x", Name: "y", Root: "/etc", Source: "s3://b/p"}}
+	nc.Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: "11111111-1111-4111-8111-111111111111", Namespace: "x", Name: "y", Root: "/etc", Source: prewarmv1alpha1.CacheSource{Type: "s3", Bucket: "b", Prefix: "p"}}}
 	if err := onA.Patch(ctx, nc, patch); !apierrors.IsForbidden(err) {
 		t.Errorf("an agent changed its NodeCache's spec: %v; want forbidden", err)
 	}

@@ -25,15 +25,9 @@ type CacheRequest struct {
 	// +required
 	// +kubebuilder:validation:MaxLength=255
 	Root string `json:"root"`
-	// source is the model's address: s3://bucket/prefix, hf://org/name@revision, or an
-	// absolute path on the node (a mounted FSx file system).
+	// source is where the model comes from.
 	// +required
-	// +kubebuilder:validation:MaxLength=2048
-	Source string `json:"source"`
-	// region is the S3 bucket's region.
-	// +optional
-	// +kubebuilder:validation:MaxLength=32
-	Region string `json:"region,omitempty"`
+	Source CacheSource `json:"source"`
 	// tokenSecret names a Secret in prewarm's namespace whose key "token" is the Hugging Face
 	// token to download with (a copy the controller makes of the parent's tokenSecretRef).
 	// +optional
@@ -48,8 +42,68 @@ type CacheRequest struct {
 	RetainedSince string `json:"retainedSince,omitempty"`
 }
 
+// CacheSource is a model's address, typed: an S3 key prefix or a path is bytes, never URI
+// syntax.
+// +kubebuilder:validation:XValidation:rule="self.type != 's3' || (has(self.bucket) && !has(self.repoID) && !has(self.fileSystemID))",message="an s3 source has a bucket and no repoID or fileSystemID"
+// +kubebuilder:validation:XValidation:rule="self.type != 'huggingface' || (has(self.repoID) && !has(self.bucket) && !has(self.fileSystemID))",message="a huggingface source has a repoID and no bucket or fileSystemID"
+// +kubebuilder:validation:XValidation:rule="self.type != 'fsx' || (has(self.fileSystemID) && !has(self.bucket) && !has(self.repoID))",message="an fsx source has a fileSystemID and no bucket or repoID"
+type CacheSource struct {
+	// type is s3, huggingface or fsx.
+	// +required
+	// +kubebuilder:validation:Enum=s3;huggingface;fsx
+	Type v1.ModelSourceType `json:"type"`
+	// bucket is the S3 bucket.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Bucket string `json:"bucket,omitempty"`
+	// prefix is the S3 key prefix under which every object is a file of the model.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Prefix string `json:"prefix,omitempty"`
+	// region is the S3 bucket's region.
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	Region string `json:"region,omitempty"`
+	// repoID is the Hugging Face repository, org/name.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	RepoID string `json:"repoID,omitempty"`
+	// revision is the Hugging Face commit the cache holds.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Revision string `json:"revision,omitempty"`
+	// fileSystemID is the FSx for Lustre file system; the operator configuration says where
+	// each is mounted on the nodes.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	FileSystemID string `json:"fileSystemID,omitempty"`
+	// path is the model's directory inside the file system, relative to its root.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Path string `json:"path,omitempty"`
+}
+
+// String is the address for people and logs.
+func (s CacheSource) String() string {
+	switch s.Type {
+	case v1.ModelSourceS3:
+		return "s3://" + s.Bucket + "/" + s.Prefix
+	case v1.ModelSourceHuggingFace:
+		if s.Revision != "" {
+			return "hf://" + s.RepoID + "@" + s.Revision
+		}
+		return "hf://" + s.RepoID
+	case v1.ModelSourceFSx:
+		return "fsx://" + s.FileSystemID + "/" + s.Path
+	}
+	return string(s.Type)
+}
+
 // Retained reports whether the request only keeps what the node holds.
 func (r CacheRequest) Retained() bool { return r.RetainedSince != "" }
+
+// MaxCachesPerNode is the most caches one NodeCache can ask its node for (spec.caches' maxItems).
+const MaxCachesPerNode = 256
 
 // NodeCacheSpec is what the controller wants one node to hold.
 type NodeCacheSpec struct {
@@ -200,6 +254,8 @@ const (
 	// ReasonInvalidSource: the source answers, but what it holds cannot be cached as listed
 	// (a reserved or escaping file name, a request the source refuses for good).
 	ReasonInvalidSource = "InvalidSource"
+	// ReasonNodeCacheFull says the node is already asked for MaxCachesPerNode other caches.
+	ReasonNodeCacheFull = "NodeCacheFull"
 )
 
 // Terminal reports whether a failure reason is one that waiting will not fix: a node whose
@@ -207,7 +263,7 @@ const (
 func Terminal(reason string) bool {
 	switch reason {
 	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied,
-		ReasonInvalidSource:
+		ReasonInvalidSource, ReasonNodeCacheFull:
 		return true
 	}
 	return false

@@ -5,7 +5,6 @@ package agentcmd
 import (
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,17 +15,18 @@ import (
 
 	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/cli"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
 // NewAgentCommand returns the command tree of the agent binary.
 func NewAgentCommand() *cobra.Command {
 	var (
 		opts        agent.Options
-		src         cli.SourceFlags
-		roots       []string
-		fileRoots   []string
+		eng         cli.EngineFlags
+		configFile  string
 		reserve     string
 		verifyRate  string
 		kubeconfig  string
@@ -53,13 +53,14 @@ the allowed roots.`,
 			if opts.VerifyRate, err = cli.ParseBytes(verifyRate); err != nil {
 				return fmt.Errorf("--verify-rate: %w", err)
 			}
-			if opts.Engine, err = src.EngineOptions(); err != nil {
+			if opts.Engine, err = eng.EngineOptions(); err != nil {
 				return err
 			}
-			opts.Roots, opts.FileSourceRoots, opts.Version = roots, fileRoots, cli.Version()
+			if opts.Config, err = config.Load(configFile); err != nil {
+				return err
+			}
+			opts.Connections, opts.Version = eng.Connections(), cli.Version()
 			opts.Registerer = ctrlmetrics.Registry
-			opts.Sources = src.SourceOptions("s3://", "")
-			opts.HFEndpoint = src.HFEndpoint
 			if err := opts.Validate(); err != nil {
 				return err
 			}
@@ -85,16 +86,15 @@ the allowed roots.`,
 			if err := agent.New(mgr.GetClient(), mgr.GetAPIReader(), opts).SetupWithManager(mgr); err != nil {
 				return err
 			}
-			log.Info("agent starting", "node", opts.NodeName, "roots", opts.Roots, "version", opts.Version)
+			log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.CacheRoots, "version", opts.Version)
 			return mgr.Start(cmd.Context())
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	f.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "hyperpod-inference-system"), "prewarm's namespace, where the controller puts token Secrets for the agents (default $POD_NAMESPACE)")
-	f.StringSliceVar(&roots, "roots", []string{"/opt/dlami/nvme"}, "node directories caches may be kept under (the cluster admin's allow-list)")
+	f.StringVar(&configFile, "config", "", "the operator configuration shared with the controller (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
-	f.StringSliceVar(&fileRoots, "file-source-roots", []string{"/fsx"}, "node directories a file source (a mounted FSx) may be read from")
 	f.StringVar(&reserve, "reserve", "2GiB", "free space kept under each root, never filled by caches")
 	f.IntVar(&opts.MaxParallel, "max-parallel", 2, "caches downloading at once")
 	f.DurationVar(&opts.StatusInterval, "status-interval", 2*time.Second, "least time between two status writes")
@@ -106,31 +106,41 @@ the allowed roots.`,
 	f.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
 	f.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
 	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity")
-	src.Register(cmd)
+	eng.Register(cmd)
 	cmd.AddCommand(newPrepareCommand())
 	return cmd
 }
 
 func newPrepareCommand() *cobra.Command {
 	var (
-		o      agent.PrepareOptions
-		src    cli.SourceFlags
-		region string
+		o          agent.PrepareOptions
+		eng        cli.EngineFlags
+		srcOpts    sources.Options
+		hfEndpoint string
 	)
 	cmd := &cobra.Command{
 		Use:   "prepare",
 		Short: "Make the model appear at --dest: linked from the node's cache, or downloaded",
 		Long: `prepare is the init container of inference pods. On a node that holds the cache (--cache-dir
 is whole and verified) it links every file into --dest, copying nothing. On a node without it,
-it downloads the model from --source into --dest, so a pod on a cold node still starts.`,
+it downloads the model from its source (--s3-bucket and --s3-prefix, --hf-repo, or --source-dir;
+each value is taken byte for byte) into --dest, so a pod on a cold node still starts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if o.Engine, err = src.EngineOptions(); err != nil {
+			if o.Engine, err = eng.EngineOptions(); err != nil {
 				return err
 			}
-			o.Sources = src.SourceOptions(o.Source, region)
-			if strings.HasPrefix(o.Source, "hf://") {
+			if o.Source, err = prepareSource(cmd); err != nil {
+				return err
+			}
+			o.Sources = srcOpts
+			o.Sources.Connections = eng.Connections()
+			switch o.Source.Kind {
+			case sources.S3:
+				o.Sources.PathStyle = o.Sources.PathStyle || o.Sources.Endpoint != ""
+			case sources.HuggingFace:
+				o.Sources.Endpoint = hfEndpoint
 				o.Sources.Token = os.Getenv("HF_TOKEN") // from the parent's tokenSecretRef, set by the pod template
 			}
 			start := time.Now()
@@ -150,11 +160,42 @@ it downloads the model from --source into --dest, so a pod on a cold node still 
 	f := cmd.Flags()
 	f.StringVar(&o.CacheDir, "cache-dir", "", "the node's cache of this model (read-only)")
 	f.StringVar(&o.Dest, "dest", "", "where the inference container reads the model")
-	f.StringVar(&o.Source, "source", "", "the model's original address, for a node without the cache ($HF_TOKEN is the Hugging Face token)")
-	f.StringVar(&region, "region", "", "S3 region of the source")
-	src.Register(cmd)
+	f.String("s3-bucket", "", "S3 bucket of the model's source, for a node without the cache")
+	f.String("s3-prefix", "", "S3 key prefix of the model, byte for byte")
+	f.String("region", "", "S3 region of the source")
+	f.StringVar(&srcOpts.Endpoint, "s3-endpoint", "", "S3 endpoint of an S3-compatible store (default: AWS)")
+	f.BoolVar(&srcOpts.PathStyle, "s3-path-style", false, "address S3 buckets in the path")
+	f.String("hf-repo", "", "Hugging Face repository (org/name) of the model ($HF_TOKEN is the token)")
+	f.String("hf-revision", "", "Hugging Face commit of the model")
+	f.StringVar(&hfEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror)")
+	f.String("source-dir", "", "a mounted directory (FSx for Lustre) holding the model")
+	eng.Register(cmd)
 	_ = cmd.MarkFlagRequired("dest")
+	cmd.MarkFlagsMutuallyExclusive("s3-bucket", "hf-repo", "source-dir")
 	return cmd
+}
+
+// prepareSource returns the source prepare's typed flags name; Kind is empty when they name none.
+func prepareSource(cmd *cobra.Command) (sources.Spec, error) {
+	f := cmd.Flags()
+	get := func(name string) string { v, _ := f.GetString(name); return v }
+	s := sources.Spec{
+		Bucket: get("s3-bucket"), Prefix: get("s3-prefix"), Region: get("region"),
+		Repo: get("hf-repo"), Revision: get("hf-revision"), Path: get("source-dir"),
+	}
+	switch {
+	case s.Bucket != "":
+		s.Kind = sources.S3
+	case s.Repo != "":
+		s.Kind = sources.HuggingFace
+	case s.Path != "":
+		s.Kind = sources.Dir
+	case s.Prefix != "" || s.Revision != "":
+		return s, fmt.Errorf("--s3-prefix needs --s3-bucket, and --hf-revision needs --hf-repo")
+	default:
+		return s, nil
+	}
+	return s, s.Validate()
 }
 
 func addHealthChecks(mgr ctrl.Manager, addr string) error {

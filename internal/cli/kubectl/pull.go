@@ -85,9 +85,16 @@ func (o *pullOptions) run(cmd *cobra.Command, src, dest string) error {
 	}
 	pathStyle := o.pathStyle || (o.endpoint != "" && !cmd.Flags().Changed("path-style"))
 	ctx := cmd.Context()
-	s, err := sources.Open(ctx, src, sources.Options{
-		Endpoint: o.endpoint, Region: o.region, PathStyle: pathStyle, Revision: o.revision,
-		Token: token, Connections: o.concurrency,
+	spec, err := sources.Parse(src)
+	if err != nil {
+		return err
+	}
+	spec.Region = o.region
+	if o.revision != "" {
+		spec.Revision = o.revision
+	}
+	s, err := sources.Open(ctx, spec, sources.Options{
+		Endpoint: o.endpoint, PathStyle: pathStyle, Token: token, Connections: o.concurrency,
 	})
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -21,12 +22,28 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 )
 
-// reconcileModel does the work shared by every parent kind, writing what it finds into st.
+// reconcileModel does the work shared by every parent kind, writing what it finds into st. A
+// problem that only a change of the spec or of the cluster can fix is reported on the parent
+// (condition and event) rather than retried in a loop.
 func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inferencev1.ParentStatus) (ctrl.Result, error) {
+	res, err := r.applyModel(ctx, m, st)
+	var p *problem
+	if errors.As(err, &p) {
+		r.fail(m, st, p)
+		// What blocks may be another object (a Deployment of the same name): look again later.
+		return ctrl.Result{RequeueAfter: time.Minute}, nil
+	}
+	return res, err
+}
+
+func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.ParentStatus) (ctrl.Result, error) {
 	log := ctrl.LoggerFrom(ctx)
 	gen := m.owner.GetGeneration()
 	st.Replicas = 0
 	st.Selector = labels.SelectorFromSet(selector(m)).String()
+	if p := r.checkDerived(m); p != nil {
+		return ctrl.Result{}, p
+	}
 	if len(m.unsupported) > 0 {
 		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect,
 			"accepted for compatibility, without effect here: "+sortedJoin(m.unsupported))
@@ -47,18 +64,25 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			}
 		}
 		ic, err := r.ensureImageCache(ctx, m)
-		if err != nil {
+		var p *problem
+		switch {
+		case errors.As(err, &p):
+			// Not this parent's image cache: the parent does without one, and says why.
+			st.ImageCacheStatus = nil
+			setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, p.reason, p.message)
+		case err != nil:
 			return ctrl.Result{}, err
-		}
-		imageCache, keep = ic, ic.Name
-		st.ImageCacheStatus = &inferencev1.ImageCacheRollup{
-			Name: ic.Name, Namespace: ic.Namespace, Phase: ic.Status.Phase,
-			TargetNodes: ic.Status.TargetNodes, CachedNodes: ic.Status.CachedNodes,
-		}
-		if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
-			setCondition(st, gen, inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
-		} else {
-			setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonPulling, "the image cache has not reported yet")
+		default:
+			imageCache, keep = ic, ic.Name
+			st.ImageCacheStatus = &inferencev1.ImageCacheRollup{
+				Name: ic.Name, Namespace: ic.Namespace, Phase: ic.Status.Phase,
+				TargetNodes: ic.Status.TargetNodes, CachedNodes: ic.Status.CachedNodes,
+			}
+			if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
+				setCondition(st, gen, inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
+			} else {
+				setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonPulling, "the image cache has not reported yet")
+			}
 		}
 	} else {
 		st.ImageCacheStatus = nil
@@ -91,7 +115,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 	var result ctrl.Result
 	holdDeployment := false
 	if m.weights != nil {
-		if ok, why := r.Config.HostPathAllowed(m.weights.HostPath); !ok {
+		if ok, why := r.Config.CacheRootAllowed(m.weights.HostPath); !ok {
 			st.State = inferencev1.DeploymentFailed
 			st.WeightsCacheStatus = nil
 			setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, why)
@@ -158,7 +182,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 	// The Deployment and the Service.
 	tmpl, err := r.podTemplate(m, use, imageCache)
 	if err != nil {
-		return result, err
+		return result, &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
 	}
 	want := r.deployment(m, tmpl)
 	switch {
@@ -167,7 +191,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			return result, err
 		}
 		if err := r.Client.Create(ctx, want); err != nil {
-			return result, err
+			return result, refused("Deployment", want.Name, err)
 		}
 		log.Info("created Deployment", "deployment", want.Name, "weightsCache", want.Spec.Template.Annotations[controller.WeightsCacheAnnotation])
 		if use != nil {
@@ -177,7 +201,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(st)))
 		dep = want
 	case !metav1.IsControlledBy(dep, m.owner):
-		return result, fmt.Errorf("the Deployment %s/%s exists and is not this %s's", dep.Namespace, dep.Name, m.kind)
+		return result, conflict("Deployment", dep, m)
 	case dep.Annotations[controller.TemplateHashAnnotation] != want.Annotations[controller.TemplateHashAnnotation] ||
 		ptr.Deref(dep.Spec.Replicas, 1) != m.replicas:
 		patch := client.MergeFrom(dep.DeepCopy())
@@ -189,7 +213,7 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		dep.Spec.Replicas = want.Spec.Replicas
 		dep.Spec.Template = want.Spec.Template
 		if err := r.Client.Patch(ctx, dep, patch); err != nil {
-			return result, err
+			return result, refused("Deployment", dep.Name, err)
 		}
 		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", tmpl.Annotations[controller.WeightsCacheAnnotation])
 		if after := tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
@@ -230,6 +254,13 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
 			fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available",
 				dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
+		p, err := r.rolloutProblem(ctx, dep, &tmpl)
+		if err != nil {
+			return result, err
+		}
+		if p != nil {
+			r.fail(m, st, p)
+		}
 	}
 	return result, nil
 }
@@ -263,13 +294,13 @@ func (r *Reconciler) ensureService(ctx context.Context, m *model) error {
 		if err := controllerutil.SetControllerReference(m.owner, want, r.Client.Scheme()); err != nil {
 			return err
 		}
-		return r.Client.Create(ctx, want)
+		return refused("Service", want.Name, r.Client.Create(ctx, want))
 	}
 	if err != nil {
 		return err
 	}
 	if !metav1.IsControlledBy(svc, m.owner) {
-		return fmt.Errorf("the Service %s/%s exists and is not this %s's", svc.Namespace, svc.Name, m.kind)
+		return conflict("Service", svc, m)
 	}
 	if len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].Port == want.Spec.Ports[0].Port && svc.Spec.Ports[0].Name == want.Spec.Ports[0].Name {
 		return nil
@@ -277,7 +308,7 @@ func (r *Reconciler) ensureService(ctx context.Context, m *model) error {
 	patch := client.MergeFrom(svc.DeepCopy())
 	svc.Spec.Ports = want.Spec.Ports
 	svc.Spec.Selector = want.Spec.Selector
-	return r.Client.Patch(ctx, svc, patch)
+	return refused("Service", svc.Name, r.Client.Patch(ctx, svc, patch))
 }
 
 // gateNote says, for an event, why the gate let the Deployment through.

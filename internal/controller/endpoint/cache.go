@@ -102,7 +102,9 @@ func (r *Reconciler) ensureCache(ctx context.Context, m *model, owned []inferenc
 	}
 	if err := r.Client.Create(ctx, c); err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("a ModelDataCacheConfig named %s already exists and is not this parent's: %w", name, err)
+			return nil, &problem{inferencev1.ReasonNameConflict, fmt.Sprintf(
+				"ModelDataCacheConfig %s/%s exists and is not this %s's; prewarm does not take it over: delete or rename it, or rename this %s",
+				c.Namespace, name, m.kind, m.kind)}
 		}
 		return nil, err
 	}

@@ -82,28 +82,30 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 		if cache != nil {
 			src = cache.Spec.ModelSourceConfig // the cache's own source: warm and cold pods read the same model
 		}
-		uri, region, err := r.Config.SourceURI(src)
+		cs, err := r.Config.CacheSource(src)
 		if err != nil {
 			return corev1.PodTemplateSpec{}, err
 		}
 		prepare := corev1.Container{
 			Name: PrepareContainerName, Image: r.Config.AgentImage,
-			Args: []string{"prepare", "--dest=" + filepath.Join(WorkMountPath, modelSubPath), "--source=" + uri},
+			Args: []string{"prepare", "--dest=" + filepath.Join(WorkMountPath, modelSubPath)},
 			Resources: corev1.ResourceRequirements{
 				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
 				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
 			},
 			VolumeMounts: []corev1.VolumeMount{{Name: modelVolume, MountPath: WorkMountPath}},
 		}
-		if region != "" {
-			prepare.Args = append(prepare.Args, "--region="+region)
-		}
-		switch src.ModelSourceType {
+		// The source travels as typed flags: a key prefix or a path is passed byte for byte.
+		switch cs.Type {
 		case inferencev1.ModelSourceS3:
-			if r.Config.S3Endpoint != "" {
-				prepare.Args = append(prepare.Args, "--s3-endpoint="+r.Config.S3Endpoint)
+			prepare.Args = append(prepare.Args, "--s3-bucket="+cs.Bucket, "--s3-prefix="+cs.Prefix)
+			if cs.Region != "" {
+				prepare.Args = append(prepare.Args, "--region="+cs.Region)
 			}
-			if r.Config.S3PathStyle {
+			if r.Config.S3.Endpoint != "" {
+				prepare.Args = append(prepare.Args, "--s3-endpoint="+r.Config.S3.Endpoint)
+			}
+			if r.Config.S3.PathStyle {
 				prepare.Args = append(prepare.Args, "--s3-path-style")
 			}
 			if s := r.Config.S3CredentialsSecret; s != "" {
@@ -114,8 +116,12 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 				}
 			}
 		case inferencev1.ModelSourceHuggingFace:
-			if r.Config.HFEndpoint != "" {
-				prepare.Args = append(prepare.Args, "--hf-endpoint="+r.Config.HFEndpoint)
+			prepare.Args = append(prepare.Args, "--hf-repo="+cs.RepoID)
+			if cs.Revision != "" {
+				prepare.Args = append(prepare.Args, "--hf-revision="+cs.Revision)
+			}
+			if r.Config.HuggingFace.Endpoint != "" {
+				prepare.Args = append(prepare.Args, "--hf-endpoint="+r.Config.HuggingFace.Endpoint)
 			}
 			if ref := src.HuggingFaceModel.TokenSecretRef; ref != nil {
 				key := ref.Key
@@ -127,10 +133,16 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 				}}})
 			}
 		case inferencev1.ModelSourceFSx:
+			// Only the file system's own mount is mounted, read-only.
+			mount, err := r.Config.FSxMountPath(cs.FileSystemID)
+			if err != nil {
+				return corev1.PodTemplateSpec{}, err
+			}
+			prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))
 			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{
-				HostPath: &corev1.HostPathVolumeSource{Path: r.Config.FSxRoot, Type: ptr.To(corev1.HostPathDirectory)},
+				HostPath: &corev1.HostPathVolumeSource{Path: mount, Type: ptr.To(corev1.HostPathDirectory)},
 			}})
-			prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: r.Config.FSxRoot, ReadOnly: true})
+			prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: mount, ReadOnly: true})
 		}
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), SubPath: modelSubPath, ReadOnly: true})

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
@@ -68,7 +69,7 @@ func TestGate(t *testing.T) {
 }
 
 func TestPodTemplate(t *testing.T) {
-	r := &Reconciler{Config: controller.Config{AgentImage: "agent:v1", S3Endpoint: "http://s3.local", S3PathStyle: true}}
+	r := &Reconciler{Config: controller.Config{AgentImage: "agent:v1", Operator: config.Operator{Kind: config.Kind, CacheRoots: []string{config.DefaultCacheRoot}, S3: config.S3{Endpoint: "http://s3.local", PathStyle: true}}}}
 	r.Config.Defaults()
 	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
 	iec.UID = types.UID("0000-parent")
@@ -86,7 +87,7 @@ func TestPodTemplate(t *testing.T) {
 		t.Fatalf("init containers = %d, want 1", len(spec.InitContainers))
 	}
 	prep := spec.InitContainers[0]
-	for _, want := range []string{"prepare", "--cache-dir=/var/lib/prewarm/cache/model", "--source=s3://example-bucket/models/m",
+	for _, want := range []string{"prepare", "--cache-dir=/var/lib/prewarm/cache/model", "--s3-bucket=example-bucket", "--s3-prefix=models/m",
 		"--region=us-west-2", "--s3-endpoint=http://s3.local", "--s3-path-style", "--dest=/var/lib/prewarm/model/model"} {
 		if !slices.Contains(prep.Args, want) {
 			t.Errorf("prepare args %v lack %s", prep.Args, want)
@@ -120,6 +121,40 @@ func TestPodTemplate(t *testing.T) {
 	pref := spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 	if len(pref) != 1 || pref[0].Weight != 100 || pref[0].Preference.MatchExpressions[0].Key != inferencev1.WeightsCacheReadyLabel("cafe-1") {
 		t.Errorf("preferred affinity = %+v", pref)
+	}
+
+	// A key prefix is bytes: what means something in a URI reaches the init container as is.
+	hostile := cache.DeepCopy()
+	hostile.Spec.ModelSourceConfig.ModelLocation = "/team/a#b?c=%41 é/"
+	tmpl, err = r.podTemplate(m, hostile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := tmpl.Spec.InitContainers[0].Args; !slices.Contains(args, "--s3-prefix=team/a#b?c=%41 é") {
+		t.Errorf("prepare args %v; want the prefix byte for byte", args)
+	}
+
+	// FSx: the file system's own mount, read-only, and nothing when it is not configured.
+	fsx := cache.DeepCopy()
+	fsx.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx, ModelLocation: "llama",
+		FSxStorage: &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef1"}}
+	if _, err := r.podTemplate(m, fsx, nil); err == nil || !strings.Contains(err.Error(), "fs-0123456789abcdef1 is not in prewarm's configuration") {
+		t.Errorf("an FSx file system the configuration does not map: %v; want it refused, saying how to configure it", err)
+	}
+	withFSx := *r
+	withFSx.Config.FSx = []config.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx/a"}, {FileSystemID: "fs-0123456789abcdef1", MountPath: "/fsx/b"}}
+	tmpl, err = withFSx.podTemplate(m, fsx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prep = tmpl.Spec.InitContainers[0]
+	if !slices.Contains(prep.Args, "--source-dir=/fsx/b/llama") {
+		t.Errorf("prepare args %v; want the model under fs-…1's mount", prep.Args)
+	}
+	if !slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/b" }) ||
+		slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/a" }) ||
+		!slices.ContainsFunc(prep.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/fsx/b" && vm.ReadOnly }) {
+		t.Errorf("volumes %+v mounts %+v; want only fs-…1's mount, read-only", tmpl.Spec.Volumes, prep.VolumeMounts)
 	}
 
 	// Without a cache: the init container always downloads; no host path at all.

@@ -19,6 +19,9 @@ import (
 // problem is a reason and message that stop a parent from being cached or deployed.
 type problem struct{ reason, message string }
 
+// Error lets a step return a problem: reconcileModel reports it on the parent.
+func (p *problem) Error() string { return p.reason + ": " + p.message }
+
 // resolveHF checks a Hugging Face source before anything is cached or deployed: the token
 // Secret exists and holds its key, the token can read the repository, and an empty commitSHA is
 // pinned to a commit — the one an existing cache of this parent already holds, else the one the

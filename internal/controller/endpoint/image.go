@@ -101,7 +101,11 @@ func (r *Reconciler) ensureImageCache(ctx context.Context, m *model) (*inference
 	case !c.DeletionTimestamp.IsZero():
 		return nil, fmt.Errorf("image cache %s/%s is being deleted; waiting to create it anew", ns, name)
 	case c.Spec.Image != m.worker.Image || !equality.Semantic.DeepEqual(c.Spec.Placement, m.placement):
-		return nil, fmt.Errorf("image cache %s/%s holds another image or placement (a name collision)", ns, name)
+		// Not what this parent asked for (an object made by hand, or a name collision): the
+		// parent does not use it, and says so.
+		return nil, &problem{inferencev1.ReasonImageCacheMismatch, fmt.Sprintf(
+			"image cache %s/%s holds image %s for another placement or image, not %s: prewarm does not use it; delete it, and prewarm makes the cache this parent needs",
+			ns, name, c.Spec.Image, m.worker.Image)}
 	}
 	secrets, err := r.copyPullSecrets(ctx, m, c)
 	if err != nil {

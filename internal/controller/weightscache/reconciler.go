@@ -136,11 +136,18 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	}
 
 	uid := string(m.UID)
-	allowed, notAllowed := r.Config.HostPathAllowed(m.Spec.HostPath)
-	uri, region, srcErr := r.Config.SourceURI(m.Spec.ModelSourceConfig)
-	entry := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: uri, Region: region}
-	tokenProblem := ""
+	parentOK, noParent := true, ""
 	if !deleting {
+		var err error
+		if parentOK, noParent, err = r.parentWants(ctx, m); err != nil {
+			return 0, err
+		}
+	}
+	allowed, notAllowed := r.Config.CacheRootAllowed(m.Spec.HostPath)
+	src, srcErr := r.Config.CacheSource(m.Spec.ModelSourceConfig)
+	entry := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
+	tokenProblem := ""
+	if !deleting && parentOK {
 		var err error
 		if entry.TokenSecret, tokenProblem, err = r.copyToken(ctx, m); err != nil {
 			return 0, err
@@ -156,7 +163,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	retained := map[string]retention{}
 	var requeue time.Duration
 	now := r.Now()
-	if !deleting && allowed && srcErr == nil {
+	if !deleting && parentOK && allowed && srcErr == nil {
 		for i := range nodes.Items {
 			n := &nodes.Items[i]
 			if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
@@ -192,7 +199,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	}
 
 	// Ask each target node for the cache, and each retained node to keep it; withdraw the ask
-	// from every other node.
+	// from every other node. A node already asked for MaxCachesPerNode other caches is not asked,
+	// and says so in the status.
+	full := map[string]bool{}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		want := entry
@@ -201,10 +210,21 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		} else if !isTarget[n.Name] {
 			continue
 		}
-		if asked := requestFor(byNode[n.Name], uid); asked != nil && *asked == want {
+		asked := requestFor(byNode[n.Name], uid)
+		if asked != nil && *asked == want {
 			continue
 		}
-		if err := r.applyEntry(ctx, n, &want, uid); err != nil {
+		if asked == nil && byNode[n.Name] != nil && len(byNode[n.Name].Spec.Caches) >= prewarmv1alpha1.MaxCachesPerNode {
+			full[n.Name] = true
+			continue
+		}
+		if err := applyEntry(ctx, r.Client, n, &want, uid); err != nil {
+			if asked == nil && apierrors.IsInvalid(err) {
+				// Another cache took the last place since the informer's view: the API server
+				// refuses the list's growth past its maxItems.
+				full[n.Name] = true
+				continue
+			}
 			return 0, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
 		}
 	}
@@ -212,13 +232,13 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		if _, keep := retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(&nc, uid) == nil {
 			continue
 		}
-		if err := r.withdrawEntry(ctx, &nc, uid); err != nil {
+		if err := withdrawEntry(ctx, r.Client, &nc, uid); err != nil {
 			return 0, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
 		}
 	}
 
 	// What the agents report.
-	st := r.gather(m, targets, retained, byNode)
+	st := r.gather(m, targets, retained, byNode, full)
 	r.nodeEvents(m, st)
 
 	// Labels: on exactly the Ready target nodes.
@@ -238,6 +258,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 
 	// Conditions.
 	switch {
+	case !parentOK:
+		st.State = inferencev1.CacheFailed
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonParentNotFound, noParent)
 	case tokenProblem != "":
 		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonTokenSecretProblem, tokenProblem)
 	case !allowed:
@@ -245,7 +268,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, notAllowed)
 	case srcErr != nil:
 		st.State = inferencev1.CacheFailed
-		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonSourceUnreachable, srcErr.Error())
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonSourceNotAllowed, srcErr.Error())
 	}
 
 	if deleting {
@@ -283,6 +306,38 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	return requeue, nil
 }
 
+// parentWants reports whether the cache's parent reference resolves to a parent that exists
+// with that UID and controls the cache: prewarm serves only the caches its parents made. A cache
+// written by hand, or one whose parent is gone, is asked of no node.
+func (r *Reconciler) parentWants(ctx context.Context, m *inferencev1.ModelDataCacheConfig) (bool, string, error) {
+	ref := m.Spec.ParentReference
+	var parent client.Object
+	switch ref.Kind {
+	case "InferenceEndpointConfig":
+		parent = &inferencev1.InferenceEndpointConfig{}
+	case "JumpStartModel":
+		parent = &inferencev1.JumpStartModel{}
+	default:
+		return false, fmt.Sprintf("spec.parentReference.kind %q: prewarm serves caches of InferenceEndpointConfigs and JumpStartModels only", ref.Kind), nil
+	}
+	if ref.Namespace != "" && ref.Namespace != m.Namespace {
+		return false, fmt.Sprintf("spec.parentReference names namespace %s; a cache serves a parent of its own namespace (%s)", ref.Namespace, m.Namespace), nil
+	}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, parent)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, fmt.Sprintf("%s %s/%s does not exist; prewarm serves only the caches its parents made, and none is asked of a node", ref.Kind, m.Namespace, ref.Name), nil
+	case err != nil:
+		return false, "", err
+	}
+	owner := metav1.GetControllerOf(m)
+	if string(parent.GetUID()) != ref.UID || owner == nil || owner.UID != parent.GetUID() {
+		return false, fmt.Sprintf("%s %s/%s (uid %s) did not make this cache (its reference names uid %s); prewarm serves only the caches its parents made, and none is asked of a node",
+			ref.Kind, m.Namespace, ref.Name, parent.GetUID(), ref.UID), nil
+	}
+	return true, "", nil
+}
+
 // holdersOf lists the nodes whose NodeCache still asks for or reports cache uid.
 func holdersOf(uid string, byNode map[string]*prewarmv1alpha1.NodeCache) []string {
 	var out []string
@@ -297,7 +352,7 @@ func holdersOf(uid string, byNode map[string]*prewarmv1alpha1.NodeCache) []strin
 
 // applyEntry puts the cache into the node's NodeCache, creating it if needed. Each cache is its
 // own server-side apply field manager, so caches never overwrite each other's entries.
-func (r *Reconciler) applyEntry(ctx context.Context, n *corev1.Node, entry *prewarmv1alpha1.CacheRequest, uid string) error {
+func applyEntry(ctx context.Context, c client.Client, n *corev1.Node, entry *prewarmv1alpha1.CacheRequest, uid string) error {
 	caches := []any{} // empty, not null: this cache's manager then owns no entry
 	if entry != nil {
 		e, err := runtime.DefaultUnstructuredConverter.ToUnstructured(entry)
@@ -317,14 +372,14 @@ func (r *Reconciler) applyEntry(ctx context.Context, n *corev1.Node, entry *prew
 		},
 		"spec": map[string]any{"caches": caches},
 	}}
-	return r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
+	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
 		client.FieldOwner(fieldManager(uid)), client.ForceOwnership)
 }
 
 // withdrawEntry removes the cache from a NodeCache: the cache's field manager applies nothing.
-func (r *Reconciler) withdrawEntry(ctx context.Context, nc *prewarmv1alpha1.NodeCache, uid string) error {
+func withdrawEntry(ctx context.Context, c client.Client, nc *prewarmv1alpha1.NodeCache, uid string) error {
 	n := &corev1.Node{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Name: nc.Name}, n); err != nil {
+	if err := c.Get(ctx, types.NamespacedName{Name: nc.Name}, n); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return err
 		}
@@ -335,7 +390,7 @@ func (r *Reconciler) withdrawEntry(ctx context.Context, nc *prewarmv1alpha1.Node
 			}
 		}
 	}
-	return r.applyEntry(ctx, n, nil, uid)
+	return applyEntry(ctx, c, n, nil, uid)
 }
 
 func fieldManager(uid string) string { return "prewarm-cache-" + uid }

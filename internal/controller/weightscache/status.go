@@ -1,6 +1,7 @@
 package weightscache
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -20,9 +21,9 @@ import (
 )
 
 // gather builds the cache's status from the target nodes' NodeCache reports.
-func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache) inferencev1.ModelDataCacheConfigStatus {
+func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache, full map[string]bool) (st inferencev1.ModelDataCacheConfigStatus) {
 	uid := string(m.UID)
-	st := inferencev1.ModelDataCacheConfigStatus{
+	st = inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: m.Generation,
 		TargetNodes:        int32(len(targets)),
 		ResolvedRevision:   m.Status.ResolvedRevision,
@@ -38,6 +39,9 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: keep != nil}
 		nc := byNode[name]
 		switch rep := reportFor(nc, uid); {
+		case full[name]:
+			ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull
+			ns.Message = fmt.Sprintf("the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement", prewarmv1alpha1.MaxCachesPerNode)
 		case rep != nil:
 			ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
 			ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond
@@ -85,6 +89,22 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		st.Nodes = append(st.Nodes, node(name, &keep))
 	}
 
+	defer func() {
+		// Past the list's limit, the nodes that need attention are listed, and the condition
+		// says how many were left out.
+		if n := len(st.Nodes); n > inferencev1.MaxStatusNodes {
+			ready := func(n inferencev1.NodeCacheStatus) int {
+				if n.State == inferencev1.CacheReady {
+					return 1
+				}
+				return 0
+			}
+			slices.SortStableFunc(st.Nodes, func(a, b inferencev1.NodeCacheStatus) int { return cmp.Compare(ready(a), ready(b)) })
+			st.Nodes = st.Nodes[:inferencev1.MaxStatusNodes]
+			c := &st.Conditions[slices.IndexFunc(st.Conditions, func(c metav1.Condition) bool { return c.Type == inferencev1.ConditionReady })]
+			c.Message += fmt.Sprintf("; status.nodes lists %d of the %d nodes (those not Ready first)", inferencev1.MaxStatusNodes, n)
+		}
+	}()
 	switch {
 	case st.TargetNodes == 0:
 		st.State = inferencev1.CachePending

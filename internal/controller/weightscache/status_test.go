@@ -1,6 +1,7 @@
 package weightscache
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestGather(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := r.gather(m, tt.targets, nil, tt.byNode)
+			st := r.gather(m, tt.targets, nil, tt.byNode, nil)
 			c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 			if st.State != tt.state || st.ReadyNodes != tt.ready || st.TargetNodes != int32(len(tt.targets)) ||
 				c == nil || c.Reason != tt.reason || !strings.Contains(c.Message, tt.inMessage) || st.ObservedGeneration != 3 {
@@ -62,8 +63,25 @@ func TestGather(t *testing.T) {
 			}
 		})
 	}
-	st := r.gather(m, nodes("a"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": {}})
+	st := r.gather(m, nodes("a"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": {}}, nil)
 	if st.Nodes[0].Reason != "AgentNotReporting" || !strings.Contains(st.Nodes[0].Message, "agent") {
 		t.Errorf("a node whose agent never reported: %+v", st.Nodes[0])
+	}
+
+	// Past the status list's limit: the nodes not Ready are listed first, and the condition says
+	// how many were left out.
+	var many []string
+	byNode := map[string]*prewarmv1alpha1.NodeCache{}
+	for i := range inferencev1.MaxStatusNodes + 10 {
+		name := fmt.Sprintf("n%05d", i)
+		many = append(many, name)
+		byNode[name] = report(inferencev1.CacheReady, "Verified", "")
+	}
+	byNode["n05005"] = report(inferencev1.CacheDownloading, "Downloading", "")
+	st = r.gather(m, nodes(many...), nil, byNode, nil)
+	c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
+	if len(st.Nodes) != inferencev1.MaxStatusNodes || st.Nodes[0].Name != "n05005" || st.TargetNodes != inferencev1.MaxStatusNodes+10 ||
+		!strings.Contains(c.Message, "lists 5000 of the 5010 nodes") {
+		t.Errorf("%d nodes listed, first %s, condition %q", len(st.Nodes), st.Nodes[0].Name, c.Message)
 	}
 }

@@ -25,7 +25,7 @@ func tokenSecretName(m *inferencev1.ModelDataCacheConfig) string {
 func (r *Reconciler) copyToken(ctx context.Context, m *inferencev1.ModelDataCacheConfig) (string, string, error) {
 	h := m.Spec.ModelSourceConfig.HuggingFaceModel
 	if h == nil || h.TokenSecretRef == nil || r.APIReader == nil {
-		return "", "", nil
+		return "", "", r.deleteToken(ctx, m) // a copy made for a reference since removed goes
 	}
 	key := h.TokenSecretRef.Key
 	if key == "" {
@@ -35,8 +35,9 @@ func (r *Reconciler) copyToken(ctx context.Context, m *inferencev1.ModelDataCach
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: h.TokenSecretRef.Name}, src)
 	switch {
 	case apierrors.IsNotFound(err) || (err == nil && len(src.Data[key]) == 0):
+		// The copy does not outlive what it copied.
 		return "", fmt.Sprintf("Secret %s/%s (key %s), the Hugging Face token, is missing; the nodes download without it",
-			m.Namespace, h.TokenSecretRef.Name, key), nil
+			m.Namespace, h.TokenSecretRef.Name, key), r.deleteToken(ctx, m)
 	case err != nil:
 		return "", "", err
 	}

@@ -1,0 +1,186 @@
+// Package config is the operator configuration that prewarm's controller and agents share: the
+// node directories caches may be kept under, how S3 and the Hugging Face Hub are reached, and
+// where each FSx for Lustre file system is mounted on the nodes. Both binaries read the same
+// file (the prewarm-config ConfigMap), so the two sides cannot disagree.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// File is where the binaries read the configuration in their pods.
+const File = "/etc/prewarm/config.yaml"
+
+// Kind and APIVersion identify the file's format.
+const (
+	Kind       = "OperatorConfiguration"
+	APIVersion = "prewarm.io/v1alpha1"
+)
+
+// DefaultCacheRoot is the node directory caches are kept under unless the admin says otherwise:
+// the local NVMe of SageMaker HyperPod and AWS deep learning AMIs.
+const DefaultCacheRoot = "/opt/dlami/nvme"
+
+// Operator is the shared configuration.
+type Operator struct {
+	Kind       string `json:"kind,omitempty"`
+	APIVersion string `json:"apiVersion,omitempty"`
+	// CacheRoots are the node directories weights caches may be kept under. A cache's hostPath
+	// must be one of them, and they are the only host paths the agents write.
+	CacheRoots []string `json:"cacheRoots,omitempty"`
+	// S3 says how S3 is reached.
+	S3 S3 `json:"s3,omitempty"`
+	// HuggingFace says how the Hugging Face Hub is reached.
+	HuggingFace HuggingFace `json:"huggingFace,omitempty"`
+	// FSx maps each FSx for Lustre file system a cache may read to where it is mounted on the
+	// nodes. A file system not listed is refused.
+	FSx []FSxMount `json:"fsx,omitempty"`
+}
+
+// S3 says how S3 is reached.
+type S3 struct {
+	// Endpoint is an S3-compatible store's endpoint (empty: AWS S3).
+	Endpoint string `json:"endpoint,omitempty"`
+	// PathStyle addresses buckets in the path (most S3-compatible stores want it).
+	PathStyle bool `json:"pathStyle,omitempty"`
+}
+
+// HuggingFace says how the Hugging Face Hub is reached.
+type HuggingFace struct {
+	// Endpoint is a Hub mirror (empty: https://huggingface.co).
+	Endpoint string `json:"endpoint,omitempty"`
+}
+
+// FSxMount is one FSx for Lustre file system and its mount point on the nodes.
+type FSxMount struct {
+	// FileSystemID is the file system, as in fsxStorage.fileSystemId (fs-0123456789abcdef0).
+	FileSystemID string `json:"fileSystemId"`
+	// MountPath is where the file system is mounted on every node that may read it.
+	MountPath string `json:"mountPath"`
+}
+
+// Default is the configuration when no file is given.
+func Default() Operator {
+	o := Operator{}
+	o.defaults()
+	return o
+}
+
+func (o *Operator) defaults() {
+	o.Kind, o.APIVersion = Kind, APIVersion
+	if len(o.CacheRoots) == 0 {
+		o.CacheRoots = []string{DefaultCacheRoot}
+	}
+}
+
+// Load reads the configuration at path; an empty path is the default configuration. Unknown
+// fields are refused, so a misspelt key is an error and not a silent default.
+func Load(path string) (Operator, error) {
+	if path == "" {
+		return Default(), nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Operator{}, fmt.Errorf("reading the operator configuration: %w", err)
+	}
+	return Parse(b)
+}
+
+// Parse reads a configuration file's content.
+func Parse(b []byte) (Operator, error) {
+	var o Operator
+	if err := yaml.UnmarshalStrict(b, &o); err != nil {
+		return Operator{}, fmt.Errorf("operator configuration: %w", err)
+	}
+	if (o.Kind != "" && o.Kind != Kind) || (o.APIVersion != "" && o.APIVersion != APIVersion) {
+		return Operator{}, fmt.Errorf("operator configuration: want kind %s, apiVersion %s; got %s, %s", Kind, APIVersion, o.Kind, o.APIVersion)
+	}
+	o.defaults()
+	if err := o.Validate(); err != nil {
+		return Operator{}, fmt.Errorf("operator configuration: %w", err)
+	}
+	return o, nil
+}
+
+// Validate says everything that is wrong with o.
+func (o Operator) Validate() error {
+	var errs []error
+	for _, r := range o.CacheRoots {
+		if err := nodePath(r); err != nil {
+			errs = append(errs, fmt.Errorf("cacheRoots: %w", err))
+		}
+	}
+	ids := map[string]bool{}
+	for i, m := range o.FSx {
+		if !strings.HasPrefix(m.FileSystemID, "fs-") || strings.ContainsAny(m.FileSystemID, "/ ") {
+			errs = append(errs, fmt.Errorf("fsx[%d].fileSystemId %q: want an FSx file system id, fs-…", i, m.FileSystemID))
+		}
+		if ids[m.FileSystemID] {
+			errs = append(errs, fmt.Errorf("fsx[%d].fileSystemId %s: listed twice", i, m.FileSystemID))
+		}
+		ids[m.FileSystemID] = true
+		if err := nodePath(m.MountPath); err != nil {
+			errs = append(errs, fmt.Errorf("fsx[%d].mountPath: %w", i, err))
+		}
+		for _, r := range o.CacheRoots {
+			if within(m.MountPath, r) || within(r, m.MountPath) {
+				errs = append(errs, fmt.Errorf("fsx[%d].mountPath %s overlaps the cache root %s", i, m.MountPath, r))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CacheRootAllowed says whether hostPath is one of the cache roots, and if not, why.
+func (o Operator) CacheRootAllowed(hostPath string) (bool, string) {
+	if slices.Contains(o.CacheRoots, hostPath) {
+		return true, ""
+	}
+	return false, fmt.Sprintf("hostPath %s is not an allowed cache root; the cluster admin allows %s",
+		hostPath, strings.Join(o.CacheRoots, ", "))
+}
+
+// FSxMountPath returns where the file system id is mounted on the nodes.
+func (o Operator) FSxMountPath(id string) (string, error) {
+	for _, m := range o.FSx {
+		if m.FileSystemID == id {
+			return m.MountPath, nil
+		}
+	}
+	if len(o.FSx) == 0 {
+		return "", fmt.Errorf("FSx file system %s is not in prewarm's configuration (none is): the cluster admin lists it, with where it is mounted on the nodes, under fsx in the prewarm-config ConfigMap", id)
+	}
+	known := make([]string, len(o.FSx))
+	for i, m := range o.FSx {
+		known[i] = m.FileSystemID
+	}
+	return "", fmt.Errorf("FSx file system %s is not in prewarm's configuration (it lists %s): the cluster admin adds it, with where it is mounted on the nodes, under fsx in the prewarm-config ConfigMap", id, strings.Join(known, ", "))
+}
+
+func nodePath(p string) error {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || p == "/" {
+		return fmt.Errorf("%q: want a clean absolute path other than /", p)
+	}
+	return nil
+}
+
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// Write writes o as a configuration file at path.
+func (o Operator) Write(path string) error {
+	o.defaults()
+	b, err := yaml.Marshal(o)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}

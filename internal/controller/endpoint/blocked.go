@@ -1,0 +1,113 @@
+package endpoint
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/placement"
+)
+
+// checkDerived refuses, before anything is created, a parent whose Deployment or Service the API
+// server would refuse: the objects take the parent's name, and the pods carry volumes prewarm
+// adds.
+func (r *Reconciler) checkDerived(m *model) *problem {
+	name := m.owner.GetName()
+	if errs := validation.IsDNS1035Label(name); len(errs) > 0 {
+		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
+			"prewarm serves this %s through a Service of the same name, and %q is not a valid Service name (%s): rename the %s",
+			m.kind, name, strings.Join(errs, "; "), m.kind)}
+	}
+	if v := m.worker.ModelVolumeMount.Name; slices.Contains([]string{cacheVolumeName, fsxVolumeName}, v) {
+		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
+			"worker.modelVolumeMount.name %q is the name of a volume prewarm adds to the pods (%s, %s): choose another name",
+			v, cacheVolumeName, fsxVolumeName)}
+	}
+	terms := placement.RequiredTerms(m.placement)
+	for _, p := range m.preferred {
+		terms = append(terms, p.Preference)
+	}
+	if _, err := nodeaffinity.NewNodeSelector(&corev1.NodeSelector{NodeSelectorTerms: terms}); len(terms) > 0 && err != nil {
+		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("the node affinity is invalid: %v", err)}
+	}
+	for i, t := range m.placement.Tolerations {
+		switch {
+		case t.Operator != "" && t.Operator != corev1.TolerationOpExists && t.Operator != corev1.TolerationOpEqual:
+			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("tolerations[%d].operator %q: want Exists or Equal", i, t.Operator)}
+		case t.Operator == corev1.TolerationOpExists && t.Value != "":
+			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("tolerations[%d]: operator Exists takes no value (got %q)", i, t.Value)}
+		case t.Key == "" && t.Operator != corev1.TolerationOpExists:
+			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("tolerations[%d]: an empty key needs operator Exists", i)}
+		}
+	}
+	return nil
+}
+
+// refused turns the API server's refusal of an object prewarm derives (422 Invalid, 403 from an
+// admission policy) into a problem that names the object and quotes the server.
+func refused(kind, name string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("the API server refuses the %s %s that prewarm derives from this spec: %v", kind, name, err)}
+	case apierrors.IsForbidden(err) && !strings.Contains(err.Error(), "system:serviceaccount:"):
+		// An admission policy's refusal (RBAC's names the controller's own account).
+		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("the API server refuses the %s %s: %v", kind, name, err)}
+	}
+	return err
+}
+
+// conflict reports an object of the name prewarm would use that belongs to someone else.
+func conflict(kind string, obj client.Object, m *model) *problem {
+	owner := "no owner"
+	if ref := metav1.GetControllerOf(obj); ref != nil {
+		owner = fmt.Sprintf("it belongs to %s %s", ref.Kind, ref.Name)
+	}
+	return &problem{inferencev1.ReasonNameConflict, fmt.Sprintf(
+		"%s %s/%s exists and is not this %s's (%s); prewarm does not overwrite it: delete or rename it, or rename this %s",
+		kind, obj.GetNamespace(), obj.GetName(), m.kind, owner, m.kind)}
+}
+
+// podSecurityLevelLabel is the namespace label that sets the Pod Security level enforced there.
+const podSecurityLevelLabel = "pod-security.kubernetes.io/enforce"
+
+// rolloutProblem says why the Deployment's pods cannot be created, when that is known: the
+// Deployment's own ReplicaFailure condition, or a namespace that enforces a Pod Security level
+// refusing the pods' hostPath volumes.
+func (r *Reconciler) rolloutProblem(ctx context.Context, dep *appsv1.Deployment, tmpl *corev1.PodTemplateSpec) (*problem, error) {
+	for _, c := range dep.Status.Conditions {
+		if c.Type == appsv1.DeploymentReplicaFailure && c.Status == corev1.ConditionTrue {
+			return &problem{inferencev1.ReasonReplicaFailure, fmt.Sprintf("Deployment %s cannot create pods: %s", dep.Name, c.Message)}, nil
+		}
+	}
+	var hostPaths []string
+	for _, v := range tmpl.Spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths = append(hostPaths, v.HostPath.Path)
+		}
+	}
+	if len(hostPaths) == 0 {
+		return nil, nil
+	}
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: dep.Namespace}, ns); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	if level := ns.Labels[podSecurityLevelLabel]; level == "baseline" || level == "restricted" {
+		return &problem{inferencev1.ReasonPodSecurity, fmt.Sprintf(
+			"namespace %s enforces the %s Pod Security level, which refuses the pods' hostPath volumes (%s): no pod can start. Label the namespace %s=privileged, or serve it from a namespace that allows hostPath",
+			dep.Namespace, level, strings.Join(hostPaths, ", "), podSecurityLevelLabel)}, nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,133 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+// Objects the API accepts but that prewarm can never serve as written say why on the parent,
+// with a reason, instead of only in the controller's log, and nothing of someone else's is
+// overwritten: reconciled against the real API server, whose own validation of the derived
+// Deployment and Service is the reference.
+func TestParentsThatCannotWorkSayWhy(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := server.Client
+	rc := newReconcilers(t, ctx, "blocked-operator", "blocked")
+	ep, wc := rc.ep, rc.wc
+	pss := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "blocked-pss", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "baseline"}}}
+	if err := c.Create(ctx, pss); err != nil {
+		t.Fatal(err)
+	}
+	// Someone else's Deployment, named like a parent.
+	theirs := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "blocked", Name: "taken"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "theirs"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "theirs"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "theirs:v1"}}},
+			},
+		},
+	}
+	if err := c.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+
+	reconcile := func(iec *inferencev1.InferenceEndpointConfig) *inferencev1.InferenceEndpointConfig {
+		t.Helper()
+		key := client.ObjectKeyFromObject(iec)
+		for range 4 { // finalizers, the cache, its status, the Deployment
+			if _, err := ep.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+				t.Fatalf("%s: reconcile returned %v; want the problem on the parent", key, err)
+			}
+			caches := &inferencev1.ModelDataCacheConfigList{}
+			if err := c.List(ctx, caches, client.InNamespace(iec.Namespace)); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range caches.Items {
+				if _, err := wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&m)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		got := &inferencev1.InferenceEndpointConfig{}
+		if err := c.Get(ctx, key, got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	for _, tc := range []struct {
+		name, ns   string
+		mutate     func(*inferencev1.InferenceEndpointConfig)
+		reason     string
+		inMessage  string
+		deployment bool // the Deployment is created nonetheless
+	}{
+		{name: "llama.v1", reason: inferencev1.ReasonInvalidSpec, inMessage: `"llama.v1" is not a valid Service name`},
+		{name: strings.Repeat("a", 64), reason: inferencev1.ReasonInvalidSpec, inMessage: "not a valid Service name"},
+		{name: "taken", reason: inferencev1.ReasonNameConflict, inMessage: "Deployment blocked/taken exists and is not this InferenceEndpointConfig's"},
+		{name: "volume", reason: inferencev1.ReasonInvalidSpec, inMessage: `"prewarm-cache" is the name of a volume prewarm adds`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) { i.Spec.Worker.ModelVolumeMount.Name = "prewarm-cache" }},
+		{name: "toleration", reason: inferencev1.ReasonInvalidSpec, inMessage: `tolerations[0].operator "Sometimes"`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Tolerations = []corev1.Toleration{{Key: "gpu", Operator: "Sometimes", Effect: corev1.TaintEffectNoSchedule}}
+			}},
+		{name: "affinity", reason: inferencev1.ReasonInvalidSpec, inMessage: "the node affinity is invalid",
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.InstanceType = ""
+				i.Spec.NodeAffinity = &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+					NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: "Near", Values: []string{"a"}}}}},
+				}}
+			}},
+		{name: "pss", ns: "blocked-pss", reason: inferencev1.ReasonPodSecurity, inMessage: "enforces the baseline Pod Security level", deployment: true},
+	} {
+		t.Run(tc.reason+"/"+tc.name[:min(len(tc.name), 12)], func(t *testing.T) {
+			ns := tc.ns
+			if ns == "" {
+				ns = "blocked"
+			}
+			iec := testutil.MakeInferenceEndpointConfig(ns, tc.name).Obj()
+			iec.Spec.ModelName = "m"
+			iec.Spec.InstanceType = "ml.p5.48xlarge" // no node of the API server matches: the gate opens
+			if tc.mutate != nil {
+				tc.mutate(iec)
+			}
+			if err := c.Create(ctx, iec); err != nil {
+				t.Fatalf("the API accepts what HyperPod accepts: %v", err)
+			}
+			got := reconcile(iec)
+			cond := meta.FindStatusCondition(got.Status.Conditions, inferencev1.ConditionReady)
+			if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != tc.reason || !strings.Contains(cond.Message, tc.inMessage) {
+				t.Errorf("Ready condition %+v; want False, %s, saying %q", cond, tc.reason, tc.inMessage)
+			}
+			dep := &appsv1.Deployment{}
+			err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: tc.name}, dep)
+			switch {
+			case tc.name == "taken":
+				if err != nil || dep.Spec.Template.Spec.Containers[0].Image != "theirs:v1" || len(dep.OwnerReferences) != 0 {
+					t.Errorf("someone else's Deployment was changed: %+v, %v", dep.Spec.Template.Spec.Containers, err)
+				}
+			case tc.deployment:
+				if err != nil {
+					t.Errorf("the Deployment was not created: %v", err)
+				}
+			case !apierrors.IsNotFound(err):
+				t.Errorf("a Deployment was made for a parent that cannot work: %v", err)
+			}
+		})
+	}
+}

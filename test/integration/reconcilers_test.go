@@ -1,0 +1,64 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/endpoint"
+	"github.com/prewarm/prewarm/internal/controller/weightscache"
+)
+
+// reconcilers are the controller's reconcilers on the test API server, called directly (no
+// manager, no informer cache), with operatorNS as the operator namespace.
+type reconcilers struct {
+	cfg controller.Config
+	ep  *endpoint.Reconciler
+	wc  *weightscache.Reconciler
+}
+
+// newReconcilers creates the operator namespace and namespaces, and the reconcilers.
+func newReconcilers(t *testing.T, ctx context.Context, operatorNS string, namespaces ...string) *reconcilers {
+	t.Helper()
+	c := server.Client
+	cfg := controller.Config{OperatorNamespace: operatorNS}
+	cfg.Defaults()
+	for _, ns := range append([]string{operatorNS}, namespaces...) {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &reconcilers{
+		cfg: cfg,
+		ep:  &endpoint.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
+		wc:  &weightscache.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
+	}
+}
+
+// upNode creates a node of an instance type without the not-ready taint the API server puts on
+// a new node: a node whose kubelet is up.
+func upNode(t *testing.T, ctx context.Context, name, instanceType string) {
+	t.Helper()
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{inferencev1.InstanceTypeLabel: instanceType}}}
+	if err := server.Client.Create(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Taints = nil
+	if err := server.Client.Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// madeBy makes m a cache that parent made: its reference and its controller owner.
+func madeBy(m *inferencev1.ModelDataCacheConfig, parent *inferencev1.InferenceEndpointConfig) {
+	m.Spec.ParentReference.Name, m.Spec.ParentReference.UID = parent.Name, string(parent.UID)
+	m.Labels = map[string]string{controller.ParentUIDLabel: string(parent.UID)}
+	m.OwnerReferences = []metav1.OwnerReference{{APIVersion: inferencev1.GroupVersion.String(), Kind: "InferenceEndpointConfig",
+		Name: parent.Name, UID: parent.UID, Controller: ptr.To(true)}}
+}
