@@ -56,7 +56,6 @@ func run() error {
 	fs.DurationVar(&cfg.GateTimeout, "gate-timeout", 30*time.Minute, "longest a Deployment waits for its weights cache to settle")
 	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long a cordoned, tainted or unreachable node keeps a cache its placement still selects, before the cache is removed there")
 	fs.StringVar(&cfg.AgentImage, "agent-image", "ghcr.io/prewarm/agent:latest", "image of the agent (the inference pods' init container)")
-	fs.StringVar(&cfg.S3CredentialsSecret, "s3-credentials-secret", "", "Secret, in each parent's namespace, with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for the init container (optional)")
 	fs.StringVar(&cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
 	fs.StringVar(&catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")

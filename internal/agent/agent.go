@@ -26,6 +26,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -33,9 +34,9 @@ import (
 type Agent struct {
 	opts   Options
 	client client.Client
-	// secrets reads token Secrets directly, without a cache of every Secret.
-	secrets client.Reader
-	sem     chan struct{}
+	// key opens the credentials the controller seals to this agent; it lives only in memory.
+	key *credentials.Key
+	sem chan struct{}
 
 	mu       sync.Mutex
 	jobs     map[string]*job   // by cache UID
@@ -49,19 +50,23 @@ type Agent struct {
 	verifyLimiter *rate.Limiter
 }
 
-// New returns an agent that reads and writes NodeCache objects through c, and reads token
-// Secrets through secrets.
-func New(c client.Client, secrets client.Reader, opts Options) *Agent {
+// New returns an agent that reads and writes NodeCache objects through c. It makes the key pair
+// the controller seals credentials to; the private key never leaves the process.
+func New(c client.Client, opts Options) (*Agent, error) {
 	opts.Defaults()
+	key, err := credentials.NewKey()
+	if err != nil {
+		return nil, fmt.Errorf("making the agent's credentials key: %w", err)
+	}
 	a := &Agent{
-		opts: opts, client: c, secrets: secrets, sem: make(chan struct{}, opts.MaxParallel),
+		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel),
 		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{}, dirty: make(chan struct{}, 1),
 		metrics: newMetrics(opts.Registerer),
 	}
 	if opts.VerifyRate > 0 {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
 	}
-	return a
+	return a, nil
 }
 
 // The agent reads its own NodeCache and writes its status, and reads the pods on its node (to
@@ -69,7 +74,6 @@ func New(c client.Client, secrets client.Reader, opts Options) *Agent {
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get
 
 // SetupWithManager runs the agent under mgr: reconciles on its NodeCache, and writes status.
 func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
@@ -101,6 +105,15 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 }
 
 // sync starts, restarts and stops jobs so that they match want, and removes unwanted caches.
+// sameCredentials reports whether two requests carry the same sealed credentials: new ones (a
+// rotated token, a new key) restart the cache's job with them.
+func sameCredentials(a, b *prewarmv1alpha1.SealedCredentials) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.KeyID == b.KeyID && a.Digest == b.Digest
+}
+
 func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	log := ctrl.LoggerFrom(ctx)
 	a.mu.Lock()
@@ -112,7 +125,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		wanted[r.UID] = r
 	}
 	for uid, j := range a.jobs {
-		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && r.Source == j.req.Source {
+		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && r.Source == j.req.Source && sameCredentials(r.Credentials, j.req.Credentials) {
 			j.retainedSince = r.RetainedSince // guarded by a.mu
 			continue
 		}
@@ -354,7 +367,7 @@ func (a *Agent) freeSpace(dir string) (int64, error) {
 func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := prewarmv1alpha1.NodeCacheStatus{AgentVersion: a.opts.Version, HeartbeatTime: a.now()}
+	st := prewarmv1alpha1.NodeCacheStatus{AgentVersion: a.opts.Version, HeartbeatTime: a.now(), CredentialsKey: a.key.Public()}
 	for _, root := range a.opts.Config.CacheRoots {
 		st.Roots = append(st.Roots, a.rootStatus(root))
 	}

@@ -27,6 +27,7 @@ const (
 	uidStale   = "33333333-3333-4333-8333-333333333333"
 	uidStale2  = "44444444-4444-4444-8444-444444444444"
 	uidOutside = "55555555-5555-4555-8555-555555555555"
+	uidDenied  = "66666666-6666-4666-8666-666666666666"
 )
 
 // The agent, against a real API server and real directories: on start it takes a whole cache
@@ -65,6 +66,8 @@ func TestAgent(t *testing.T) {
 			{UID: uidWarm, Namespace: "default", Name: "warm", Root: root, Source: fsxSource("gone")},
 			{UID: uidNew, Namespace: "default", Name: "new", Root: root, Source: fsxSource("model")},
 			{UID: uidOutside, Namespace: "default", Name: "outside", Root: "/etc", Source: fsxSource("model")},
+			// A namespace the configuration does not let name this file system.
+			{UID: uidDenied, Namespace: "other-team", Name: "denied", Root: root, Source: fsxSource("model")},
 		}},
 	}
 	if err := api.Client.Create(ctx, nc); err != nil {
@@ -76,12 +79,18 @@ func TestAgent(t *testing.T) {
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
-	status, wait := watchStatus(t, ctx, api, "node-1", uidWarm, uidNew, uidOutside)
+	status, wait := watchStatus(t, ctx, api, "node-1", uidWarm, uidNew, uidOutside, uidDenied)
 
-	wait("all three settled", func() bool {
+	wait("all four settled", func() bool {
 		return status(uidWarm).State == inferencev1.CacheReady && status(uidNew).State == inferencev1.CacheReady &&
-			status(uidOutside).State == inferencev1.CacheFailed
+			status(uidOutside).State == inferencev1.CacheFailed && status(uidDenied).State == inferencev1.CacheFailed
 	})
+	if st := status(uidDenied); st.Reason != prewarmv1alpha1.ReasonSourceNotAllowed || !strings.Contains(st.Message, "namespace other-team") {
+		t.Errorf("an FSx source of a namespace the configuration does not allow: %+v; want SourceNotAllowed naming the namespace", st)
+	}
+	if _, err := os.Stat(filepath.Join(cacheRoot, uidDenied)); !os.IsNotExist(err) {
+		t.Errorf("the agent made a directory for a source it may not read: %v", err)
+	}
 	if st := status(uidWarm); st.BytesTotal != int64(len(files["config.json"])+len(files["model.safetensors"])) || st.Files != 2 {
 		t.Errorf("the warm cache reports %+v, want 2 files and their size (taken from the manifest, its source being gone)", st)
 	}
@@ -171,5 +180,6 @@ func fsxSource(path string) prewarmv1alpha1.CacheSource {
 }
 
 func testConfig(roots ...string) config.Operator {
-	return config.Operator{Kind: config.Kind, CacheRoots: roots, FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}}}
+	return config.Operator{Kind: config.Kind, CacheRoots: roots, FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}},
+		SourceAccess: []config.SourceRule{{Namespaces: []string{"default", "a", "b", "c"}, FSx: &config.FSxRule{FileSystemID: testFSx}}}}
 }

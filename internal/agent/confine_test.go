@@ -52,7 +52,11 @@ func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node s
 		t.Fatal(err)
 	}
 	o.NodeName = node
-	if err := agent.New(mgr.GetClient(), mgr.GetAPIReader(), o).SetupWithManager(mgr); err != nil {
+	a, err := agent.New(mgr.GetClient(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
 	mctx, stop := context.WithCancel(ctx)

@@ -9,12 +9,11 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 	"github.com/prewarm/prewarm/pkg/engine/source/fs"
@@ -89,6 +88,19 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 	if _, _, err := o.sourceSpec(j.req.Source); err != nil {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
 		return o.MaxRetryInterval, false
+	}
+	if err := o.mayRead(j.req); err != nil {
+		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
+		return o.MaxRetryInterval, false
+	}
+	if c := j.req.Credentials; c != nil && c.KeyID != credentials.KeyID(j.a.key.Public()) {
+		// Sealed to the key of an earlier run of this agent: the controller seals them again
+		// to the key this agent publishes.
+		j.set(func(st *prewarmv1alpha1.CacheStatus) {
+			st.State, st.Reason, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonWaitingForCredentials, 0
+			st.Message = "waiting for the controller to seal this cache's credentials to the agent's current key"
+		})
+		return o.RetryInterval, false
 	}
 	dir, err := o.ensureCacheDir(j.req.Root, j.req.UID)
 	if err != nil {
@@ -248,12 +260,13 @@ func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if cs.Type == inferencev1.ModelSourceHuggingFace && j.req.TokenSecret != "" {
-		sec := &corev1.Secret{}
-		if err := j.a.secrets.Get(ctx, types.NamespacedName{Namespace: o.Namespace, Name: j.req.TokenSecret}, sec); err != nil {
-			return nil, nil, &source.AccessError{Err: fmt.Errorf("reading the token Secret %s/%s: %w", o.Namespace, j.req.TokenSecret, err)}
+	if c := j.req.Credentials; c != nil {
+		creds, err := j.a.key.Open(o.NodeName, j.req.UID, c)
+		if err != nil {
+			return nil, nil, &source.AccessError{Err: err}
 		}
-		srcOpts.Token = string(sec.Data["token"])
+		srcOpts.Token = creds.HFToken
+		srcOpts.AccessKeyID, srcOpts.SecretAccessKey, srcOpts.SessionToken = creds.AWSAccessKeyID, creds.AWSSecretAccessKey, creds.AWSSessionToken
 	}
 	src, err := sources.Open(ctx, spec, srcOpts)
 	if err != nil {

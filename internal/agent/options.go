@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -51,8 +52,6 @@ type Options struct {
 	Engine []engine.Option
 	// Registerer, when set, receives the agent's and the engine's metrics.
 	Registerer prometheus.Registerer
-	// Namespace is prewarm's namespace, where token Secrets for this agent are.
-	Namespace string
 	// Version is reported in the NodeCache status.
 	Version string
 	// Now is the clock.
@@ -123,6 +122,28 @@ func (o *Options) local(nodePath string) string {
 // cacheDir returns, as seen from the agent, the directory that holds cache uid under root.
 func (o *Options) cacheDir(root, uid string) string {
 	return prewarmv1alpha1.CacheDir(o.local(root), uid)
+}
+
+// mayRead refuses a source the agent would read with its own identity on behalf of a namespace
+// the operator configuration does not allow it for: an S3 source without the namespace's own
+// credentials, or an FSx directory. The controller refuses these first; the agent does not rely
+// on it.
+func (o *Options) mayRead(r prewarmv1alpha1.CacheRequest) error {
+	cs := r.Source
+	var ok bool
+	var why string
+	switch {
+	case cs.Type == inferencev1.ModelSourceS3 && r.Credentials == nil:
+		ok, why = o.Config.SourceAllowed(r.Namespace, "s3", cs.Bucket, cs.Prefix)
+	case cs.Type == inferencev1.ModelSourceFSx:
+		ok, why = o.Config.SourceAllowed(r.Namespace, "fsx", cs.FileSystemID, cs.Path)
+	default:
+		return nil
+	}
+	if !ok {
+		return errors.New(why)
+	}
+	return nil
 }
 
 // sourceSpec returns the address the engine opens for a cache's source, and the options to

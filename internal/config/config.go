@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -42,6 +43,40 @@ type Operator struct {
 	// FSx maps each FSx for Lustre file system a cache may read to where it is mounted on the
 	// nodes. A file system not listed is refused.
 	FSx []FSxMount `json:"fsx,omitempty"`
+	// SourceAccess lists the sources prewarm may read with its own identity (the agents' AWS
+	// identity, the agents' and pods' access to FSx mounts) on behalf of a namespace. Any other
+	// S3 source is read only with credentials the parent's namespace provides
+	// (s3.credentialsSecret); any other FSx source is refused.
+	SourceAccess []SourceRule `json:"sourceAccess,omitempty"`
+}
+
+// SourceRule lets namespaces name sources that prewarm reads with its own identity: an S3 bucket
+// (and key prefix), or an FSx file system (and path).
+type SourceRule struct {
+	// Namespaces may name the source; "*" is every namespace.
+	Namespaces []string `json:"namespaces"`
+	// S3 is a bucket (a name, or a pattern with *) and, optionally, a key prefix.
+	S3 *S3Rule `json:"s3,omitempty"`
+	// FSx is a file system and, optionally, a directory in it.
+	FSx *FSxRule `json:"fsx,omitempty"`
+}
+
+// S3Rule matches S3 sources.
+type S3Rule struct {
+	// Bucket is a bucket name, or a pattern in which * matches any run of characters
+	// (jumpstart-cache-prod-*).
+	Bucket string `json:"bucket"`
+	// Prefix, when set, limits the rule to keys under it: models matches models and models/…,
+	// never models-v2.
+	Prefix string `json:"prefix,omitempty"`
+}
+
+// FSxRule matches FSx sources.
+type FSxRule struct {
+	// FileSystemID is the file system.
+	FileSystemID string `json:"fileSystemId"`
+	// Path, when set, limits the rule to that directory of the file system and below.
+	Path string `json:"path,omitempty"`
 }
 
 // S3 says how S3 is reached.
@@ -50,6 +85,11 @@ type S3 struct {
 	Endpoint string `json:"endpoint,omitempty"`
 	// PathStyle addresses buckets in the path (most S3-compatible stores want it).
 	PathStyle bool `json:"pathStyle,omitempty"`
+	// CredentialsSecret names a Secret, in a parent's namespace, whose AWS_ACCESS_KEY_ID,
+	// AWS_SECRET_ACCESS_KEY and (optional) AWS_SESSION_TOKEN are that namespace's S3
+	// credentials: the agents read a source sourceAccess does not allow with them (sealed to
+	// each node), and the init container of a cold pod reads with them.
+	CredentialsSecret string `json:"credentialsSecret,omitempty"`
 }
 
 // HuggingFace says how the Hugging Face Hub is reached.
@@ -135,7 +175,56 @@ func (o Operator) Validate() error {
 			}
 		}
 	}
+	for i, r := range o.SourceAccess {
+		switch {
+		case len(r.Namespaces) == 0:
+			errs = append(errs, fmt.Errorf("sourceAccess[%d]: namespaces is empty (\"*\" is every namespace)", i))
+		case (r.S3 == nil) == (r.FSx == nil):
+			errs = append(errs, fmt.Errorf("sourceAccess[%d]: want exactly one of s3 and fsx", i))
+		case r.S3 != nil && (r.S3.Bucket == "" || strings.Contains(r.S3.Bucket, "/")):
+			errs = append(errs, fmt.Errorf("sourceAccess[%d].s3.bucket %q: want a bucket name or pattern", i, r.S3.Bucket))
+		case r.S3 != nil:
+			if _, err := path.Match(r.S3.Bucket, ""); err != nil {
+				errs = append(errs, fmt.Errorf("sourceAccess[%d].s3.bucket %q: %w", i, r.S3.Bucket, err))
+			}
+		case r.FSx != nil && !ids[r.FSx.FileSystemID]:
+			errs = append(errs, fmt.Errorf("sourceAccess[%d].fsx.fileSystemId %s is not under fsx", i, r.FSx.FileSystemID))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// SourceAllowed says whether prewarm may read a source with its own identity on behalf of
+// namespace ns, and if not, why. For S3, bucket and prefix are the source's; for FSx, bucket is
+// the file system id and prefix the path in it.
+func (o Operator) SourceAllowed(ns, kind, bucket, prefix string) (bool, string) {
+	for _, r := range o.SourceAccess {
+		if !slices.Contains(r.Namespaces, ns) && !slices.Contains(r.Namespaces, "*") {
+			continue
+		}
+		switch {
+		case kind == "s3" && r.S3 != nil:
+			if ok, _ := path.Match(r.S3.Bucket, bucket); ok && under(prefix, r.S3.Prefix) {
+				return true, ""
+			}
+		case kind == "fsx" && r.FSx != nil:
+			if r.FSx.FileSystemID == bucket && under(prefix, r.FSx.Path) {
+				return true, ""
+			}
+		}
+	}
+	what := "s3://" + bucket + "/" + prefix
+	if kind == "fsx" {
+		what = "FSx " + bucket + " path " + prefix
+	}
+	return false, fmt.Sprintf("%s is not among the sources prewarm reads with its own identity for namespace %s (sourceAccess in the prewarm-config ConfigMap)", what, ns)
+}
+
+// under reports whether key prefix p lies under rule prefix r, on path boundaries.
+func under(p, r string) bool {
+	r = strings.Trim(r, "/")
+	p = strings.Trim(p, "/")
+	return r == "" || p == r || strings.HasPrefix(p, r+"/")
 }
 
 // CacheRootAllowed says whether hostPath is one of the cache roots, and if not, why.

@@ -46,3 +46,51 @@ fsx:
 		}
 	}
 }
+
+func TestSourceAllowed(t *testing.T) {
+	op, err := config.Parse([]byte(`
+fsx: [{fileSystemId: fs-0123456789abcdef0, mountPath: /fsx}]
+sourceAccess:
+  - namespaces: ["*"]
+    s3: {bucket: "jumpstart-cache-prod-*"}
+  - namespaces: [team-a]
+    s3: {bucket: team-a-models, prefix: llama/}
+  - namespaces: [team-a, team-b]
+    fsx: {fileSystemId: fs-0123456789abcdef0, path: shared}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		ns, kind, bucket, prefix string
+		want                     bool
+	}{
+		{"anyone", "s3", "jumpstart-cache-prod-us-west-2", "meta-textgeneration/x", true},
+		{"anyone", "s3", "jumpstart-cache-prod", "x", false},
+		{"team-a", "s3", "team-a-models", "llama", true},
+		{"team-a", "s3", "team-a-models", "llama/3.1-8b", true},
+		{"team-a", "s3", "team-a-models", "llama-private", false}, // a prefix ends at a path boundary
+		{"team-a", "s3", "team-a-models", "mistral", false},
+		{"team-b", "s3", "team-a-models", "llama", false}, // another namespace
+		{"team-b", "fsx", "fs-0123456789abcdef0", "shared/llama", true},
+		{"team-b", "fsx", "fs-0123456789abcdef0", "sharedx", false},
+		{"team-c", "fsx", "fs-0123456789abcdef0", "shared/llama", false},
+		{"team-a", "fsx", "fs-0123456789abcdef1", "shared", false},
+	} {
+		ok, why := op.SourceAllowed(tc.ns, tc.kind, tc.bucket, tc.prefix)
+		if ok != tc.want || (!ok && !strings.Contains(why, "namespace "+tc.ns)) {
+			t.Errorf("SourceAllowed(%s, %s, %s, %s) = %v, %q; want %v", tc.ns, tc.kind, tc.bucket, tc.prefix, ok, why, tc.want)
+		}
+	}
+	for _, bad := range []string{
+		"sourceAccess: [{namespaces: [], s3: {bucket: b}}]",
+		"sourceAccess: [{namespaces: ['*']}]",
+		"sourceAccess: [{namespaces: ['*'], s3: {bucket: 'a/b'}}]",
+		"sourceAccess: [{namespaces: ['*'], s3: {bucket: '[x'}}]",
+		"sourceAccess: [{namespaces: ['*'], fsx: {fileSystemId: fs-9}}]",
+	} {
+		if _, err := config.Parse([]byte(bad)); err == nil {
+			t.Errorf("%s: accepted", bad)
+		}
+	}
+}

@@ -25,9 +25,6 @@ type Config struct {
 	GateTimeout time.Duration
 	// AgentImage is the image of the agent, used as the inference pods' init container.
 	AgentImage string
-	// S3CredentialsSecret names a Secret, in each parent's namespace, whose AWS_ACCESS_KEY_ID,
-	// AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN keys the init container uses (optional).
-	S3CredentialsSecret string
 	// OperatorNamespace is where shared objects live.
 	OperatorNamespace string
 	// Retention is how long a node that a cache's placement still selects, but whose scheduling

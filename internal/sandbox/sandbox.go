@@ -358,6 +358,8 @@ func (s *sandbox) startPrewarm(context.Context) error {
 		CacheRoots:  []string{root},
 		S3:          config.S3{Endpoint: s.s3.Endpoint, PathStyle: true},
 		HuggingFace: config.HuggingFace{Endpoint: s.hub.URL},
+		// The seed's bucket is read with the agents' own identity, for every namespace.
+		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
 	}
 	if err := op.Write(conf); err != nil {
 		return err
@@ -373,7 +375,7 @@ func (s *sandbox) startPrewarm(context.Context) error {
 	}
 	for _, n := range nodes {
 		if err := s.start("agent-"+n, "agent", "--node-name="+n, "--kubeconfig="+s.kubeconfig(),
-			"--host-prefix="+filepath.Join(s.o.Dir, "nodes", n), "--config="+conf, "--reserve=0", "--namespace="+opNS,
+			"--host-prefix="+filepath.Join(s.o.Dir, "nodes", n), "--config="+conf, "--reserve=0",
 			"--status-interval=500ms", "--metrics-bind-address=0", "--health-probe-bind-address=0"); err != nil {
 			return err
 		}

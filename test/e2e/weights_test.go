@@ -103,9 +103,6 @@ func (e *weightsEnv) startAgent(name, endpoint string, extra ...string) {
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--part-size=2MiB", "--concurrency=8",
 	}, extra...)
-	if e.hfEndpoint != "" {
-		args = append(args, "--namespace="+opNS)
-	}
 	logName := "agent-" + name
 	if n := e.restarts[name]; n > 0 {
 		logName += fmt.Sprintf("-%d", n)
@@ -257,7 +254,8 @@ func condition(conds []metav1.Condition, typ string) metav1.Condition {
 // config writes the operator configuration the controller and the agents read: the test's
 // cache root, the S3 endpoint given, the env's Hugging Face Hub and FSx mounts.
 func (e *weightsEnv) config(s3Endpoint string) string {
-	op := config.Operator{CacheRoots: []string{root}, FSx: e.fsx}
+	op := config.Operator{CacheRoots: []string{root}, FSx: e.fsx,
+		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}}}
 	if s3Endpoint != "" {
 		op.S3 = config.S3{Endpoint: s3Endpoint, PathStyle: true}
 	}

@@ -54,7 +54,7 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	createManifests(t, ctx, map[string]bool{
-		"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true,
+		"ServiceAccount": true, "ClusterRole": true, "ClusterRoleBinding": true, "Role": true, "RoleBinding": true,
 		"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 	}, "agent/daemonset.yaml", "rbac/agent/role.yaml", "agent/node-binding.yaml")
 
@@ -130,6 +130,14 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 	}
 	if err := writeStatus(unbound, "binding-a"); err == nil || !strings.Contains(err.Error(), "names no node") {
 		t.Errorf("a token bound to no pod wrote a status: %v; want it refused", err)
+	}
+	// RBAC: the agents read no Secret, not even in prewarm's own namespace (credentials reach
+	// them sealed to each node's key, in the NodeCache).
+	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "some-credentials"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if err := onA.Get(ctx, client.ObjectKey{Namespace: ns, Name: "some-credentials"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+		t.Errorf("an agent read a Secret in %s: %v; want forbidden", ns, err)
 	}
 	// RBAC: the agents cannot change what a node is asked to hold.
 	nc := &prewarmv1alpha1.NodeCache{}

@@ -22,13 +22,14 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/endpoint"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
+	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // Objects prewarm owns cannot be bent by hand into something else: an image cache's image and
-// placement are immutable, a cache whose parent did not make it is asked of no node, a copied
-// token goes when its original does, and a parent never uses an image cache that holds another
+// placement are immutable, a cache whose parent did not make it is asked of no node, sealed
+// credentials go when their original does, and a parent never uses an image cache that holds another
 // image.
 func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -128,7 +129,19 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		}
 	})
 
-	t.Run("a copied token goes when its original does", func(t *testing.T) {
+	t.Run("sealed credentials go when their original does", func(t *testing.T) {
+		key, err := credentials.NewKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := c.Get(ctx, types.NamespacedName{Name: "owned-node"}, nc); err != nil {
+			t.Fatal(err)
+		}
+		nc.Status.CredentialsKey = key.Public()
+		if err := c.Status().Update(ctx, nc); err != nil {
+			t.Fatal(err)
+		}
 		parent := testutil.MakeInferenceEndpointConfig("owned", "gated").HuggingFace("meta-llama/Llama-3.1-8B-Instruct", strings.Repeat("a", 40)).Obj()
 		parent.Spec.InstanceType = "ml.trn1.32xlarge"
 		parent.Spec.ModelSourceConfig.HuggingFaceModel.TokenSecretRef = &inferencev1.SecretKeyRef{Name: "hf-token"}
@@ -147,28 +160,32 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 			t.Fatal(err)
 		}
 		m = reconcileCache(m)
-		copies := func() int {
-			l := &corev1.SecretList{}
-			if err := c.List(ctx, l, client.InNamespace(cfg.OperatorNamespace)); err != nil {
+		sealed := func() *prewarmv1alpha1.SealedCredentials {
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := c.Get(ctx, types.NamespacedName{Name: "owned-node"}, nc); err != nil {
 				t.Fatal(err)
 			}
-			n := 0
-			for _, s := range l.Items {
-				if s.Annotations["prewarm.io/cache"] == "owned/gated-cache" {
-					n++
+			for _, e := range nc.Spec.Caches {
+				if e.UID == string(m.UID) {
+					return e.Credentials
 				}
 			}
-			return n
+			t.Fatal("the node is not asked for the gated cache")
+			return nil
 		}
-		if n := copies(); n != 1 {
-			t.Fatalf("%d token copies; want 1 while the original exists", n)
+		if got, err := key.Open("owned-node", string(m.UID), sealed()); err != nil || got.HFToken != "hf_secret" {
+			t.Fatalf("the node's agent opens %+v, %v; want the parent's token", got, err)
 		}
 		if err := c.Delete(ctx, secret); err != nil {
 			t.Fatal(err)
 		}
 		reconcileCache(m)
-		if n := copies(); n != 0 {
-			t.Errorf("%d token copies outlive the deleted original", n)
+		if s := sealed(); s != nil {
+			t.Errorf("the token outlives its deleted original, sealed in the node's request: %+v", s)
+		}
+		l := &corev1.SecretList{}
+		if err := c.List(ctx, l, client.InNamespace(cfg.OperatorNamespace)); err != nil || len(l.Items) != 0 {
+			t.Errorf("%d Secrets in the operator namespace (%v); want no copy of any credentials", len(l.Items), err)
 		}
 	})
 

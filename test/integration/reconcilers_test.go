@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/endpoint"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
@@ -29,6 +30,8 @@ func newReconcilers(t *testing.T, ctx context.Context, operatorNS string, namesp
 	c := server.Client
 	cfg := controller.Config{OperatorNamespace: operatorNS}
 	cfg.Defaults()
+	// The test models' bucket is read with prewarm's own identity, for every namespace.
+	cfg.SourceAccess = []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: "example-bucket"}}}
 	for _, ns := range append([]string{operatorNS}, namespaces...) {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)

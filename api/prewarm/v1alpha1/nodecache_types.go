@@ -28,11 +28,11 @@ type CacheRequest struct {
 	// source is where the model comes from.
 	// +required
 	Source CacheSource `json:"source"`
-	// tokenSecret names a Secret in prewarm's namespace whose key "token" is the Hugging Face
-	// token to download with (a copy the controller makes of the parent's tokenSecretRef).
+	// credentials are the credentials the node reads the source with (a Hugging Face token, or
+	// the parent namespace's S3 credentials), sealed to this node's agent key: no other agent
+	// can open them, and the agents read no Secret.
 	// +optional
-	// +kubebuilder:validation:MaxLength=253
-	TokenSecret string `json:"tokenSecret,omitempty"`
+	Credentials *SealedCredentials `json:"credentials,omitempty"`
 	// retainedSince, when set, says the node stopped being a target of the cache at this time
 	// (RFC 3339) for a reason of scheduling state only (cordoned, tainted, unreachable): the
 	// node keeps what it holds but downloads nothing new, and the controller withdraws the
@@ -97,6 +97,24 @@ func (s CacheSource) String() string {
 		return "fsx://" + s.FileSystemID + "/" + s.Path
 	}
 	return string(s.Type)
+}
+
+// SealedCredentials are credentials encrypted to one agent's key with HPKE (RFC 9180:
+// DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, ChaCha20-Poly1305), bound to the node and the cache.
+type SealedCredentials struct {
+	// keyID identifies the agent key they are sealed to (status.credentialsKey).
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	KeyID string `json:"keyID"`
+	// digest identifies what is sealed, so that the controller seals again only when the
+	// credentials or the key change.
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	Digest string `json:"digest"`
+	// sealed is the encapsulated key and the ciphertext, base64.
+	// +required
+	// +kubebuilder:validation:MaxLength=8192
+	Sealed string `json:"sealed"`
 }
 
 // Retained reports whether the request only keeps what the node holds.
@@ -176,6 +194,11 @@ type CacheStatus struct {
 
 // NodeCacheStatus is what the node's agent reports.
 type NodeCacheStatus struct {
+	// credentialsKey is the agent's public key (HPKE DHKEM(X25519), base64), made when the agent
+	// starts and held only in its memory: the controller seals each cache's credentials to it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	CredentialsKey string `json:"credentialsKey,omitempty"`
 	// agentVersion is the reporting agent's version.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
@@ -254,6 +277,9 @@ const (
 	// ReasonInvalidSource: the source answers, but what it holds cannot be cached as listed
 	// (a reserved or escaping file name, a request the source refuses for good).
 	ReasonInvalidSource = "InvalidSource"
+	// ReasonWaitingForCredentials: the cache's credentials are sealed to an earlier key of the
+	// agent (it restarted); the controller seals them to the current key.
+	ReasonWaitingForCredentials = "WaitingForCredentials"
 	// ReasonNodeCacheFull says the node is already asked for MaxCachesPerNode other caches.
 	ReasonNodeCacheFull = "NodeCacheFull"
 )

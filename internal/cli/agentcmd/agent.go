@@ -83,7 +83,11 @@ the allowed roots.`,
 			if err := addHealthChecks(mgr, probeAddr); err != nil {
 				return err
 			}
-			if err := agent.New(mgr.GetClient(), mgr.GetAPIReader(), opts).SetupWithManager(mgr); err != nil {
+			a, err := agent.New(mgr.GetClient(), opts)
+			if err != nil {
+				return err
+			}
+			if err := a.SetupWithManager(mgr); err != nil {
 				return err
 			}
 			log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.CacheRoots, "version", opts.Version)
@@ -92,7 +96,6 @@ the allowed roots.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	f.StringVar(&opts.Namespace, "namespace", envOr("POD_NAMESPACE", "hyperpod-inference-system"), "prewarm's namespace, where the controller puts token Secrets for the agents (default $POD_NAMESPACE)")
 	f.StringVar(&configFile, "config", "", "the operator configuration shared with the controller (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
 	f.StringVar(&reserve, "reserve", "2GiB", "free space kept under each root, never filled by caches")
@@ -206,11 +209,4 @@ func addHealthChecks(mgr ctrl.Manager, addr string) error {
 		return err
 	}
 	return mgr.AddReadyzCheck("readyz", healthz.Ping)
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }

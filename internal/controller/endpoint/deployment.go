@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"strings"
 
@@ -108,7 +109,7 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 			if r.Config.S3.PathStyle {
 				prepare.Args = append(prepare.Args, "--s3-path-style")
 			}
-			if s := r.Config.S3CredentialsSecret; s != "" {
+			if s := r.Config.S3.CredentialsSecret; s != "" {
 				for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} {
 					prepare.Env = append(prepare.Env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 						LocalObjectReference: corev1.LocalObjectReference{Name: s}, Key: k, Optional: ptr.To(true),
@@ -137,6 +138,10 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 			mount, err := r.Config.FSxMountPath(cs.FileSystemID)
 			if err != nil {
 				return corev1.PodTemplateSpec{}, err
+			}
+			// The mount is prewarm's access, not the namespace's: only for what it may read there.
+			if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), "fsx", cs.FileSystemID, cs.Path); !ok {
+				return corev1.PodTemplateSpec{}, errors.New(why)
 			}
 			prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))
 			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{

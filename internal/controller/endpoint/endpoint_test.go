@@ -143,6 +143,10 @@ func TestPodTemplate(t *testing.T) {
 	}
 	withFSx := *r
 	withFSx.Config.FSx = []config.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx/a"}, {FileSystemID: "fs-0123456789abcdef1", MountPath: "/fsx/b"}}
+	if _, err := withFSx.podTemplate(m, fsx, nil); err == nil || !strings.Contains(err.Error(), "for namespace ns") {
+		t.Errorf("an FSx source no sourceAccess rule allows for the namespace: %v; want it refused", err)
+	}
+	withFSx.Config.SourceAccess = []config.SourceRule{{Namespaces: []string{"ns"}, FSx: &config.FSxRule{FileSystemID: "fs-0123456789abcdef1"}}}
 	tmpl, err = withFSx.podTemplate(m, fsx, nil)
 	if err != nil {
 		t.Fatal(err)

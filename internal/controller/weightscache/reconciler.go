@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -146,13 +147,14 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	allowed, notAllowed := r.Config.CacheRootAllowed(m.Spec.HostPath)
 	src, srcErr := r.Config.CacheSource(m.Spec.ModelSourceConfig)
 	entry := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
-	tokenProblem := ""
-	if !deleting && parentOK {
+	var acc access
+	if !deleting && parentOK && srcErr == nil {
 		var err error
-		if entry.TokenSecret, tokenProblem, err = r.copyToken(ctx, m); err != nil {
+		if acc, err = r.sourceAccess(ctx, m, src); err != nil {
 			return 0, err
 		}
 	}
+	tokenProblem := acc.tokenProblem
 
 	// Targets: the nodes the parent's pods may run on (none while deleting, or when the cache
 	// cannot be kept at all). A node the placement selects but whose scheduling state keeps the
@@ -163,7 +165,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	retained := map[string]retention{}
 	var requeue time.Duration
 	now := r.Now()
-	if !deleting && parentOK && allowed && srcErr == nil {
+	if !deleting && parentOK && allowed && srcErr == nil && acc.refused == "" {
 		for i := range nodes.Items {
 			n := &nodes.Items[i]
 			if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
@@ -200,8 +202,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 
 	// Ask each target node for the cache, and each retained node to keep it; withdraw the ask
 	// from every other node. A node already asked for MaxCachesPerNode other caches is not asked,
-	// and says so in the status.
-	full := map[string]bool{}
+	// nor one whose agent has not yet published the key the cache's credentials are sealed to;
+	// the status says so for each.
+	held := map[string]heldBack{}
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		want := entry
@@ -211,18 +214,35 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 			continue
 		}
 		asked := requestFor(byNode[n.Name], uid)
-		if asked != nil && *asked == want {
+		if !acc.creds.Empty() && (byNode[n.Name] == nil || byNode[n.Name].Status.CredentialsKey == "") {
+			// Asked without them, the node would try the source without credentials.
+			held[n.Name] = heldBack{inferencev1.CachePending, prewarmv1alpha1.ReasonWaitingForCredentials,
+				"the node's agent has not published its key yet; the cache's credentials are sealed to it once it does"}
+			if byNode[n.Name] == nil {
+				// The agent publishes its key in its NodeCache, which it cannot create.
+				if err := applyEntry(ctx, r.Client, n, nil, uid); err != nil {
+					return 0, fmt.Errorf("making node %s's NodeCache: %w", n.Name, err)
+				}
+			}
+			continue
+		}
+		sealed, err := sealFor(byNode[n.Name], n.Name, uid, acc, asked)
+		if err != nil {
+			return 0, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)
+		}
+		want.Credentials = sealed
+		if asked != nil && equality.Semantic.DeepEqual(*asked, want) {
 			continue
 		}
 		if asked == nil && byNode[n.Name] != nil && len(byNode[n.Name].Spec.Caches) >= prewarmv1alpha1.MaxCachesPerNode {
-			full[n.Name] = true
+			held[n.Name] = nodeCacheFull
 			continue
 		}
 		if err := applyEntry(ctx, r.Client, n, &want, uid); err != nil {
 			if asked == nil && apierrors.IsInvalid(err) {
 				// Another cache took the last place since the informer's view: the API server
 				// refuses the list's growth past its maxItems.
-				full[n.Name] = true
+				held[n.Name] = nodeCacheFull
 				continue
 			}
 			return 0, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
@@ -238,7 +258,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	}
 
 	// What the agents report.
-	st := r.gather(m, targets, retained, byNode, full)
+	st := r.gather(m, targets, retained, byNode, held)
 	r.nodeEvents(m, st)
 
 	// Labels: on exactly the Ready target nodes.
@@ -269,6 +289,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	case srcErr != nil:
 		st.State = inferencev1.CacheFailed
 		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonSourceNotAllowed, srcErr.Error())
+	case acc.refused != "":
+		st.State = inferencev1.CacheFailed
+		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonSourceNotAllowed, acc.refused)
 	}
 
 	if deleting {
@@ -286,7 +309,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		if len(holders) > 0 {
 			return 0, nil // NodeCache events bring us back
 		}
-		if err := r.deleteToken(ctx, m); err != nil {
+		if err := r.deleteLegacyToken(ctx, m); err != nil {
 			return 0, err
 		}
 		patch := client.MergeFrom(m.DeepCopy())
@@ -305,6 +328,16 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	r.Metrics.WeightsCache(m, false)
 	return requeue, nil
 }
+
+// heldBack says why a target node is not asked for the cache.
+type heldBack struct {
+	state           inferencev1.CacheState
+	reason, message string
+}
+
+var nodeCacheFull = heldBack{inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull, fmt.Sprintf(
+	"the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement",
+	prewarmv1alpha1.MaxCachesPerNode)}
 
 // parentWants reports whether the cache's parent reference resolves to a parent that exists
 // with that UID and controls the cache: prewarm serves only the caches its parents made. A cache

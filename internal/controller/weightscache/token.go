@@ -10,22 +10,69 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/credentials"
 )
 
-// tokenSecretName is the copy of a cache's Hugging Face token in the operator namespace.
-func tokenSecretName(m *inferencev1.ModelDataCacheConfig) string {
-	return "prewarm-token-" + string(m.UID)
+// access is how the nodes read a cache's source.
+type access struct {
+	// creds are sealed to each node's agent; empty: the agents read with their own identity
+	// (a source the configuration allows), or anonymously (a public Hugging Face model).
+	creds credentials.Credentials
+	// refused, when set, says why the nodes may not read the source at all.
+	refused string
+	// tokenProblem, when set, says why a Hugging Face token is missing (the nodes download
+	// without it).
+	tokenProblem string
 }
 
-// copyToken copies the Hugging Face token a cache's source names into the operator namespace,
-// where the agents may read it (they may read no Secret elsewhere), and returns the copy's
-// name; or, when the token cannot be had, a problem for people.
-func (r *Reconciler) copyToken(ctx context.Context, m *inferencev1.ModelDataCacheConfig) (string, string, error) {
+// sourceAccess decides how the nodes read m's source, so that prewarm never reads, with its own
+// identity, what m's namespace could not: an S3 source or FSx directory is read with prewarm's
+// identity only when the operator configuration's sourceAccess allows it for the namespace;
+// another S3 source is read with the namespace's own credentials (s3.credentialsSecret); a
+// Hugging Face model with the parent's token, or anonymously.
+func (r *Reconciler) sourceAccess(ctx context.Context, m *inferencev1.ModelDataCacheConfig, src prewarmv1alpha1.CacheSource) (access, error) {
+	switch src.Type {
+	case inferencev1.ModelSourceHuggingFace:
+		return r.hfToken(ctx, m)
+	case inferencev1.ModelSourceFSx:
+		if ok, why := r.Config.SourceAllowed(m.Namespace, "fsx", src.FileSystemID, src.Path); !ok {
+			return access{refused: why}, nil
+		}
+		return access{}, nil
+	}
+	ok, why := r.Config.SourceAllowed(m.Namespace, "s3", src.Bucket, src.Prefix)
+	if ok {
+		return access{}, nil
+	}
+	name := r.Config.S3.CredentialsSecret
+	if name == "" || r.APIReader == nil {
+		return access{refused: why + ", and the configuration names no s3.credentialsSecret through which a namespace provides its own credentials"}, nil
+	}
+	s := &corev1.Secret{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: name}, s)
+	switch {
+	case apierrors.IsNotFound(err):
+		return access{refused: fmt.Sprintf("%s, and namespace %s has no Secret %s with its own AWS credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)", why, m.Namespace, name)}, nil
+	case err != nil:
+		return access{}, err
+	}
+	c := credentials.Credentials{
+		AWSAccessKeyID: string(s.Data["AWS_ACCESS_KEY_ID"]), AWSSecretAccessKey: string(s.Data["AWS_SECRET_ACCESS_KEY"]),
+		AWSSessionToken: string(s.Data["AWS_SESSION_TOKEN"]),
+	}
+	if c.AWSAccessKeyID == "" || c.AWSSecretAccessKey == "" {
+		return access{refused: fmt.Sprintf("%s, and Secret %s/%s lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY", why, m.Namespace, name)}, nil
+	}
+	return access{creds: c}, nil
+}
+
+// hfToken reads the Hugging Face token a cache's source names, if any.
+func (r *Reconciler) hfToken(ctx context.Context, m *inferencev1.ModelDataCacheConfig) (access, error) {
 	h := m.Spec.ModelSourceConfig.HuggingFaceModel
 	if h == nil || h.TokenSecretRef == nil || r.APIReader == nil {
-		return "", "", r.deleteToken(ctx, m) // a copy made for a reference since removed goes
+		return access{}, nil
 	}
 	key := h.TokenSecretRef.Key
 	if key == "" {
@@ -35,23 +82,30 @@ func (r *Reconciler) copyToken(ctx context.Context, m *inferencev1.ModelDataCach
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: h.TokenSecretRef.Name}, src)
 	switch {
 	case apierrors.IsNotFound(err) || (err == nil && len(src.Data[key]) == 0):
-		// The copy does not outlive what it copied.
-		return "", fmt.Sprintf("Secret %s/%s (key %s), the Hugging Face token, is missing; the nodes download without it",
-			m.Namespace, h.TokenSecretRef.Name, key), r.deleteToken(ctx, m)
+		return access{tokenProblem: fmt.Sprintf("Secret %s/%s (key %s), the Hugging Face token, is missing; the nodes download without it",
+			m.Namespace, h.TokenSecretRef.Name, key)}, nil
 	case err != nil:
-		return "", "", err
+		return access{}, err
 	}
-	name := tokenSecretName(m)
-	return name, "", controller.PutSecret(ctx, r.Client, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: r.Config.OperatorNamespace, Name: name,
-			Labels:      map[string]string{controller.ManagedByLabel: controller.ManagedBy},
-			Annotations: map[string]string{"prewarm.io/cache": m.Namespace + "/" + m.Name}},
-		Type: corev1.SecretTypeOpaque, Data: map[string][]byte{"token": src.Data[key]},
-	})
+	return access{creds: credentials.Credentials{HFToken: string(src.Data[key])}}, nil
 }
 
-// deleteToken removes the cache's token copy.
-func (r *Reconciler) deleteToken(ctx context.Context, m *inferencev1.ModelDataCacheConfig) error {
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.Config.OperatorNamespace, Name: tokenSecretName(m)}}
+// sealFor seals the cache's credentials to node's agent key; nil when there are none, or when
+// the agent has not published a key yet (it reports that it waits for them).
+func sealFor(nc *prewarmv1alpha1.NodeCache, node, uid string, a access, asked *prewarmv1alpha1.CacheRequest) (*prewarmv1alpha1.SealedCredentials, error) {
+	if a.creds.Empty() || nc == nil || nc.Status.CredentialsKey == "" {
+		return nil, nil
+	}
+	var current *prewarmv1alpha1.SealedCredentials
+	if asked != nil {
+		current = asked.Credentials
+	}
+	return credentials.Seal(nc.Status.CredentialsKey, node, uid, a.creds, current)
+}
+
+// deleteLegacyToken removes the token copy that earlier versions kept in the operator namespace
+// for the agents; credentials are now sealed to each node instead.
+func (r *Reconciler) deleteLegacyToken(ctx context.Context, m *inferencev1.ModelDataCacheConfig) error {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.Config.OperatorNamespace, Name: "prewarm-token-" + string(m.UID)}}
 	return client.IgnoreNotFound(r.Client.Delete(ctx, s))
 }

@@ -105,6 +105,9 @@ type Options struct {
 	PathStyle bool
 	// Token is the Hugging Face token.
 	Token string
+	// AccessKeyID, SecretAccessKey and SessionToken, when set, are the S3 credentials, instead
+	// of the standard AWS chain.
+	AccessKeyID, SecretAccessKey, SessionToken string
 	// Connections sizes the S3 connection pool.
 	Connections int
 }
@@ -119,6 +122,7 @@ func Open(ctx context.Context, s Spec, o Options) (source.Source, error) {
 		return s3.New(ctx, s3.Options{
 			Bucket: s.Bucket, Prefix: s.Prefix, Region: s.Region,
 			Endpoint: o.Endpoint, PathStyle: o.PathStyle, MaxConnections: o.Connections,
+			AccessKeyID: o.AccessKeyID, SecretAccessKey: o.SecretAccessKey, SessionToken: o.SessionToken,
 		})
 	case HuggingFace:
 		return hf.New(hf.Options{RepoID: s.Repo, Revision: s.Revision, Endpoint: o.Endpoint, Token: o.Token})

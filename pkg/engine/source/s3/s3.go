@@ -36,8 +36,9 @@ type Options struct {
 	Endpoint string
 	// PathStyle addresses the bucket in the path instead of the host name.
 	PathStyle bool
-	// AccessKeyID and SecretAccessKey, when set, replace the standard credential chain.
-	AccessKeyID, SecretAccessKey string
+	// AccessKeyID and SecretAccessKey (and SessionToken, for temporary credentials), when set,
+	// replace the standard credential chain.
+	AccessKeyID, SecretAccessKey, SessionToken string
 	// Anonymous sends unsigned requests (public buckets).
 	Anonymous bool
 	// HTTPClient replaces the default transport, tuned for many parallel ranged reads.
@@ -99,7 +100,7 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	case opts.Anonymous:
 		loads = append(loads, config.WithCredentialsProvider(aws.AnonymousCredentials{}))
 	case opts.AccessKeyID != "":
-		loads = append(loads, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(opts.AccessKeyID, opts.SecretAccessKey, "")))
+		loads = append(loads, config.WithCredentialsProvider(credentials.NewStaticCredentialsProvider(opts.AccessKeyID, opts.SecretAccessKey, opts.SessionToken)))
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, loads...)
 	if err != nil {

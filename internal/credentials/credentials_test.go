@@ -1,0 +1,61 @@
+package credentials_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/prewarm/prewarm/internal/credentials"
+)
+
+func TestSealOpen(t *testing.T) {
+	a, err := credentials.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := credentials.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := credentials.Credentials{AWSAccessKeyID: "AKIA0000", AWSSecretAccessKey: "secret/with+chars", HFToken: "hf_x"}
+	s, err := credentials.Seal(a.Public(), "node-a", "uid-1", c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(s.Sealed, "secret") || strings.Contains(s.Digest, "secret") {
+		t.Fatalf("the sealed form shows the secret: %+v", s)
+	}
+	got, err := a.Open("node-a", "uid-1", s)
+	if err != nil || got != c {
+		t.Fatalf("Open = %+v, %v; want %+v", got, err, c)
+	}
+	// Bound to its node and cache, and to its key.
+	if _, err := a.Open("node-b", "uid-1", s); err == nil {
+		t.Error("credentials sealed for node-a opened as node-b's")
+	}
+	if _, err := a.Open("node-a", "uid-2", s); err == nil {
+		t.Error("credentials sealed for cache uid-1 opened for uid-2")
+	}
+	if _, err := b.Open("node-a", "uid-1", s); !errors.Is(err, credentials.ErrOtherKey) {
+		t.Errorf("another agent's key: %v; want ErrOtherKey", err)
+	}
+	forged := *s
+	forged.KeyID = credentials.KeyID(b.Public())
+	if _, err := b.Open("node-a", "uid-1", &forged); err == nil || errors.Is(err, credentials.ErrOtherKey) {
+		t.Errorf("credentials sealed to a, relabelled for b: %v; want a failure to open", err)
+	}
+	// Sealing again the same credentials to the same key keeps the request as it is; a change
+	// of either seals anew.
+	again, err := credentials.Seal(a.Public(), "node-a", "uid-1", c, s)
+	if err != nil || again != s {
+		t.Errorf("sealing unchanged credentials gave a new request: %v", err)
+	}
+	c2 := c
+	c2.HFToken = "hf_rotated"
+	if rotated, err := credentials.Seal(a.Public(), "node-a", "uid-1", c2, s); err != nil || rotated.Digest == s.Digest {
+		t.Errorf("a rotated token kept the old seal: %v", err)
+	}
+	if other, err := credentials.Seal(b.Public(), "node-a", "uid-1", c, s); err != nil || other.KeyID == s.KeyID {
+		t.Errorf("a new agent key kept the old seal: %v", err)
+	}
+}
