@@ -78,7 +78,9 @@ type ModelDataCacheConfigStatus struct {
 	// readyNodes is the number of nodes that hold it, verified.
 	// +optional
 	ReadyNodes int32 `json:"readyNodes"`
-	// resolvedRevision pins the source: the commit of a Hugging Face repository.
+	// resolvedRevision pins the source: the commit of a Hugging Face repository, or the content
+	// revision (a digest of every file's path, size and ETag/version) the first node holds of an
+	// S3 or FSx source. Every node and every cold pod then reads exactly that.
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	ResolvedRevision string `json:"resolvedRevision,omitempty"`

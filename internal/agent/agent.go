@@ -104,7 +104,6 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	return ctrl.Result{}, nil
 }
 
-// sync starts, restarts and stops jobs so that they match want, and removes unwanted caches.
 // sameCredentials reports whether two requests carry the same sealed credentials: new ones (a
 // rotated token, a new key) restart the cache's job with them.
 func sameCredentials(a, b *prewarmv1alpha1.SealedCredentials) bool {
@@ -114,6 +113,7 @@ func sameCredentials(a, b *prewarmv1alpha1.SealedCredentials) bool {
 	return a.KeyID == b.KeyID && a.Digest == b.Digest
 }
 
+// sync starts, restarts and stops jobs so that they match want, and removes unwanted caches.
 func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	log := ctrl.LoggerFrom(ctx)
 	a.mu.Lock()

@@ -121,6 +121,12 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 	// A cache already on disk is checked cheaply first (the manifest is there, every file has
 	// its size), and then, when due, by reading it all back against its checksums.
 	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{})
+	if pinned := j.pinnedRevision(); err == nil && len(damaged) == 0 && pinned != "" && m.Revision != "" && m.Revision != pinned {
+		// Another revision than the one the cache is pinned to (downloaded while the source was
+		// rewritten): not served; the pinned revision is fetched, if the source still holds it.
+		log.Info("the cache holds another revision than the one it is pinned to", "holds", m.Revision, "pinned", pinned)
+		err = errOtherRevision
+	}
 	if err == nil && len(damaged) == 0 {
 		j.ready(m)
 		if !j.verifyDue() {
@@ -135,6 +141,11 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		}
 	}
 	switch {
+	case errors.Is(err, errOtherRevision):
+		j.set(func(st *prewarmv1alpha1.CacheStatus) {
+			st.State, st.Reason, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonSourceChanged, 0
+			st.Message = fmt.Sprintf("holds revision %s, but the cache is pinned to %s; fetching that", m.Revision, j.pinnedRevision())
+		})
 	case err == nil:
 		// Some files are damaged: out of Ready (the node loses its label), and only those files
 		// are fetched again.
@@ -174,7 +185,7 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 			st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source.String()
 		})
 		var err error
-		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model})
+		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision()})
 		return err
 	})
 	if err != nil {
@@ -388,6 +399,18 @@ func (j *job) fail(reason, msg string) {
 	})
 }
 
+// errOtherRevision says the cache on disk holds another revision than the one it is pinned to.
+var errOtherRevision = errors.New("another revision than the pinned one")
+
+// pinnedRevision is the only content revision the cache may hold (S3 and FSx sources, once the
+// controller has pinned it); a Hugging Face source is pinned by its commit instead.
+func (j *job) pinnedRevision() string {
+	if j.req.Source.Type == inferencev1.ModelSourceHuggingFace {
+		return ""
+	}
+	return j.req.Source.Revision
+}
+
 // classify turns a Fetch error into a reason, a message for people and the wait before the
 // next try (0: the backoff).
 func (j *job) classify(err error) (string, string, time.Duration) {
@@ -407,6 +430,8 @@ func (j *job) classify(err error) (string, string, time.Duration) {
 		return prewarmv1alpha1.ReasonAccessDenied, err.Error(), o.MaxRetryInterval
 	case errors.As(err, &verify):
 		return prewarmv1alpha1.ReasonVerificationFailed, err.Error(), 0
+	case errors.Is(err, engine.ErrSourceChanged):
+		return prewarmv1alpha1.ReasonSourceChanged, err.Error() + "; the objects were rewritten under the same location: use a new modelLocation for new weights", o.MaxRetryInterval
 	case errors.Is(err, engine.ErrInvalidModel), errors.Is(err, errNotConfined), permanentRefusal(err):
 		return prewarmv1alpha1.ReasonInvalidSource, err.Error(), o.MaxRetryInterval
 	case source.Retryable(err):

@@ -100,13 +100,17 @@ func cold(ctx context.Context, o PrepareOptions, reason string) (PrepareResult, 
 		return res, err
 	}
 	eng := engine.New(o.Engine...)
-	r, err := eng.Fetch(ctx, engine.Request{Source: src, Dest: o.Dest})
+	req := engine.Request{Source: src, Dest: o.Dest}
+	if o.Source.Kind != sources.HuggingFace {
+		req.Revision = o.Source.Revision // the revision the node caches hold, and nothing else
+	}
+	r, err := eng.Fetch(ctx, req)
 	if errors.Is(err, engine.ErrDestNotOurs) {
 		// Links from an earlier run on a cache that has since gone: start clean.
 		if err := os.RemoveAll(o.Dest); err != nil {
 			return res, err
 		}
-		r, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: o.Dest})
+		r, err = eng.Fetch(ctx, req)
 	}
 	res.Files, res.Bytes, res.Fetched = r.Files, r.Bytes, r.Fetched
 	return res, err

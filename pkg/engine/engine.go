@@ -116,6 +116,10 @@ type Request struct {
 	// Dest is the directory that will hold the model's files, and nothing else but prewarm's
 	// dot-named manifest. It must not exist, be empty, or hold an earlier Fetch's result.
 	Dest string
+	// Revision, when set, is the only revision to fetch: a source that now lists another
+	// (objects rewritten under the same prefix) fails with ErrSourceChanged, and nothing is
+	// downloaded.
+	Revision string
 }
 
 // Result says what a Fetch did.
@@ -125,7 +129,8 @@ type Result struct {
 	Bytes int64
 	// Fetched is how many bytes this call read from the source (less than Bytes when resumed).
 	Fetched int64
-	// Revision is the source revision that was fetched (a Hugging Face commit).
+	// Revision is the source revision that was fetched: a Hugging Face commit, or the content
+	// revision of the files (source.ContentRevision).
 	Revision string
 	// UpToDate is true when Dest already held this revision and nothing was fetched.
 	UpToDate bool

@@ -25,7 +25,7 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 		return Result{}, err
 	}
 	e.report(Progress{Phase: PhaseListing})
-	listing, err := req.Source.List(ctx)
+	listing, err := list(ctx, req.Source, req.Revision)
 	if err != nil {
 		return Result{}, err // sources say what they were listing
 	}
@@ -279,9 +279,26 @@ func (m *Manifest) checksums(f source.File) source.Checksums {
 	return f.Checksums
 }
 
-// Matches reports whether the manifest records exactly this listing.
+// list lists src, names the content when the source has no revision of its own, and refuses
+// another revision than want (when set).
+func list(ctx context.Context, src source.Source, want string) (source.Listing, error) {
+	l, err := src.List(ctx)
+	if err != nil {
+		return l, err
+	}
+	if l.Revision == "" {
+		l.Revision = source.ContentRevision(l.Files)
+	}
+	if want != "" && l.Revision != want {
+		return l, fmt.Errorf("%s now holds revision %s, not %s: %w", src, l.Revision, want, ErrSourceChanged)
+	}
+	return l, nil
+}
+
+// Matches reports whether the manifest records exactly this listing. A manifest written before
+// content revisions were recorded matches on its files alone.
 func (m *Manifest) Matches(l source.Listing) bool {
-	return m.Revision == l.Revision && slices.EqualFunc(m.Files, l.Files, func(a, b source.File) bool {
+	return (m.Revision == l.Revision || (m.Revision == "" && l.Revision == source.ContentRevision(l.Files))) && slices.EqualFunc(m.Files, l.Files, func(a, b source.File) bool {
 		return a.Path == b.Path && a.Size == b.Size && a.Version == b.Version
 	})
 }

@@ -90,7 +90,8 @@ func Check(ctx context.Context, dest string, o CheckOptions) (*Manifest, []Damag
 }
 
 // ErrSourceChanged is returned by Repair when the source no longer holds what the destination
-// recorded: repairing would mix two versions of the model.
+// recorded (repairing would mix two versions of the model), and by Fetch when the source holds
+// another revision than the one asked for.
 var ErrSourceChanged = errors.New("the source has changed since the destination was downloaded")
 
 // Repair re-fetches the named files of a published destination from src, verifies them, and
@@ -102,7 +103,7 @@ func (e *Engine) Repair(ctx context.Context, src source.Source, dest string, pat
 	if err != nil {
 		return Result{}, err
 	}
-	listing, err := src.List(ctx)
+	listing, err := list(ctx, src, "")
 	if err != nil {
 		return Result{}, err
 	}

@@ -117,6 +117,17 @@ func TestSourcesAreReadWithTheNamespacesOwnRights(t *testing.T) {
 		t.Errorf("an allowed source: request %+v; want it asked, read with the agents' identity", r)
 	}
 
+	// Once a node holds it, the cache is pinned to that content revision: every node's request
+	// names it.
+	shared.Status.ResolvedRevision = "sha256:held-by-the-first-node"
+	if err := c.Status().Update(ctx, shared); err != nil {
+		t.Fatal(err)
+	}
+	shared = reconcile(shared)
+	if r := request(shared); r == nil || r.Source.Revision != "sha256:held-by-the-first-node" || shared.Status.ResolvedRevision != "sha256:held-by-the-first-node" {
+		t.Errorf("a pinned cache: request %+v, resolved %q; want the request pinned to the revision", r, shared.Status.ResolvedRevision)
+	}
+
 	private := reconcile(cache("tenant-a", "private", s3("tenant-b-models")))
 	cond := meta.FindStatusCondition(private.Status.Conditions, inferencev1.ConditionReady)
 	if r := request(private); r != nil || private.Status.State != inferencev1.CacheFailed || cond == nil ||

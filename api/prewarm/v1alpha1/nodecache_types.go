@@ -68,7 +68,9 @@ type CacheSource struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=256
 	RepoID string `json:"repoID,omitempty"`
-	// revision is the Hugging Face commit the cache holds.
+	// revision is the Hugging Face commit the cache holds; for S3 and FSx, the content revision
+	// the controller pins once a node holds the cache (a digest of every file's path, size and
+	// ETag/version): every node, and every cold pod, then reads exactly that.
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	Revision string `json:"revision,omitempty"`
@@ -171,7 +173,8 @@ type CacheStatus struct {
 	// files is the number of the model's files.
 	// +optional
 	Files int32 `json:"files,omitempty"`
-	// revision is the source revision held (a Hugging Face commit).
+	// revision is the source revision held: a Hugging Face commit, or the content revision of an
+	// S3 or FSx source.
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	Revision string `json:"revision,omitempty"`
@@ -277,6 +280,9 @@ const (
 	// ReasonInvalidSource: the source answers, but what it holds cannot be cached as listed
 	// (a reserved or escaping file name, a request the source refuses for good).
 	ReasonInvalidSource = "InvalidSource"
+	// ReasonSourceChanged: the source now holds other content than the revision the cache is
+	// pinned to (objects rewritten under the same location); the node does not serve it.
+	ReasonSourceChanged = "SourceChanged"
 	// ReasonWaitingForCredentials: the cache's credentials are sealed to an earlier key of the
 	// agent (it restarted); the controller seals them to the current key.
 	ReasonWaitingForCredentials = "WaitingForCredentials"
@@ -289,7 +295,7 @@ const (
 func Terminal(reason string) bool {
 	switch reason {
 	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied,
-		ReasonInvalidSource, ReasonNodeCacheFull:
+		ReasonInvalidSource, ReasonNodeCacheFull, ReasonSourceChanged:
 		return true
 	}
 	return false

@@ -172,6 +172,7 @@ each value is taken byte for byte) into --dest, so a pod on a cold node still st
 	f.String("hf-revision", "", "Hugging Face commit of the model")
 	f.StringVar(&hfEndpoint, "hf-endpoint", "", "Hugging Face Hub endpoint (a mirror)")
 	f.String("source-dir", "", "a mounted directory (FSx for Lustre) holding the model")
+	f.String("content-revision", "", "the only content revision of an S3 or directory source to download (the one the nodes' caches hold); another fails")
 	eng.Register(cmd)
 	_ = cmd.MarkFlagRequired("dest")
 	cmd.MarkFlagsMutuallyExclusive("s3-bucket", "hf-repo", "source-dir")
@@ -186,13 +187,14 @@ func prepareSource(cmd *cobra.Command) (sources.Spec, error) {
 		Bucket: get("s3-bucket"), Prefix: get("s3-prefix"), Region: get("region"),
 		Repo: get("hf-repo"), Revision: get("hf-revision"), Path: get("source-dir"),
 	}
+	content := get("content-revision")
 	switch {
 	case s.Bucket != "":
-		s.Kind = sources.S3
+		s.Kind, s.Revision = sources.S3, content
 	case s.Repo != "":
 		s.Kind = sources.HuggingFace
 	case s.Path != "":
-		s.Kind = sources.Dir
+		s.Kind, s.Revision = sources.Dir, content
 	case s.Prefix != "" || s.Revision != "":
 		return s, fmt.Errorf("--s3-prefix needs --s3-bucket, and --hf-revision needs --hf-repo")
 	default:

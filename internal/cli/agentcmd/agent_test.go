@@ -17,6 +17,7 @@ func TestPrepareSourceFlags(t *testing.T) {
 			want: sources.Spec{Kind: sources.S3, Bucket: "models", Prefix: "team/a#b?c=%41 é", Region: "eu-west-1"}},
 		{args: []string{"--hf-repo=org/name", "--hf-revision=0123abcd"}, want: sources.Spec{Kind: sources.HuggingFace, Repo: "org/name", Revision: "0123abcd"}},
 		{args: []string{"--source-dir=/fsx/b/a%20b"}, want: sources.Spec{Kind: sources.Dir, Path: "/fsx/b/a%20b"}},
+		{args: []string{"--s3-bucket=models", "--s3-prefix=m", "--content-revision=sha256:ab"}, want: sources.Spec{Kind: sources.S3, Bucket: "models", Prefix: "m", Revision: "sha256:ab"}},
 		{args: nil, want: sources.Spec{}},
 		{args: []string{"--s3-prefix=x"}, bad: true},
 		{args: []string{"--hf-repo=no-org"}, bad: true},

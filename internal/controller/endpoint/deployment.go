@@ -87,6 +87,10 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 		if err != nil {
 			return corev1.PodTemplateSpec{}, err
 		}
+		if cache != nil && cs.Type != inferencev1.ModelSourceHuggingFace && cache.Status.ResolvedRevision != "" {
+			// A cold pod reads exactly what the warm nodes hold, or fails saying the source changed.
+			cs.Revision = cache.Status.ResolvedRevision
+		}
 		prepare := corev1.Container{
 			Name: PrepareContainerName, Image: r.Config.AgentImage,
 			Args: []string{"prepare", "--dest=" + filepath.Join(WorkMountPath, modelSubPath)},
@@ -100,6 +104,9 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 		switch cs.Type {
 		case inferencev1.ModelSourceS3:
 			prepare.Args = append(prepare.Args, "--s3-bucket="+cs.Bucket, "--s3-prefix="+cs.Prefix)
+			if cs.Revision != "" {
+				prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
+			}
 			if cs.Region != "" {
 				prepare.Args = append(prepare.Args, "--region="+cs.Region)
 			}
@@ -144,6 +151,9 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 				return corev1.PodTemplateSpec{}, errors.New(why)
 			}
 			prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))
+			if cs.Revision != "" {
+				prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
+			}
 			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{
 				HostPath: &corev1.HostPathVolumeSource{Path: mount, Type: ptr.To(corev1.HostPathDirectory)},
 			}})

@@ -123,6 +123,17 @@ func TestPodTemplate(t *testing.T) {
 		t.Errorf("preferred affinity = %+v", pref)
 	}
 
+	// Once the cache is pinned to a content revision, a cold pod reads exactly that.
+	pinnedCache := cache.DeepCopy()
+	pinnedCache.Status.ResolvedRevision = "sha256:0123"
+	tmpl, err = r.podTemplate(m, pinnedCache, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := tmpl.Spec.InitContainers[0].Args; !slices.Contains(args, "--content-revision=sha256:0123") {
+		t.Errorf("prepare args %v; want the pinned content revision", args)
+	}
+
 	// A key prefix is bytes: what means something in a URI reaches the init container as is.
 	hostile := cache.DeepCopy()
 	hostile.Spec.ModelSourceConfig.ModelLocation = "/team/a#b?c=%41 é/"

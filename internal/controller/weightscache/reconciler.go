@@ -146,6 +146,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	}
 	allowed, notAllowed := r.Config.CacheRootAllowed(m.Spec.HostPath)
 	src, srcErr := r.Config.CacheSource(m.Spec.ModelSourceConfig)
+	if src.Type != inferencev1.ModelSourceHuggingFace && m.Status.ResolvedRevision != "" {
+		// Pinned to the content the first node holds: objects rewritten under the same location
+		// are not fetched by any other node (nor by a cold pod), and say so.
+		src.Revision = m.Status.ResolvedRevision
+	}
 	entry := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
 	var acc access
 	if !deleting && parentOK && srcErr == nil {

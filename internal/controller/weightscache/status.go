@@ -49,6 +49,11 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 			if rep.State == inferencev1.CacheReady && st.ResolvedRevision == "" {
 				st.ResolvedRevision = rep.Revision
 			}
+			if rep.State == inferencev1.CacheReady && rep.Revision != "" && rep.Revision != st.ResolvedRevision {
+				// Downloaded while the source was rewritten: not the cache's content.
+				ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonSourceChanged
+				ns.Message = fmt.Sprintf("holds revision %s, but the cache is pinned to %s, which other nodes hold: the source was rewritten under the same location", rep.Revision, st.ResolvedRevision)
+			}
 		case nc == nil || nc.Status.HeartbeatTime == nil:
 			ns.Reason, ns.Message = "AgentNotReporting", "no prewarm agent reports on this node; is the agent DaemonSet running here?"
 		default:

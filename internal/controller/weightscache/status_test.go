@@ -84,4 +84,19 @@ func TestGather(t *testing.T) {
 		!strings.Contains(c.Message, "lists 5000 of the 5010 nodes") {
 		t.Errorf("%d nodes listed, first %s, condition %q", len(st.Nodes), st.Nodes[0].Name, c.Message)
 	}
+
+	// A node that downloaded after the source was rewritten holds another revision than the one
+	// the cache is pinned to: it is not counted Ready, and says why.
+	pinned := m.DeepCopy()
+	pinned.Status.ResolvedRevision = "sha256:first"
+	rewritten := report(inferencev1.CacheReady, "Verified", "")
+	rewritten.Status.Caches[0].Revision = "sha256:second"
+	same := report(inferencev1.CacheReady, "Verified", "")
+	same.Status.Caches[0].Revision = "sha256:first"
+	st = r.gather(pinned, nodes("a", "b"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": same, "b": rewritten}, nil)
+	c = meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
+	if st.ReadyNodes != 1 || st.ResolvedRevision != "sha256:first" || st.Nodes[1].Reason != prewarmv1alpha1.ReasonSourceChanged ||
+		c.Reason != prewarmv1alpha1.ReasonSourceChanged || !strings.Contains(c.Message, "sha256:second") {
+		t.Errorf("a split revision: ready %d, revision %s, nodes %+v, condition %+v", st.ReadyNodes, st.ResolvedRevision, st.Nodes, c)
+	}
 }

@@ -4,6 +4,8 @@ package source
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -41,11 +43,23 @@ type Checksums struct {
 // there is to check it by).
 func (c Checksums) Empty() bool { return c == Checksums{} }
 
+// ContentRevision names a listing's content when the source has no revision of its own (S3, a
+// directory): a digest of every file's path, size and version (ETag and version id, or size and
+// modification time). Two listings with the same ContentRevision hold the same files.
+func ContentRevision(files []File) string {
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(h, "%q %d %q\n", f.Path, f.Size, f.Version)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
 // Listing is a model's files at one revision.
 type Listing struct {
 	// Files are the model's files, in a stable order.
 	Files []File
-	// Revision pins what was listed (a Hugging Face commit); empty when the source has none.
+	// Revision pins what was listed: a Hugging Face commit, or the engine's ContentRevision of
+	// the files for sources without revisions of their own.
 	Revision string
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,8 +172,50 @@ func TestFetchFromS3(t *testing.T) {
 	for _, d := range model {
 		total += int64(len(d))
 	}
-	if diff := cmp.Diff(engine.Result{Files: 4, Bytes: total, Fetched: total}, res, cmpIgnoreDuration); diff != "" {
+	l, err := newSource(t, server.Endpoint).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := source.ContentRevision(l.Files)
+	if diff := cmp.Diff(engine.Result{Files: 4, Bytes: total, Fetched: total, Revision: rev}, res, cmpIgnoreDuration); diff != "" {
 		t.Errorf("result (-want +got):\n%s", diff)
+	}
+}
+
+// Objects rewritten under the same prefix give another content revision: a fetch pinned to the
+// first one refuses the new content and downloads nothing, so two nodes (or a cold pod) never
+// hold different weights under one cache.
+func TestFetchPinnedToARevisionRefusesARewrite(t *testing.T) {
+	ctx := context.Background()
+	const rewritten = "models/rewritten"
+	for p, data := range model {
+		if err := server.PutBytes(ctx, bucket, rewritten+"/"+p, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := newSource(t, server.Endpoint, func(o *s3src.Options) { o.Prefix = rewritten })
+	first := filepath.Join(t.TempDir(), "first")
+	res, err := testEngine().Fetch(ctx, engine.Request{Source: src, Dest: first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := res.Revision
+	if again, err := testEngine().Fetch(ctx, engine.Request{Source: src, Dest: filepath.Join(t.TempDir(), "same"), Revision: pinned}); err != nil || again.Revision != pinned {
+		t.Fatalf("the same content, pinned: %+v, %v", again, err)
+	}
+	if err := server.PutBytes(ctx, bucket, rewritten+"/config.json", []byte(`{"model_type":"mistral"}`)); err != nil {
+		t.Fatal(err)
+	}
+	second := filepath.Join(t.TempDir(), "second")
+	_, err = testEngine().Fetch(ctx, engine.Request{Source: src, Dest: second, Revision: pinned})
+	if !errors.Is(err, engine.ErrSourceChanged) || !strings.Contains(err.Error(), pinned) {
+		t.Errorf("a rewritten source, pinned: %v; want ErrSourceChanged naming the pinned revision", err)
+	}
+	if _, err := os.Stat(second); !os.IsNotExist(err) {
+		t.Errorf("something was written for a source that changed: %v", err)
+	}
+	if res, err := testEngine().Fetch(ctx, engine.Request{Source: src, Dest: filepath.Join(t.TempDir(), "new")}); err != nil || res.Revision == pinned {
+		t.Errorf("unpinned, the new content is fetched under a new revision: %+v, %v", res, err)
 	}
 }
 
