@@ -37,6 +37,10 @@ type Agent struct {
 	// key opens the credentials the controller seals to this agent; it lives only in memory.
 	key *credentials.Key
 	sem chan struct{}
+	// life is the agent's lifetime: the jobs run in it, and end when the manager stops (SIGTERM),
+	// with their journals synced, before the process exits.
+	life context.Context
+	stop context.CancelFunc
 
 	mu       sync.Mutex
 	jobs     map[string]*job   // by cache UID
@@ -66,6 +70,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	if opts.VerifyRate > 0 {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
 	}
+	a.life, a.stop = context.WithCancel(context.Background())
 	return a, nil
 }
 
@@ -78,6 +83,9 @@ func New(c client.Client, opts Options) (*Agent, error) {
 // SetupWithManager runs the agent under mgr: reconciles on its NodeCache, and writes status.
 func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(statusWriter{a}); err != nil {
+		return err
+	}
+	if err := mgr.Add(lifetime{a}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -104,6 +112,16 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 	return ctrl.Result{}, nil
 }
 
+// sameSource reports whether two requests name the same source. The content revision of an S3
+// or FSx source is not part of it: the controller pins it once a node holds the cache, and a job
+// takes the pin on without starting again (a Hugging Face commit is the source itself).
+func sameSource(a, b prewarmv1alpha1.CacheSource) bool {
+	if a.Type != inferencev1.ModelSourceHuggingFace {
+		a.Revision, b.Revision = "", ""
+	}
+	return a == b
+}
+
 // sameCredentials reports whether two requests carry the same sealed credentials: new ones (a
 // rotated token, a new key) restart the cache's job with them.
 func sameCredentials(a, b *prewarmv1alpha1.SealedCredentials) bool {
@@ -125,8 +143,9 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		wanted[r.UID] = r
 	}
 	for uid, j := range a.jobs {
-		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && r.Source == j.req.Source && sameCredentials(r.Credentials, j.req.Credentials) {
-			j.retainedSince = r.RetainedSince // guarded by a.mu
+		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && sameSource(r.Source, j.req.Source) && sameCredentials(r.Credentials, j.req.Credentials) {
+			// guarded by a.mu; the job sees them at its next check, without a restart
+			j.retainedSince, j.pinned = r.RetainedSince, r.Source.Revision
 			continue
 		}
 		log.Info("stopping cache", "cache", uid)
@@ -139,8 +158,9 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 			continue // running, or to be started once its old directories are gone
 		}
 		log.Info("starting cache", "cache", uid, "source", r.Source.String(), "root", r.Root)
-		jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		j := &job{a: a, req: r, cancel: cancel, done: make(chan struct{}), retainedSince: r.RetainedSince}
+		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
+		jctx, cancel := context.WithCancel(a.life)
+		j := &job{a: a, req: r, cancel: cancel, done: make(chan struct{}), retainedSince: r.RetainedSince, pinned: r.Source.Revision}
 		j.status = prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
 			Message: "waiting to start", LastTransitionTime: a.now()}
 		a.jobs[uid] = j
@@ -390,6 +410,30 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 
 // statusWriter writes the agent's status to its NodeCache: at most once per StatusInterval,
 // at least once per HeartbeatInterval.
+// lifetime ends the jobs when the manager stops, and waits for them: a download stops at a
+// consistent journal (it resumes from there), well within the pod's termination grace period.
+type lifetime struct{ a *Agent }
+
+// NeedLeaderElection is false: every node's agent runs its own jobs.
+func (lifetime) NeedLeaderElection() bool { return false }
+
+func (l lifetime) Start(ctx context.Context) error {
+	<-ctx.Done()
+	a := l.a
+	a.stop()
+	a.mu.Lock()
+	var running []*job
+	for _, j := range a.jobs {
+		running = append(running, j)
+	}
+	a.mu.Unlock()
+	for _, j := range running {
+		<-j.done
+	}
+	ctrl.LoggerFrom(ctx).Info("every cache job has stopped", "jobs", len(running))
+	return nil
+}
+
 type statusWriter struct{ a *Agent }
 
 // NeedLeaderElection is false: every node's agent writes its own status.

@@ -26,10 +26,11 @@ type job struct {
 	req    prewarmv1alpha1.CacheRequest
 	cancel context.CancelFunc
 	done   chan struct{}
-	// status and retainedSince (the request's, which may change while the job runs) are
-	// guarded by a.mu.
+	// status, and retainedSince and pinned (the request's, which may change while the job runs:
+	// the controller pins the content revision once a node holds the cache), are guarded by a.mu.
 	status        prewarmv1alpha1.CacheStatus
 	retainedSince string
+	pinned        string
 }
 
 func (j *job) retained() bool {
@@ -70,6 +71,7 @@ func (j *job) run(ctx context.Context) {
 		log.V(1).Info("next check", "after", wait)
 		select {
 		case <-ctx.Done():
+			log.Info("cache job stopped")
 			return
 		case <-time.After(wait):
 		}
@@ -142,9 +144,9 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 	}
 	switch {
 	case errors.Is(err, errOtherRevision):
+		msg := fmt.Sprintf("holds revision %s, but the cache is pinned to %s; fetching that", m.Revision, j.pinnedRevision())
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
-			st.State, st.Reason, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonSourceChanged, 0
-			st.Message = fmt.Sprintf("holds revision %s, but the cache is pinned to %s; fetching that", m.Revision, j.pinnedRevision())
+			st.State, st.Reason, st.BytesPerSecond, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonSourceChanged, 0, msg
 		})
 	case err == nil:
 		// Some files are damaged: out of Ready (the node loses its label), and only those files
@@ -408,7 +410,9 @@ func (j *job) pinnedRevision() string {
 	if j.req.Source.Type == inferencev1.ModelSourceHuggingFace {
 		return ""
 	}
-	return j.req.Source.Revision
+	j.a.mu.Lock()
+	defer j.a.mu.Unlock()
+	return j.pinned
 }
 
 // classify turns a Fetch error into a reason, a message for people and the wait before the

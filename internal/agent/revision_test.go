@@ -8,6 +8,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -78,5 +79,42 @@ func TestAgentHoldsOnlyThePinnedRevision(t *testing.T) {
 	}
 	if _, err := os.Stat(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uidPinned)); !os.IsNotExist(err) {
 		t.Errorf("the rewritten content was written for a cache pinned to another: %v", err)
+	}
+
+	// The controller pins a Ready cache to the revision it holds: the job takes the pin on
+	// without starting again (its Ready state does not flap, and the node keeps its label).
+	const uidReady = "99999999-9999-4999-8999-999999999999"
+	if err := os.WriteFile(filepath.Join(src, "config.json"), []byte(`{"a":3}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := api.Client.Get(ctx, client.ObjectKeyFromObject(nc), nc); err != nil {
+		t.Fatal(err)
+	}
+	nc.Spec.Caches = append(nc.Spec.Caches, prewarmv1alpha1.CacheRequest{UID: uidReady, Namespace: "default", Name: "ready", Root: root, Source: fsxSource("model")})
+	if err := api.Client.Update(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	status, wait = watchStatus(t, ctx, api, "node-rev", uidReady)
+	wait("the unpinned cache is Ready", func() bool { return status(uidReady).State == inferencev1.CacheReady })
+	readySince := status(uidReady).LastTransitionTime
+	held := status(uidReady).Revision
+	if err := api.Client.Get(ctx, client.ObjectKeyFromObject(nc), nc); err != nil {
+		t.Fatal(err)
+	}
+	for i := range nc.Spec.Caches {
+		if nc.Spec.Caches[i].UID == uidReady {
+			nc.Spec.Caches[i].Source.Revision = held
+		}
+	}
+	if err := api.Client.Update(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	// Several re-checks later, still the same Ready.
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if st := status(uidReady); st.State != inferencev1.CacheReady || !st.LastTransitionTime.Equal(readySince) {
+			t.Fatalf("pinning a Ready cache to what it holds restarted it: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

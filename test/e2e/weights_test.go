@@ -114,7 +114,7 @@ func (e *weightsEnv) startAgent(name, endpoint string, extra ...string) {
 func (e *weightsEnv) check() {
 	e.t.Helper()
 	for _, p := range e.procs {
-		if done, err := p.Exited(); done && p != nil && !strings.Contains(p.Name, "killed") {
+		if done, err := p.Exited(); done && p != nil && !strings.Contains(p.Name, "killed") && !strings.Contains(p.Name, "stopped") {
 			e.t.Fatalf("%s exited (%v):\n%s", p.Name, err, p.LogTail(3000))
 		}
 	}
@@ -642,24 +642,41 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		assertTree(t, e.cacheDir(node, uid), model)
 	})
 
-	t.Run("a node that joins is warmed; its agent killed mid-download resumes", func(t *testing.T) {
+	t.Run("a node that joins is warmed; its agent stopped or killed mid-download resumes", func(t *testing.T) {
 		proxy := slow
 		e.addNode("g5-d", "ml.g5.24xlarge", proxy.URL, "--concurrency=2")
 		var done int64
-		e.eventually(60*time.Second, "g5-d downloading past 60%", func() (bool, string) {
-			nc := &prewarmv1alpha1.NodeCache{}
-			if err := e.c.Get(ctx, types.NamespacedName{Name: "g5-d"}, nc); err != nil {
-				return false, err.Error()
-			}
-			for _, c := range nc.Status.Caches {
-				if c.UID == uid {
-					done = c.BytesDone
-					return c.State == inferencev1.CacheDownloading && c.BytesTotal > 0 && c.BytesDone*10 >= c.BytesTotal*6,
-						fmt.Sprintf("%+v", c)
+		downloadingPast := func(pct int64) func() (bool, string) {
+			return func() (bool, string) {
+				nc := &prewarmv1alpha1.NodeCache{}
+				if err := e.c.Get(ctx, types.NamespacedName{Name: "g5-d"}, nc); err != nil {
+					return false, err.Error()
 				}
+				for _, c := range nc.Status.Caches {
+					if c.UID == uid {
+						done = c.BytesDone
+						return c.State == inferencev1.CacheDownloading && c.BytesTotal > 0 && c.BytesDone*100 >= c.BytesTotal*pct,
+							fmt.Sprintf("%+v", c)
+					}
+				}
+				return false, fmt.Sprintf("%+v", nc.Status)
 			}
-			return false, fmt.Sprintf("%+v", nc.Status)
-		})
+		}
+		// SIGTERM, as the kubelet sends it: the download stops cleanly, well within the
+		// DaemonSet's 30 s grace period, and the agent says so before it exits.
+		e.eventually(60*time.Second, "g5-d downloading past 30%", downloadingPast(30))
+		stopped := e.agents["g5-d"]
+		stopped.Name += "-stopped"
+		start := time.Now()
+		stopped.Stop(30 * time.Second)
+		took := time.Since(start)
+		if log := stopped.LogTail(1 << 20); !strings.Contains(log, "every cache job has stopped") || !strings.Contains(log, "cache job stopped") {
+			t.Errorf("the agent did not stop its download on SIGTERM before exiting (%s); log:\n%s", took, stopped.LogTail(2000))
+		}
+		t.Logf("SIGTERM at %d bytes: the agent stopped in %s", done, took.Round(time.Millisecond))
+		e.startAgent("g5-d", proxy.URL, "--concurrency=2")
+
+		e.eventually(60*time.Second, "g5-d downloading past 60%", downloadingPast(60))
 		agent := e.agents["g5-d"]
 		agent.Name += "-killed"
 		agent.Kill()
