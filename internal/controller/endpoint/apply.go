@@ -29,15 +29,17 @@ func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inference
 	res, err := r.applyModel(ctx, m, st)
 	var p *problem
 	if errors.As(err, &p) {
-		r.fail(m, st, p)
+		r.fail(ctx, m, st, p)
 		// What blocks may be another object (a Deployment of the same name): look again later.
 		return ctrl.Result{RequeueAfter: time.Minute}, nil
 	}
 	return res, err
 }
 
+// applyModel runs the phases in order: what the API server would refuse, the image cache, the
+// Hugging Face pin, the weights cache and its gate, the Deployment and Service, the old caches,
+// the rollout's status. Each writes what it finds into st.
 func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.ParentStatus) (ctrl.Result, error) {
-	log := ctrl.LoggerFrom(ctx)
 	gen := m.owner.GetGeneration()
 	st.Replicas = 0
 	st.Selector = labels.SelectorFromSet(selector(m)).String()
@@ -50,18 +52,64 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 	} else {
 		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionFalse, inferencev1.ReasonFieldsWithoutEffect, "every field set has its effect")
 	}
+	imageCache, err := r.imagePhase(ctx, m, st)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 
-	// The image cache: shared by every parent with the same image and placement; it never holds
-	// the Deployment back.
+	dep := &appsv1.Deployment{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.owner.GetNamespace(), Name: m.owner.GetName()}, dep); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		dep = nil
+	}
+	owned, err := r.ownedCaches(ctx, m)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if p := r.resolveHF(ctx, m, owned); p != nil {
+		r.fail(ctx, m, st, p)
+		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
+	}
+
+	use, result, hold, err := r.weightsPhase(ctx, m, st, dep, owned)
+	if err != nil {
+		return result, err
+	}
+	if hold {
+		st.State = inferencev1.DeploymentPending
+		st.DeploymentStatus = nil
+		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache,
+			"the Deployment is created once the weights cache settles")
+		return result, nil
+	}
+
+	tmpl, err := r.podTemplate(m, use, imageCache)
+	if err != nil {
+		return result, &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
+	}
+	if dep, err = r.deploymentPhase(ctx, m, st, dep, tmpl, use); err != nil {
+		return result, err
+	}
+	if err := r.ensureService(ctx, m); err != nil {
+		return result, err
+	}
+	if err := r.removeOldCaches(ctx, m, dep, owned, use); err != nil {
+		return result, err
+	}
+	return result, r.rolloutStatus(ctx, m, st, dep, &tmpl)
+}
+
+// imagePhase keeps the shared image cache of the parent's image and placement, and lets go of
+// others. It never holds the Deployment back.
+func (r *Reconciler) imagePhase(ctx context.Context, m *model, st *inferencev1.ParentStatus) (*inferencev1.InferenceImageCache, error) {
+	gen := m.owner.GetGeneration()
 	var imageCache *inferencev1.InferenceImageCache
 	keep := ""
 	if m.imageCache {
-		if !controllerutil.ContainsFinalizer(m.owner, inferencev1.ParentFinalizer) {
-			orig := m.owner.DeepCopyObject().(client.Object)
-			controllerutil.AddFinalizer(m.owner, inferencev1.ParentFinalizer)
-			if err := r.Client.Patch(ctx, m.owner, client.MergeFrom(orig)); err != nil {
-				return ctrl.Result{}, err
-			}
+		if err := controller.AddFinalizer(ctx, r.Client, m.owner, inferencev1.ParentFinalizer); err != nil {
+			return nil, err
 		}
 		ic, err := r.ensureImageCache(ctx, m)
 		var p *problem
@@ -71,7 +119,7 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 			st.ImageCacheStatus = nil
 			setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, p.reason, p.message)
 		case err != nil:
-			return ctrl.Result{}, err
+			return nil, err
 		default:
 			imageCache, keep = ic, ic.Name
 			st.ImageCacheStatus = &inferencev1.ImageCacheRollup{
@@ -90,108 +138,81 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 			"modelCacheConfig.imageCache is not enabled; nodes pull the image when a pod lands")
 	}
 	// References to other image caches (an old image, or imageCache just disabled) go.
-	if err := r.releaseImageCaches(ctx, m.uid(), keep); err != nil {
-		return ctrl.Result{}, err
-	}
+	return imageCache, r.releaseImageCaches(ctx, m.uid(), keep)
+}
 
-	dep := &appsv1.Deployment{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.owner.GetNamespace(), Name: m.owner.GetName()}, dep); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, err
-		}
-		dep = nil
-	}
-	owned, err := r.ownedCaches(ctx, m)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if p := r.resolveHF(ctx, m, owned); p != nil {
-		r.fail(m, st, p)
-		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
-	}
-
-	// The weights cache, and which cache the pods should read.
-	var use *inferencev1.ModelDataCacheConfig // the cache the pod template should name
-	var result ctrl.Result
-	holdDeployment := false
-	if m.weights != nil {
-		if ok, why := r.Config.CacheRootAllowed(m.weights.HostPath); !ok {
-			st.State = inferencev1.DeploymentFailed
-			st.WeightsCacheStatus = nil
-			setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, why)
-			setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed,
-				why+"; nothing is cached or deployed until modelCacheConfig.weightsCache.hostPath is an allowed root")
-			return ctrl.Result{}, nil
-		}
-		cache, err := r.ensureCache(ctx, m, owned)
-		if err != nil {
-			return ctrl.Result{}, err
-		}
-		if !slices.ContainsFunc(owned, func(c inferencev1.ModelDataCacheConfig) bool { return c.UID == cache.UID }) {
-			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "CacheCreated", "Create",
-				fmt.Sprintf("weights cache %s: %s under %s on every target node", cache.Name, sourceName(cache), cache.Spec.HostPath))
-		}
-		st.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
-			Name: cache.Name, State: cache.Status.State, TargetNodes: cache.Status.TargetNodes, ReadyNodes: cache.Status.ReadyNodes,
-		}
-		if ready := apimeta.FindStatusCondition(cache.Status.Conditions, inferencev1.ConditionReady); ready != nil {
-			status := metav1.ConditionFalse
-			if cache.Status.State == inferencev1.CacheReady {
-				status = metav1.ConditionTrue
-			}
-			setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, status, ready.Reason, ready.Message)
-		} else {
-			setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the cache has not reported yet")
-		}
-
-		g := r.gate(cache)
-		active := activeCache(dep, owned)
-		switch {
-		case g.open:
-			use = cache
-			if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
-				controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, g.reason, "Gate", g.message)
-			}
-			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
-		case active != nil:
-			use = active // keep serving from the old cache until the new one settles
-			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason,
-				fmt.Sprintf("the pods stay on cache %s until %s settles: %s", active.Name, cache.Name, g.message))
-			result.RequeueAfter = g.wait
-		default:
-			// No Deployment yet: hold it back. A Deployment without a cache (weightsCache
-			// just enabled) keeps downloading in its pods until the cache settles.
-			holdDeployment = dep == nil
-			setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason, g.message)
-			result.RequeueAfter = g.wait
-		}
-	} else {
+// weightsPhase keeps the parent's weights cache and decides, through its gate, which cache the
+// pods read (use), and whether the Deployment waits (hold).
+func (r *Reconciler) weightsPhase(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, owned []inferencev1.ModelDataCacheConfig) (use *inferencev1.ModelDataCacheConfig, result ctrl.Result, hold bool, err error) {
+	gen := m.owner.GetGeneration()
+	if m.weights == nil {
 		st.WeightsCacheStatus = nil
 		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "modelCacheConfig.weightsCache is not enabled; pods download the model")
 		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "no weights cache to wait for")
+		return nil, result, false, nil
 	}
-
-	if holdDeployment {
-		st.State = inferencev1.DeploymentPending
-		st.DeploymentStatus = nil
-		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache,
-			"the Deployment is created once the weights cache settles")
-		return result, nil
+	if ok, why := r.Config.CacheRootAllowed(m.weights.HostPath); !ok {
+		st.WeightsCacheStatus = nil
+		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, why)
+		return nil, result, false, &problem{inferencev1.ReasonHostPathNotAllowed,
+			why + "; nothing is cached or deployed until modelCacheConfig.weightsCache.hostPath is an allowed root"}
 	}
-
-	// The Deployment and the Service.
-	tmpl, err := r.podTemplate(m, use, imageCache)
+	cache, err := r.ensureCache(ctx, m, owned)
 	if err != nil {
-		return result, &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
+		return nil, result, false, err
 	}
+	if !slices.ContainsFunc(owned, func(c inferencev1.ModelDataCacheConfig) bool { return c.UID == cache.UID }) {
+		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "CacheCreated", "Create",
+			fmt.Sprintf("weights cache %s: %s under %s on every target node", cache.Name, sourceName(cache), cache.Spec.HostPath))
+	}
+	st.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
+		Name: cache.Name, State: cache.Status.State, TargetNodes: cache.Status.TargetNodes, ReadyNodes: cache.Status.ReadyNodes,
+	}
+	if ready := apimeta.FindStatusCondition(cache.Status.Conditions, inferencev1.ConditionReady); ready != nil {
+		status := metav1.ConditionFalse
+		if cache.Status.State == inferencev1.CacheReady {
+			status = metav1.ConditionTrue
+		}
+		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, status, ready.Reason, ready.Message)
+	} else {
+		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the cache has not reported yet")
+	}
+
+	g := r.gate(cache)
+	active := activeCache(dep, owned)
+	switch {
+	case g.open:
+		if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
+			transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeNormal, g.reason, "Gate", g.message)
+		}
+		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
+		return cache, result, false, nil
+	case active != nil:
+		// Keep serving from the old cache until the new one settles.
+		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason,
+			fmt.Sprintf("the pods stay on cache %s until %s settles: %s", active.Name, cache.Name, g.message))
+		result.RequeueAfter = g.wait
+		return active, result, false, nil
+	}
+	// No Deployment yet: hold it back. A Deployment without a cache (weightsCache just
+	// enabled) keeps downloading in its pods until the cache settles.
+	setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason, g.message)
+	result.RequeueAfter = g.wait
+	return nil, result, dep == nil, nil
+}
+
+// deploymentPhase creates the Deployment with tmpl, or brings the parent's own Deployment to it;
+// it never touches one the parent does not own.
+func (r *Reconciler) deploymentPhase(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, tmpl corev1.PodTemplateSpec, use *inferencev1.ModelDataCacheConfig) (*appsv1.Deployment, error) {
+	log := ctrl.LoggerFrom(ctx)
 	want := r.deployment(m, tmpl)
 	switch {
 	case dep == nil:
 		if err := controllerutil.SetControllerReference(m.owner, want, r.Client.Scheme()); err != nil {
-			return result, err
+			return nil, err
 		}
 		if err := r.Client.Create(ctx, want); err != nil {
-			return result, refused("Deployment", want.Name, err)
+			return nil, refused("Deployment", want.Name, err)
 		}
 		log.Info("created Deployment", "deployment", want.Name, "weightsCache", want.Spec.Template.Annotations[controller.WeightsCacheAnnotation])
 		if use != nil {
@@ -199,9 +220,9 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 		}
 		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "DeploymentCreated", "Create",
 			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(st)))
-		dep = want
+		return want, nil
 	case !metav1.IsControlledBy(dep, m.owner):
-		return result, conflict("Deployment", dep, m)
+		return nil, conflict("Deployment", dep, m)
 	case dep.Annotations[controller.TemplateHashAnnotation] != want.Annotations[controller.TemplateHashAnnotation] ||
 		ptr.Deref(dep.Spec.Replicas, 1) != m.replicas:
 		patch := client.MergeFrom(dep.DeepCopy())
@@ -213,7 +234,7 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 		dep.Spec.Replicas = want.Spec.Replicas
 		dep.Spec.Template = want.Spec.Template
 		if err := r.Client.Patch(ctx, dep, patch); err != nil {
-			return result, refused("Deployment", dep.Name, err)
+			return nil, refused("Deployment", dep.Name, err)
 		}
 		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", tmpl.Annotations[controller.WeightsCacheAnnotation])
 		if after := tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
@@ -221,48 +242,53 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 				fmt.Sprintf("Deployment %s rolls from weights cache %q to %q", dep.Name, before, after))
 		}
 	}
-	if err := r.ensureService(ctx, m); err != nil {
-		return result, err
-	}
+	return dep, nil
+}
 
-	// Old caches go once no pod of the Deployment reads them.
-	if rolledOut(dep) {
-		for i := range owned {
-			c := &owned[i]
-			if (use != nil && c.UID == use.UID) || (m.weights != nil && c.Labels[controller.CacheKeyLabel] == cacheKey(m)) || !c.DeletionTimestamp.IsZero() {
-				continue
-			}
-			log.Info("removing a cache the pods no longer read", "cache", c.Name)
-			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "OldCacheRemoved", "Delete",
-				fmt.Sprintf("every pod runs the new template; removing weights cache %s from every node", c.Name))
-			if err := r.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-				return result, err
-			}
+// removeOldCaches deletes the parent's caches that no pod of the Deployment reads any more.
+func (r *Reconciler) removeOldCaches(ctx context.Context, m *model, dep *appsv1.Deployment, owned []inferencev1.ModelDataCacheConfig, use *inferencev1.ModelDataCacheConfig) error {
+	if !rolledOut(dep) {
+		return nil
+	}
+	for i := range owned {
+		c := &owned[i]
+		if (use != nil && c.UID == use.UID) || (m.weights != nil && c.Labels[controller.CacheKeyLabel] == cacheKey(m)) || !c.DeletionTimestamp.IsZero() {
+			continue
+		}
+		ctrl.LoggerFrom(ctx).Info("removing a cache the pods no longer read", "cache", c.Name)
+		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "OldCacheRemoved", "Delete",
+			fmt.Sprintf("every pod runs the new template; removing weights cache %s from every node", c.Name))
+		if err := r.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return err
 		}
 	}
+	return nil
+}
 
-	// Status.
+// rolloutStatus reports the Deployment's rollout, and why its pods cannot start when that is
+// known.
+func (r *Reconciler) rolloutStatus(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, tmpl *corev1.PodTemplateSpec) error {
+	gen := m.owner.GetGeneration()
 	st.Replicas = dep.Status.Replicas
 	st.DeploymentStatus = &inferencev1.DeploymentRef{Name: dep.Name, ReadyReplicas: dep.Status.ReadyReplicas}
-	switch {
-	case rolledOut(dep) && dep.Status.AvailableReplicas >= m.replicas:
+	if rolledOut(dep) && dep.Status.AvailableReplicas >= m.replicas {
 		st.State = inferencev1.DeploymentComplete
 		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
 			fmt.Sprintf("Deployment %s has %d of %d pods available", dep.Name, dep.Status.AvailableReplicas, m.replicas))
-	default:
-		st.State = inferencev1.DeploymentInProgress
-		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
-			fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available",
-				dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
-		p, err := r.rolloutProblem(ctx, dep, &tmpl)
-		if err != nil {
-			return result, err
-		}
-		if p != nil {
-			r.fail(m, st, p)
-		}
+		return nil
 	}
-	return result, nil
+	st.State = inferencev1.DeploymentInProgress
+	setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
+		fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available",
+			dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
+	p, err := r.rolloutProblem(ctx, dep, tmpl)
+	if err != nil {
+		return err
+	}
+	if p != nil {
+		r.fail(ctx, m, st, p)
+	}
+	return nil
 }
 
 // activeCache is the cache the Deployment's pod template reads, if it is one of owned.

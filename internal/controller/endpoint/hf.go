@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
 
@@ -88,9 +87,9 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 }
 
 // fail records a problem that stops the parent, with a Warning event when it is news.
-func (r *Reconciler) fail(m *model, st *inferencev1.ParentStatus, p *problem) {
+func (r *Reconciler) fail(ctx context.Context, m *model, st *inferencev1.ParentStatus, p *problem) {
 	if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
-		controller.Event(r.Recorder, m.owner, corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
+		transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
 	}
 	st.State = inferencev1.DeploymentFailed
 	setCondition(st, m.owner.GetGeneration(), inferencev1.ConditionReady, metav1.ConditionFalse, p.reason, p.message)

@@ -85,8 +85,12 @@ func (r *JumpStartReconciler) reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	st := j.Status.DeepCopy()
 	st.ObservedGeneration = j.Generation
+	ctx, pending := withTransitions(ctx)
 	res, err := r.reconcileJumpStart(ctx, j, st)
-	if werr := r.writeJumpStartStatus(ctx, j, st); werr != nil && err == nil {
+	werr := r.writeJumpStartStatus(ctx, j, st)
+	if werr == nil {
+		pending.flush() // the transitions they tell of are now recorded
+	} else if err == nil {
 		err = werr
 	}
 	return res, err
@@ -99,7 +103,7 @@ func (r *JumpStartReconciler) reconcileJumpStart(ctx context.Context, j *inferen
 		return ctrl.Result{}, err
 	}
 	if p != nil {
-		r.fail(stub, st, p)
+		r.fail(ctx, stub, st, p)
 		return ctrl.Result{}, nil // a catalog or spec change brings us back
 	}
 	return r.reconcileModel(ctx, fromJumpStart(j, entry), st)
@@ -191,10 +195,5 @@ func fromJumpStart(j *inferencev1.JumpStartModel, e *catalog.Entry) *model {
 }
 
 func (r *JumpStartReconciler) writeJumpStartStatus(ctx context.Context, j *inferencev1.JumpStartModel, st *inferencev1.ParentStatus) error {
-	if equalParentStatus(&j.Status, st) {
-		return nil
-	}
-	patch := client.MergeFrom(j.DeepCopy())
-	j.Status = *st
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, j, patch))
+	return controller.WriteStatus(ctx, r.Client, j, &j.Status, *st)
 }

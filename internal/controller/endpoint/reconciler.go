@@ -9,7 +9,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -88,20 +87,19 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	p := fromEndpoint(iec)
 	st := iec.Status.DeepCopy()
 	st.ObservedGeneration = iec.Generation
+	ctx, pending := withTransitions(ctx)
 	res, err := r.reconcileModel(ctx, p, st)
-	if werr := r.writeStatus(ctx, iec, st); werr != nil && err == nil {
+	werr := r.writeStatus(ctx, iec, st)
+	if werr == nil {
+		pending.flush() // the transitions they tell of are now recorded
+	} else if err == nil {
 		err = werr
 	}
 	return res, err
 }
 
 func (r *Reconciler) writeStatus(ctx context.Context, iec *inferencev1.InferenceEndpointConfig, st *inferencev1.ParentStatus) error {
-	if equalParentStatus(&iec.Status, st) {
-		return nil
-	}
-	patch := client.MergeFrom(iec.DeepCopy())
-	iec.Status = *st
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, iec, patch))
+	return controller.WriteStatus(ctx, r.Client, iec, &iec.Status, *st)
 }
 
 func setCondition(st *inferencev1.ParentStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
@@ -118,9 +116,7 @@ func (r *Reconciler) finalize(ctx context.Context, obj client.Object) error {
 	if err := r.releaseImageCaches(ctx, string(obj.GetUID()), ""); err != nil {
 		return err
 	}
-	orig := obj.DeepCopyObject().(client.Object)
-	controllerutil.RemoveFinalizer(obj, inferencev1.ParentFinalizer)
-	return client.IgnoreNotFound(r.Client.Patch(ctx, obj, client.MergeFrom(orig)))
+	return controller.RemoveFinalizer(ctx, r.Client, obj, inferencev1.ParentFinalizer)
 }
 
 // parentsOf maps an image cache to the InferenceEndpointConfigs that use it.
@@ -138,4 +134,32 @@ func parentsOf(_ context.Context, o client.Object) []reconcile.Request {
 	return reqs
 }
 
-func equalParentStatus(a, b *inferencev1.ParentStatus) bool { return equality.Semantic.DeepEqual(a, b) }
+// transitions holds the events that tell of a status transition until the status is written: a
+// write that conflicts is retried from the stored status, which would tell of it again.
+type transitions struct {
+	pending []func()
+}
+
+type transitionsKey struct{}
+
+func withTransitions(ctx context.Context) (context.Context, *transitions) {
+	e := &transitions{}
+	return context.WithValue(ctx, transitionsKey{}, e), e
+}
+
+func (e *transitions) flush() {
+	for _, f := range e.pending {
+		f()
+	}
+	e.pending = nil
+}
+
+// transitionEvent records an event that tells of a status transition once the status is
+// written (at once outside a reconcile).
+func transitionEvent(ctx context.Context, rec events.EventRecorder, obj client.Object, eventType, reason, action, note string) {
+	if q, ok := ctx.Value(transitionsKey{}).(*transitions); ok {
+		q.pending = append(q.pending, func() { controller.Event(rec, obj, eventType, reason, action, note) })
+		return
+	}
+	controller.Event(rec, obj, eventType, reason, action, note)
+}

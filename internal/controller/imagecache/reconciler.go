@@ -82,12 +82,8 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	if !c.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, c)
 	}
-	if !controllerutil.ContainsFinalizer(c, inferencev1.CacheFinalizer) {
-		patch := client.MergeFrom(c.DeepCopy())
-		controllerutil.AddFinalizer(c, inferencev1.CacheFinalizer)
-		if err := r.Client.Patch(ctx, c, patch); err != nil {
-			return err
-		}
+	if err := controller.AddFinalizer(ctx, r.Client, c, inferencev1.CacheFinalizer); err != nil {
+		return err
 	}
 
 	// References to parents that are gone (deleted without releasing, or recreated with a new
@@ -199,11 +195,9 @@ func (r *Reconciler) finalize(ctx context.Context, c *inferencev1.InferenceImage
 			return err
 		}
 	}
-	patch := client.MergeFrom(c.DeepCopy())
-	controllerutil.RemoveFinalizer(c, inferencev1.CacheFinalizer)
 	ctrl.LoggerFrom(ctx).Info("image cache removed", "image", c.Spec.Image)
 	r.Metrics.ImageCache(c, true)
-	return client.IgnoreNotFound(r.Client.Patch(ctx, c, patch))
+	return controller.RemoveFinalizer(ctx, r.Client, c, inferencev1.CacheFinalizer)
 }
 
 func (r *Reconciler) ensurePriorityClass(ctx context.Context) error {
@@ -254,10 +248,5 @@ func (r *Reconciler) ensureDaemonSet(ctx context.Context, c *inferencev1.Inferen
 }
 
 func (r *Reconciler) writeStatus(ctx context.Context, c *inferencev1.InferenceImageCache, st inferencev1.InferenceImageCacheStatus) error {
-	if equalStatus(c.Status, st) {
-		return nil
-	}
-	patch := client.MergeFrom(c.DeepCopy())
-	c.Status = st
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, c, patch))
+	return controller.WriteStatus(ctx, r.Client, c, &c.Status, st)
 }

@@ -7,7 +7,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -121,8 +120,4 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
 	return st
-}
-
-func equalStatus(a, b inferencev1.InferenceImageCacheStatus) bool {
-	return equality.Semantic.DeepEqual(a, b)
 }

@@ -112,10 +112,8 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		return 0, client.IgnoreNotFound(err)
 	}
 	deleting := !m.DeletionTimestamp.IsZero()
-	if !deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
-		patch := client.MergeFrom(m.DeepCopy())
-		controllerutil.AddFinalizer(m, inferencev1.CacheFinalizer)
-		if err := r.Client.Patch(ctx, m, patch); err != nil {
+	if !deleting {
+		if err := controller.AddFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
 			return 0, err
 		}
 	}
@@ -264,7 +262,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 
 	// What the agents report.
 	st := r.gather(m, targets, retained, byNode, held)
-	r.nodeEvents(m, st)
+	recordNodeEvents := r.nodeEvents(m, st)
 
 	// Labels: on exactly the Ready target nodes.
 	label := inferencev1.WeightsCacheReadyLabel(uid)
@@ -311,16 +309,15 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		if err := r.writeStatus(ctx, m, st); err != nil {
 			return 0, err
 		}
+		recordNodeEvents()
 		if len(holders) > 0 {
 			return 0, nil // NodeCache events bring us back
 		}
 		if err := r.deleteLegacyToken(ctx, m); err != nil {
 			return 0, err
 		}
-		patch := client.MergeFrom(m.DeepCopy())
-		controllerutil.RemoveFinalizer(m, inferencev1.CacheFinalizer)
-		if err := r.Client.Patch(ctx, m, patch); err != nil {
-			return 0, client.IgnoreNotFound(err)
+		if err := controller.RemoveFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
+			return 0, err
 		}
 		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
 		r.Metrics.WeightsCache(m, true)
@@ -330,6 +327,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	if err := r.writeStatus(ctx, m, st); err != nil {
 		return 0, err
 	}
+	recordNodeEvents()
 	r.Metrics.WeightsCache(m, false)
 	return requeue, nil
 }
@@ -462,8 +460,14 @@ func requestFor(nc *prewarmv1alpha1.NodeCache, uid string) *prewarmv1alpha1.Cach
 	return nil
 }
 
-// nodeEvents records a node's cache becoming Ready or Failed.
-func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus) {
+// nodeEvents returns what records each node's cache becoming Ready, Failed or Downloading: to
+// be called once st is written, so that a status write that conflicts (and is retried from the
+// stored status) does not tell of a transition twice.
+func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus) func() {
+	var record []func()
+	event := func(eventType, reason, note string) {
+		record = append(record, func() { controller.Event(r.Recorder, m, eventType, reason, "Download", note) })
+	}
 	before := map[string]inferencev1.NodeCacheStatus{}
 	for _, n := range m.Status.Nodes {
 		before[n.Name] = n
@@ -474,13 +478,18 @@ func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferenc
 		}
 		switch n.State {
 		case inferencev1.CacheReady:
-			controller.Event(r.Recorder, m, corev1.EventTypeNormal, "NodeReady", "Download", fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
+			event(corev1.EventTypeNormal, "NodeReady", fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
 		case inferencev1.CacheFailed:
-			controller.Event(r.Recorder, m, corev1.EventTypeWarning, "NodeFailed", "Download", fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
+			event(corev1.EventTypeWarning, "NodeFailed", fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
 		case inferencev1.CacheDownloading:
 			if _, ok := before[n.Name]; !ok || before[n.Name].State != inferencev1.CacheDownloading {
-				controller.Event(r.Recorder, m, corev1.EventTypeNormal, "NodeDownloading", "Download", fmt.Sprintf("node %s started downloading", n.Name))
+				event(corev1.EventTypeNormal, "NodeDownloading", fmt.Sprintf("node %s started downloading", n.Name))
 			}
+		}
+	}
+	return func() {
+		for _, f := range record {
+			f()
 		}
 	}
 }

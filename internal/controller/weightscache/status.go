@@ -10,13 +10,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -146,10 +145,5 @@ func setCondition(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.Mod
 
 // writeStatus writes st when it differs from what is stored.
 func (r *Reconciler) writeStatus(ctx context.Context, m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus) error {
-	if equality.Semantic.DeepEqual(m.Status, st) {
-		return nil
-	}
-	patch := client.MergeFrom(m.DeepCopy())
-	m.Status = st
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, m, patch))
+	return controller.WriteStatus(ctx, r.Client, m, &m.Status, st)
 }
