@@ -112,15 +112,14 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		return 0, client.IgnoreNotFound(err)
 	}
 	deleting := !m.DeletionTimestamp.IsZero()
-	if !deleting {
+	switch {
+	case deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer):
+		return 0, nil
+	case !deleting:
 		if err := controller.AddFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
 			return 0, err
 		}
 	}
-	if deleting && !controllerutil.ContainsFinalizer(m, inferencev1.CacheFinalizer) {
-		return 0, nil
-	}
-
 	nodes := &corev1.NodeList{}
 	if err := r.Client.List(ctx, nodes); err != nil {
 		return 0, err
@@ -134,104 +133,166 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		byNode[nodeCaches.Items[i].Name] = &nodeCaches.Items[i]
 	}
 
-	uid := string(m.UID)
-	parentOK, noParent := true, ""
-	if !deleting {
-		var err error
-		if parentOK, noParent, err = r.parentWants(ctx, m); err != nil {
-			return 0, err
-		}
+	p, err := r.plan(ctx, m, nodes.Items, byNode)
+	if err != nil {
+		return 0, err
 	}
-	allowed, notAllowed := r.Config.CacheRootAllowed(m.Spec.HostPath)
+	held, err := r.ask(ctx, m, p, nodes.Items, nodeCaches.Items, byNode)
+	if err != nil {
+		return 0, err
+	}
+	st := r.gather(m, p.targets, p.retained, byNode, held)
+	recordNodeEvents := r.nodeEvents(m, st)
+	if err := r.label(ctx, m, nodes.Items, st, deleting); err != nil {
+		return 0, err
+	}
+	if v := p.verdict; v != nil {
+		if v.failed {
+			st.State = inferencev1.CacheFailed
+		}
+		setCondition(&st, m, metav1.ConditionFalse, v.reason, v.message)
+	}
+	if deleting {
+		return r.finishDeletion(ctx, m, st, byNode, recordNodeEvents)
+	}
+	if err := r.writeStatus(ctx, m, st); err != nil {
+		return 0, err
+	}
+	recordNodeEvents()
+	r.Metrics.WeightsCache(m, false)
+	return p.requeue, nil
+}
+
+// plan is what one reconcile decides for a cache: the request nodes get, how they read the
+// source, the targets and the nodes that keep their copy for now, or why no node is asked.
+type plan struct {
+	entry    prewarmv1alpha1.CacheRequest
+	access   access
+	verdict  *verdict
+	targets  []*corev1.Node
+	retained map[string]retention
+	requeue  time.Duration
+}
+
+// verdict is a condition the cache's spec or surroundings impose; failed marks the cache Failed
+// (and then no node is asked for it).
+type verdict struct {
+	reason, message string
+	failed          bool
+}
+
+// plan decides the cache's request and its targets. A cache being deleted has no targets: every
+// request is withdrawn.
+func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConfig, nodes []corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (plan, error) {
+	p := plan{retained: map[string]retention{}}
 	src, srcErr := r.Config.CacheSource(m.Spec.ModelSourceConfig)
 	if src.Type != inferencev1.ModelSourceHuggingFace && m.Status.ResolvedRevision != "" {
 		// Pinned to the content the first node holds: objects rewritten under the same location
 		// are not fetched by any other node (nor by a cold pod), and say so.
 		src.Revision = m.Status.ResolvedRevision
 	}
-	entry := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
-	var acc access
-	if !deleting && parentOK && srcErr == nil {
-		var err error
-		if acc, err = r.sourceAccess(ctx, m, src); err != nil {
-			return 0, err
-		}
+	p.entry = prewarmv1alpha1.CacheRequest{UID: string(m.UID), Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
+	if !m.DeletionTimestamp.IsZero() {
+		return p, nil
 	}
-	tokenProblem := acc.tokenProblem
+	ok, why, err := r.parentWants(ctx, m)
+	if err != nil {
+		return p, err
+	}
+	if !ok {
+		p.verdict = &verdict{inferencev1.ReasonParentNotFound, why, true}
+		return p, nil
+	}
+	if allowed, why := r.Config.CacheRootAllowed(m.Spec.HostPath); !allowed {
+		p.verdict = &verdict{inferencev1.ReasonHostPathNotAllowed, why, true}
+		return p, nil
+	}
+	if srcErr != nil {
+		p.verdict = &verdict{inferencev1.ReasonSourceNotAllowed, srcErr.Error(), true}
+		return p, nil
+	}
+	if p.access, err = r.sourceAccess(ctx, m, src); err != nil {
+		return p, err
+	}
+	switch {
+	case p.access.refused != "":
+		p.verdict = &verdict{inferencev1.ReasonSourceNotAllowed, p.access.refused, true}
+		return p, nil
+	case p.access.tokenProblem != "":
+		p.verdict = &verdict{reason: inferencev1.ReasonTokenSecretProblem, message: p.access.tokenProblem} // the nodes try without it
+	}
 
-	// Targets: the nodes the parent's pods may run on (none while deleting, or when the cache
-	// cannot be kept at all). A node the placement selects but whose scheduling state keeps the
-	// pods off for now (cordoned, tainted, unreachable) is not a target, but keeps what it was
-	// asked for until the retention passes: that state passes, and the model will be wanted
-	// there again.
-	var targets []*corev1.Node
-	retained := map[string]retention{}
-	var requeue time.Duration
+	// Targets: the nodes the parent's pods may run on. A node the placement selects but whose
+	// scheduling state keeps the pods off for now (cordoned, tainted, unreachable) is not a
+	// target, but keeps what it was asked for until the retention passes: that state passes,
+	// and the model will be wanted there again.
 	now := r.Now()
-	if !deleting && parentOK && allowed && srcErr == nil && acc.refused == "" {
-		for i := range nodes.Items {
-			n := &nodes.Items[i]
-			if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
-				continue
-			}
-			ok, why := placement.Admits(m.Spec.Placement, n)
-			if ok {
-				targets = append(targets, n)
-				continue
-			}
-			asked := requestFor(byNode[n.Name], uid)
-			if asked == nil {
-				continue // never asked here: nothing to keep
-			}
-			since := asked.RetainedSince
-			t, err := time.Parse(time.RFC3339, since)
-			if err != nil {
-				since, t = now.UTC().Format(time.RFC3339), now
-			}
-			left := r.Config.Retention - now.Sub(t)
-			if left <= 0 {
-				continue // kept long enough: withdrawn below
-			}
-			retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention), why: why}
-			if requeue == 0 || left < requeue {
-				requeue = left
-			}
+	for i := range nodes {
+		n := &nodes[i]
+		if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
+			continue
+		}
+		ok, why := placement.Admits(m.Spec.Placement, n)
+		if ok {
+			p.targets = append(p.targets, n)
+			continue
+		}
+		asked := requestFor(byNode[n.Name], string(m.UID))
+		if asked == nil {
+			continue // never asked here: nothing to keep
+		}
+		since := asked.RetainedSince
+		t, err := time.Parse(time.RFC3339, since)
+		if err != nil {
+			since, t = now.UTC().Format(time.RFC3339), now
+		}
+		left := r.Config.Retention - now.Sub(t)
+		if left <= 0 {
+			continue // kept long enough: withdrawn
+		}
+		p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention), why: why}
+		if p.requeue == 0 || left < p.requeue {
+			p.requeue = left
 		}
 	}
+	return p, nil
+}
+
+// ask asks each target node for the cache and each retained node to keep it, and withdraws the
+// request from every other node. A node already asked for MaxCachesPerNode other caches is not
+// asked, nor one whose agent has not yet published the key the cache's credentials are sealed
+// to; what it returns says why, for the status.
+func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfig, p plan, nodes []corev1.Node, nodeCaches []prewarmv1alpha1.NodeCache, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]heldBack, error) {
+	uid := string(m.UID)
 	isTarget := map[string]bool{}
-	for _, n := range targets {
+	for _, n := range p.targets {
 		isTarget[n.Name] = true
 	}
-
-	// Ask each target node for the cache, and each retained node to keep it; withdraw the ask
-	// from every other node. A node already asked for MaxCachesPerNode other caches is not asked,
-	// nor one whose agent has not yet published the key the cache's credentials are sealed to;
-	// the status says so for each.
 	held := map[string]heldBack{}
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		want := entry
-		if keep, ok := retained[n.Name]; ok {
+	for i := range nodes {
+		n := &nodes[i]
+		want := p.entry
+		if keep, ok := p.retained[n.Name]; ok {
 			want.RetainedSince = keep.since
 		} else if !isTarget[n.Name] {
 			continue
 		}
 		asked := requestFor(byNode[n.Name], uid)
-		if !acc.creds.Empty() && (byNode[n.Name] == nil || byNode[n.Name].Status.CredentialsKey == "") {
+		if !p.access.creds.Empty() && (byNode[n.Name] == nil || byNode[n.Name].Status.CredentialsKey == "") {
 			// Asked without them, the node would try the source without credentials.
 			held[n.Name] = heldBack{inferencev1.CachePending, prewarmv1alpha1.ReasonWaitingForCredentials,
 				"the node's agent has not published its key yet; the cache's credentials are sealed to it once it does"}
 			if byNode[n.Name] == nil {
 				// The agent publishes its key in its NodeCache, which it cannot create.
 				if err := applyEntry(ctx, r.Client, n, nil, uid); err != nil {
-					return 0, fmt.Errorf("making node %s's NodeCache: %w", n.Name, err)
+					return nil, fmt.Errorf("making node %s's NodeCache: %w", n.Name, err)
 				}
 			}
 			continue
 		}
-		sealed, err := sealFor(byNode[n.Name], n.Name, uid, acc, asked)
+		sealed, err := sealFor(byNode[n.Name], n.Name, uid, p.access, asked)
 		if err != nil {
-			return 0, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)
+			return nil, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)
 		}
 		want.Credentials = sealed
 		if asked != nil && equality.Semantic.DeepEqual(*asked, want) {
@@ -248,88 +309,67 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 				held[n.Name] = nodeCacheFull
 				continue
 			}
-			return 0, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
+			return nil, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
 		}
 	}
-	for _, nc := range nodeCaches.Items {
-		if _, keep := retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(&nc, uid) == nil {
+	for i := range nodeCaches {
+		nc := &nodeCaches[i]
+		if _, keep := p.retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(nc, uid) == nil {
 			continue
 		}
-		if err := withdrawEntry(ctx, r.Client, &nc, uid); err != nil {
-			return 0, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
+		if err := withdrawEntry(ctx, r.Client, nc, uid); err != nil {
+			return nil, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
 		}
 	}
+	return held, nil
+}
 
-	// What the agents report.
-	st := r.gather(m, targets, retained, byNode, held)
-	recordNodeEvents := r.nodeEvents(m, st)
-
-	// Labels: on exactly the Ready target nodes.
-	label := inferencev1.WeightsCacheReadyLabel(uid)
+// label puts the cache's label on exactly the nodes that hold it Ready (retained nodes too: new
+// pods prefer them again once they are admitted), and on none while the cache is deleted.
+func (r *Reconciler) label(ctx context.Context, m *inferencev1.ModelDataCacheConfig, nodes []corev1.Node, st inferencev1.ModelDataCacheConfigStatus, deleting bool) error {
+	label := inferencev1.WeightsCacheReadyLabel(string(m.UID))
 	ready := map[string]bool{}
 	for _, ns := range st.Nodes {
 		if ns.State == inferencev1.CacheReady {
-			ready[ns.Name] = true // retained nodes too: new pods prefer them again once they are admitted
+			ready[ns.Name] = true
 		}
 	}
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		if err := controller.SetNodeLabel(ctx, r.Client, n, label, ready[n.Name] && !deleting); err != nil {
-			return 0, err
+	for i := range nodes {
+		if err := controller.SetNodeLabel(ctx, r.Client, &nodes[i], label, ready[nodes[i].Name] && !deleting); err != nil {
+			return err
 		}
 	}
+	return nil
+}
 
-	// Conditions.
-	switch {
-	case !parentOK:
-		st.State = inferencev1.CacheFailed
-		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonParentNotFound, noParent)
-	case tokenProblem != "":
-		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonTokenSecretProblem, tokenProblem)
-	case !allowed:
-		st.State = inferencev1.CacheFailed
-		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, notAllowed)
-	case srcErr != nil:
-		st.State = inferencev1.CacheFailed
-		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonSourceNotAllowed, srcErr.Error())
-	case acc.refused != "":
-		st.State = inferencev1.CacheFailed
-		setCondition(&st, m, metav1.ConditionFalse, inferencev1.ReasonSourceNotAllowed, acc.refused)
-	}
-
-	if deleting {
-		st.State = inferencev1.CacheDeleting
-		holders := holdersOf(uid, byNode)
-		if len(holders) == 0 {
-			setCondition(&st, m, metav1.ConditionFalse, "Deleted", "every node has removed the cache")
-		} else {
-			setCondition(&st, m, metav1.ConditionFalse, "Deleting",
-				fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), controller.Summarize(holders, 5)))
-		}
-		if err := r.writeStatus(ctx, m, st); err != nil {
-			return 0, err
-		}
-		recordNodeEvents()
-		if len(holders) > 0 {
-			return 0, nil // NodeCache events bring us back
-		}
-		if err := r.deleteLegacyToken(ctx, m); err != nil {
-			return 0, err
-		}
-		if err := controller.RemoveFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
-			return 0, err
-		}
-		ctrl.LoggerFrom(ctx).Info("cache removed from every node")
-		r.Metrics.WeightsCache(m, true)
-		controller.Event(r.Recorder, m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
-		return requeue, nil
+// finishDeletion reports the nodes that still hold the deleted cache, and once none does, lets
+// the cache go.
+func (r *Reconciler) finishDeletion(ctx context.Context, m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus, byNode map[string]*prewarmv1alpha1.NodeCache, recordNodeEvents func()) (time.Duration, error) {
+	st.State = inferencev1.CacheDeleting
+	holders := holdersOf(string(m.UID), byNode)
+	if len(holders) == 0 {
+		setCondition(&st, m, metav1.ConditionFalse, "Deleted", "every node has removed the cache")
+	} else {
+		setCondition(&st, m, metav1.ConditionFalse, "Deleting",
+			fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), controller.Summarize(holders, 5)))
 	}
 	if err := r.writeStatus(ctx, m, st); err != nil {
 		return 0, err
 	}
 	recordNodeEvents()
-	r.Metrics.WeightsCache(m, false)
-	return requeue, nil
+	if len(holders) > 0 {
+		return 0, nil // NodeCache events bring us back
+	}
+	if err := r.deleteLegacyToken(ctx, m); err != nil {
+		return 0, err
+	}
+	if err := controller.RemoveFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
+		return 0, err
+	}
+	ctrl.LoggerFrom(ctx).Info("cache removed from every node")
+	r.Metrics.WeightsCache(m, true)
+	controller.Event(r.Recorder, m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
+	return 0, nil
 }
 
 // heldBack says why a target node is not asked for the cache.
