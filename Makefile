@@ -42,11 +42,12 @@ vet: ## Run go vet.
 	go vet ./...
 
 .PHONY: verify
-verify: generate manifests ## Regenerate everything, then fail if anything changed (and check formatting, go.mod).
-	go mod tidy
+verify: $(CONTROLLER_GEN) ## Fail if generated files or go.mod are stale (regenerating them), or Go code is not gofmt'ed.
+	@state() { git status --porcelain -- api config go.mod go.sum; git diff -- api config go.mod go.sum | sha256sum; }; \
+	before="$$(state)"; \
+	$(MAKE) -s generate manifests >/dev/null; go mod tidy; \
+	test "$$before" = "$$(state)" || { echo "generated files or go.mod were stale; they are regenerated now: review and commit them"; git status --short -- api config go.mod go.sum; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed on:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
-	@git diff --exit-code -- api config go.mod go.sum || { echo "generated files or go.mod are stale: run make generate manifests && go mod tidy, then commit"; exit 1; }
-	@test -z "$$(git status --porcelain --untracked-files=all -- api config)" || { echo "untracked generated files:"; git status --porcelain -- api config; exit 1; }
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) ## Run golangci-lint.
@@ -57,7 +58,7 @@ testbin: ## Build the test binaries (kube-apiserver, etcd, kwok, versitygw, ...)
 	bash hack/testbin.sh >/dev/null
 
 .PHONY: test
-test: testbin ## Run every test: unit, integration (real kube-apiserver) and architecture.
+test: verify lint testbin ## Check generated files and formatting, lint, then run every test: unit, integration (real kube-apiserver), e2e and architecture.
 	go test $(GO_TEST_FLAGS) ./...
 
 BENCH_FLAGS ?=

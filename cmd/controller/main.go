@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -53,9 +54,9 @@ func run() error {
 	)
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
 	fs.StringVar(&configFile, "config", "", "the operator configuration shared with the agents (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
-	fs.DurationVar(&cfg.GateTimeout, "gate-timeout", 30*time.Minute, "longest a Deployment waits for its weights cache to settle")
-	fs.DurationVar(&cfg.Retention, "retention", 24*time.Hour, "how long a cordoned, tainted or unreachable node keeps a cache its placement still selects, before the cache is removed there")
-	fs.StringVar(&cfg.AgentImage, "agent-image", "ghcr.io/prewarm/agent:latest", "image of the agent (the inference pods' init container)")
+	fs.DurationVar(&cfg.GateTimeout, "gate-timeout", 0, "overrides controller.gateTimeout: longest a Deployment waits for its weights cache to settle")
+	fs.DurationVar(&cfg.Retention, "retention", 0, "overrides controller.retention: how long a cordoned, tainted or unreachable node keeps a cache its placement still selects")
+	fs.StringVar(&cfg.AgentImage, "agent-image", "", "overrides controller.agentImage: image of the agent (the inference pods' init container)")
 	fs.StringVar(&cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
 	fs.StringVar(&catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
@@ -91,8 +92,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	restCfg.QPS, restCfg.Burst = cfg.Controller.ClientQPS, cfg.Controller.ClientBurst
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme: scheme.New(),
+		Scheme:     scheme.New(),
+		Controller: ctrlconfig.Controller{MaxConcurrentReconciles: cfg.Controller.ConcurrentReconciles},
 		// The controller watches only its own image cache pods, not every pod of the cluster.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {

@@ -36,6 +36,17 @@ func (f *EngineFlags) Register(cmd *cobra.Command) {
 	fs.StringVar(&f.limitRate, "limit-rate", "", "cap each download's rate, in bytes per second (e.g. 500MB)")
 }
 
+// Prefer takes concurrency and part size from a configuration, for the flags not set on the
+// command line.
+func (f *EngineFlags) Prefer(cmd *cobra.Command, concurrency int, partSize int64) {
+	if !cmd.Flags().Changed("concurrency") && concurrency > 0 {
+		f.concurrency = concurrency
+	}
+	if !cmd.Flags().Changed("part-size") && partSize > 0 {
+		f.partSize = strconv.FormatInt(partSize, 10)
+	}
+}
+
 // Connections is how many connections a source should keep for the engine.
 func (f *EngineFlags) Connections() int { return f.concurrency }
 

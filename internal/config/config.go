@@ -12,7 +12,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 )
 
@@ -48,6 +50,73 @@ type Operator struct {
 	// S3 source is read only with credentials the parent's namespace provides
 	// (s3.credentialsSecret); any other FSx source is refused.
 	SourceAccess []SourceRule `json:"sourceAccess,omitempty"`
+	// Controller tunes the controller.
+	Controller Controller `json:"controller,omitempty"`
+	// Agent tunes the agents.
+	Agent Agent `json:"agent,omitempty"`
+}
+
+// Controller tunes the controller. Durations are Go durations (30m, 24h).
+type Controller struct {
+	// GateTimeout is the longest a Deployment waits for its weights cache to settle (30m).
+	GateTimeout string `json:"gateTimeout,omitempty"`
+	// Retention is how long a cordoned, tainted or unreachable node that a cache's placement
+	// still selects keeps its copy (24h).
+	Retention string `json:"retention,omitempty"`
+	// AgentImage is the agent's image, the inference pods' init container.
+	AgentImage string `json:"agentImage,omitempty"`
+	// ClientQPS and ClientBurst pace the controller's requests to the API server (50, 100).
+	ClientQPS   float32 `json:"clientQPS,omitempty"`
+	ClientBurst int     `json:"clientBurst,omitempty"`
+	// ConcurrentReconciles is how many objects of one kind are reconciled at once (1).
+	ConcurrentReconciles int `json:"concurrentReconciles,omitempty"`
+}
+
+// GateTimeoutDuration is the validated gate timeout.
+func (c Controller) GateTimeoutDuration() time.Duration { return duration(c.GateTimeout) }
+
+// RetentionDuration is the validated retention.
+func (c Controller) RetentionDuration() time.Duration { return duration(c.Retention) }
+
+// Agent tunes the agents. Sizes are Kubernetes quantities (20Gi, 16Mi).
+type Agent struct {
+	// Reserve is the free space under each cache root that caches never take (2Gi).
+	Reserve string `json:"reserve,omitempty"`
+	// MaxParallel is how many caches a node downloads at once (2).
+	MaxParallel int `json:"maxParallel,omitempty"`
+	// Concurrency is how many ranged reads one download keeps in flight (64).
+	Concurrency int `json:"concurrency,omitempty"`
+	// PartSize is the size of each ranged read (16Mi).
+	PartSize string `json:"partSize,omitempty"`
+	// VerifyInterval is how often a Ready cache's content is read back (24h).
+	VerifyInterval string `json:"verifyInterval,omitempty"`
+	// VerifyRate caps the bytes per second re-verification reads (200Mi; 0: no cap).
+	VerifyRate string `json:"verifyRate,omitempty"`
+}
+
+// ReserveBytes is the validated reserve.
+func (a Agent) ReserveBytes() int64 { return size(a.Reserve) }
+
+// PartSizeBytes is the validated part size.
+func (a Agent) PartSizeBytes() int64 { return size(a.PartSize) }
+
+// VerifyRateBytes is the validated re-verification rate.
+func (a Agent) VerifyRateBytes() int64 { return size(a.VerifyRate) }
+
+// VerifyIntervalDuration is the validated re-verification interval.
+func (a Agent) VerifyIntervalDuration() time.Duration { return duration(a.VerifyInterval) }
+
+func duration(s string) time.Duration {
+	d, _ := time.ParseDuration(s)
+	return d
+}
+
+func size(s string) int64 {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return 0
+	}
+	return q.Value()
 }
 
 // SourceRule lets namespaces name sources that prewarm reads with its own identity: an S3 bucket
@@ -118,7 +187,35 @@ func (o *Operator) defaults() {
 	if len(o.CacheRoots) == 0 {
 		o.CacheRoots = []string{DefaultCacheRoot}
 	}
+	c, a := &o.Controller, &o.Agent
+	text := func(v *string, d string) {
+		if *v == "" {
+			*v = d
+		}
+	}
+	number := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	text(&c.GateTimeout, "30m")
+	text(&c.Retention, "24h")
+	text(&c.AgentImage, DefaultAgentImage)
+	if c.ClientQPS == 0 {
+		c.ClientQPS = 50
+	}
+	number(&c.ClientBurst, 100)
+	number(&c.ConcurrentReconciles, 1)
+	text(&a.Reserve, "2Gi")
+	number(&a.MaxParallel, 2)
+	number(&a.Concurrency, 64)
+	text(&a.PartSize, "16Mi")
+	text(&a.VerifyInterval, "24h")
+	text(&a.VerifyRate, "200Mi")
 }
+
+// DefaultAgentImage is the agent's image unless the configuration names another.
+const DefaultAgentImage = "ghcr.io/prewarm/agent:latest"
 
 // Load reads the configuration at path; an empty path is the default configuration. Unknown
 // fields are refused, so a misspelt key is an error and not a silent default.
@@ -174,6 +271,35 @@ func (o Operator) Validate() error {
 				errs = append(errs, fmt.Errorf("fsx[%d].mountPath %s overlaps the cache root %s", i, m.MountPath, r))
 			}
 		}
+	}
+	c, a := o.Controller, o.Agent
+	checkDuration := func(field, v string) {
+		if d, err := time.ParseDuration(v); v != "" && (err != nil || d <= 0) {
+			errs = append(errs, fmt.Errorf("%s %q: want a positive duration such as 30m or 24h", field, v))
+		}
+	}
+	checkSize := func(field, v string, least int64) {
+		if q, err := resource.ParseQuantity(v); v != "" && (err != nil || q.Value() < least) {
+			errs = append(errs, fmt.Errorf("%s %q: want a size such as 16Mi or 20Gi, at least %d bytes", field, v, least))
+		}
+	}
+	checkCount := func(field string, n int) {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("%s %d: must not be negative", field, n))
+		}
+	}
+	checkDuration("controller.gateTimeout", c.GateTimeout)
+	checkDuration("controller.retention", c.Retention)
+	checkDuration("agent.verifyInterval", a.VerifyInterval)
+	checkSize("agent.reserve", a.Reserve, 0)
+	checkSize("agent.partSize", a.PartSize, 1<<20)
+	checkSize("agent.verifyRate", a.VerifyRate, 0)
+	checkCount("controller.clientBurst", c.ClientBurst)
+	checkCount("controller.concurrentReconciles", c.ConcurrentReconciles)
+	checkCount("agent.maxParallel", a.MaxParallel)
+	checkCount("agent.concurrency", a.Concurrency)
+	if c.ClientQPS < 0 {
+		errs = append(errs, fmt.Errorf("controller.clientQPS %v: must not be negative", c.ClientQPS))
 	}
 	for i, r := range o.SourceAccess {
 		switch {

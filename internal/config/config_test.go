@@ -3,6 +3,7 @@ package config_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prewarm/prewarm/internal/config"
 )
@@ -28,8 +29,9 @@ fsx:
 	if ok, why := op.CacheRootAllowed("/etc"); ok || !strings.Contains(why, "/opt/dlami/nvme, /mnt/nvme") {
 		t.Errorf("CacheRootAllowed(/etc) = %v, %q", ok, why)
 	}
-	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0] != config.DefaultCacheRoot {
-		t.Errorf("default roots %v", def.CacheRoots)
+	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0] != config.DefaultCacheRoot ||
+		def.Controller.GateTimeoutDuration() != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 {
+		t.Errorf("defaults %+v", def)
 	}
 
 	for _, tc := range []struct{ conf, want string }{
@@ -40,6 +42,11 @@ fsx:
 		{"fsx: [{fileSystemId: vol-1, mountPath: /fsx}]", "want an FSx file system id"},
 		{"fsx: [{fileSystemId: fs-1, mountPath: /fsx}, {fileSystemId: fs-1, mountPath: /fsx2}]", "listed twice"},
 		{"fsx: [{fileSystemId: fs-1, mountPath: /opt/dlami/nvme/fsx}]", "overlaps the cache root"},
+		{"agent: {partSize: 1Ki}", "agent.partSize"},
+		{"agent: {maxParallel: -1}", "agent.maxParallel"},
+		{"controller: {gateTimeout: -5m}", "controller.gateTimeout"},
+		{"controller: {gateTimeout: soon}", "controller.gateTimeout"},
+		{"agent: {reserve: lots}", "agent.reserve"},
 	} {
 		if _, err := config.Parse([]byte(tc.conf)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v; want an error saying %q", tc.conf, err, tc.want)

@@ -32,22 +32,23 @@ type Config struct {
 	Retention time.Duration
 }
 
-// Defaults fills the zero fields of c.
+// Defaults fills the zero fields of c, from the operator configuration where it says.
 func (c *Config) Defaults() {
-	if c.Operator.Kind == "" {
+	if c.Kind == "" {
 		c.Operator = config.Default()
 	}
+	oc := c.Controller
 	if c.GateTimeout <= 0 {
-		c.GateTimeout = 30 * time.Minute
+		c.GateTimeout = oc.GateTimeoutDuration()
 	}
 	if c.AgentImage == "" {
-		c.AgentImage = "ghcr.io/prewarm/agent:latest"
+		c.AgentImage = oc.AgentImage
 	}
 	if c.OperatorNamespace == "" {
 		c.OperatorNamespace = inferencev1.DefaultOperatorNamespace
 	}
 	if c.Retention <= 0 {
-		c.Retention = 24 * time.Hour
+		c.Retention = oc.RetentionDuration()
 	}
 }
 

@@ -47,16 +47,10 @@ the allowed roots.`,
 		Args:          cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if opts.Reserve, err = cli.ParseBytes(reserve); err != nil {
-				return fmt.Errorf("--reserve: %w", err)
-			}
-			if opts.VerifyRate, err = cli.ParseBytes(verifyRate); err != nil {
-				return fmt.Errorf("--verify-rate: %w", err)
-			}
-			if opts.Engine, err = eng.EngineOptions(); err != nil {
+			if opts.Config, err = config.Load(configFile); err != nil {
 				return err
 			}
-			if opts.Config, err = config.Load(configFile); err != nil {
+			if err := settings(cmd, &opts, &eng, reserve, verifyRate); err != nil {
 				return err
 			}
 			opts.Connections, opts.Version = eng.Connections(), cli.Version()
@@ -98,12 +92,12 @@ the allowed roots.`,
 	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	f.StringVar(&configFile, "config", "", "the operator configuration shared with the controller (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
-	f.StringVar(&reserve, "reserve", "2GiB", "free space kept under each root, never filled by caches")
-	f.IntVar(&opts.MaxParallel, "max-parallel", 2, "caches downloading at once")
+	f.StringVar(&reserve, "reserve", "2GiB", "overrides agent.reserve: free space kept under each root, never filled by caches")
+	f.IntVar(&opts.MaxParallel, "max-parallel", 2, "overrides agent.maxParallel: caches downloading at once")
 	f.DurationVar(&opts.StatusInterval, "status-interval", 2*time.Second, "least time between two status writes")
 	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 5*time.Minute, "how often a ready cache is re-checked (manifest and sizes)")
-	f.DurationVar(&opts.VerifyInterval, "verify-interval", 24*time.Hour, "how often a ready cache's content is read back and checked against its checksums (also once at start)")
-	f.StringVar(&verifyRate, "verify-rate", "200MiB", "most bytes per second that re-verification reads from disk (0: no cap)")
+	f.DurationVar(&opts.VerifyInterval, "verify-interval", 24*time.Hour, "overrides agent.verifyInterval: how often a ready cache's content is read back and checked against its checksums (also once at start)")
+	f.StringVar(&verifyRate, "verify-rate", "200MiB", "overrides agent.verifyRate: most bytes per second that re-verification reads from disk (0: no cap)")
 	f.DurationVar(&opts.RetryInterval, "retry-interval", 10*time.Second, "first wait before a failed download is retried (doubles up to 5m)")
 	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	f.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
@@ -211,4 +205,31 @@ func addHealthChecks(mgr ctrl.Manager, addr string) error {
 		return err
 	}
 	return mgr.AddReadyzCheck("readyz", healthz.Ping)
+}
+
+// settings takes the agent's settings from the operator configuration, unless a flag overrides
+// them.
+func settings(cmd *cobra.Command, opts *agent.Options, eng *cli.EngineFlags, reserve, verifyRate string) error {
+	var err error
+	ac, flags := opts.Config.Agent, cmd.Flags()
+	opts.Reserve, opts.VerifyRate = ac.ReserveBytes(), ac.VerifyRateBytes()
+	if flags.Changed("reserve") {
+		if opts.Reserve, err = cli.ParseBytes(reserve); err != nil {
+			return fmt.Errorf("--reserve: %w", err)
+		}
+	}
+	if flags.Changed("verify-rate") {
+		if opts.VerifyRate, err = cli.ParseBytes(verifyRate); err != nil {
+			return fmt.Errorf("--verify-rate: %w", err)
+		}
+	}
+	if !flags.Changed("max-parallel") {
+		opts.MaxParallel = ac.MaxParallel
+	}
+	if !flags.Changed("verify-interval") {
+		opts.VerifyInterval = ac.VerifyIntervalDuration()
+	}
+	eng.Prefer(cmd, ac.Concurrency, ac.PartSizeBytes())
+	opts.Engine, err = eng.EngineOptions()
+	return err
 }

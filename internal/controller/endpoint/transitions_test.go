@@ -19,13 +19,13 @@ func TestTransitionEventsWaitForTheStatusWrite(t *testing.T) {
 	m := fromEndpoint(iec)
 	p := &problem{"InvalidSpec", "no"}
 
-	ctx, pending := withTransitions(context.Background())
+	ctx, _ := withTransitions(context.Background())
 	r.fail(ctx, m, iec.Status.DeepCopy(), p) // the status whose write conflicts
 	if n := len(rec.Events); n != 0 {
 		t.Fatalf("%d events before the status write", n)
 	}
 	// The write conflicted: the retry starts again from the stored status.
-	ctx, pending = withTransitions(context.Background())
+	ctx, pending := withTransitions(context.Background())
 	r.fail(ctx, m, iec.Status.DeepCopy(), p)
 	pending.flush()
 	if n := len(rec.Events); n != 1 {

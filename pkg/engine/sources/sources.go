@@ -61,7 +61,7 @@ func (s Spec) Validate() error {
 	case HuggingFace:
 		org, name, ok := strings.Cut(s.Repo, "/")
 		if !ok || org == "" || name == "" || strings.ContainsAny(s.Repo, "@") || strings.Contains(name, "/") {
-			return fmt.Errorf("Hugging Face source: want a repository org/name, got %q", s.Repo)
+			return fmt.Errorf("a Hugging Face source wants a repository org/name, got %q", s.Repo)
 		}
 	case Dir:
 		if s.Path == "" {
