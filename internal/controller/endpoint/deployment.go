@@ -100,64 +100,8 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 			},
 			VolumeMounts: []corev1.VolumeMount{{Name: modelVolume, MountPath: WorkMountPath}},
 		}
-		// The source travels as typed flags: a key prefix or a path is passed byte for byte.
-		switch cs.Type {
-		case inferencev1.ModelSourceS3:
-			prepare.Args = append(prepare.Args, "--s3-bucket="+cs.Bucket, "--s3-prefix="+cs.Prefix)
-			if cs.Revision != "" {
-				prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
-			}
-			if cs.Region != "" {
-				prepare.Args = append(prepare.Args, "--region="+cs.Region)
-			}
-			if r.Config.S3.Endpoint != "" {
-				prepare.Args = append(prepare.Args, "--s3-endpoint="+r.Config.S3.Endpoint)
-			}
-			if r.Config.S3.PathStyle {
-				prepare.Args = append(prepare.Args, "--s3-path-style")
-			}
-			if s := r.Config.S3.CredentialsSecret; s != "" {
-				for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} {
-					prepare.Env = append(prepare.Env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-						LocalObjectReference: corev1.LocalObjectReference{Name: s}, Key: k, Optional: ptr.To(true),
-					}}})
-				}
-			}
-		case inferencev1.ModelSourceHuggingFace:
-			prepare.Args = append(prepare.Args, "--hf-repo="+cs.RepoID)
-			if cs.Revision != "" {
-				prepare.Args = append(prepare.Args, "--hf-revision="+cs.Revision)
-			}
-			if r.Config.HuggingFace.Endpoint != "" {
-				prepare.Args = append(prepare.Args, "--hf-endpoint="+r.Config.HuggingFace.Endpoint)
-			}
-			if ref := src.HuggingFaceModel.TokenSecretRef; ref != nil {
-				key := ref.Key
-				if key == "" {
-					key = "token"
-				}
-				prepare.Env = append(prepare.Env, corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-					LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name}, Key: key,
-				}}})
-			}
-		case inferencev1.ModelSourceFSx:
-			// Only the file system's own mount is mounted, read-only.
-			mount, err := r.Config.FSxMountPath(cs.FileSystemID)
-			if err != nil {
-				return corev1.PodTemplateSpec{}, err
-			}
-			// The mount is prewarm's access, not the namespace's: only for what it may read there.
-			if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), "fsx", cs.FileSystemID, cs.Path); !ok {
-				return corev1.PodTemplateSpec{}, errors.New(why)
-			}
-			prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))
-			if cs.Revision != "" {
-				prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
-			}
-			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{
-				HostPath: &corev1.HostPathVolumeSource{Path: mount, Type: ptr.To(corev1.HostPathDirectory)},
-			}})
-			prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: mount, ReadOnly: true})
+		if err := r.prepareSource(m, cs, src, &prepare, &spec); err != nil {
+			return corev1.PodTemplateSpec{}, err
 		}
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 		worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), SubPath: modelSubPath, ReadOnly: true})
@@ -237,4 +181,68 @@ func (r *Reconciler) service(m *model) *corev1.Service {
 			}},
 		},
 	}
+}
+
+// prepareSource gives the init container its source, as typed flags (a key prefix or a path is
+// passed byte for byte), with the credentials and mounts it reads it with.
+func (r *Reconciler) prepareSource(m *model, cs prewarmv1alpha1.CacheSource, src inferencev1.ModelSourceConfig, prepare *corev1.Container, spec *corev1.PodSpec) error {
+	switch cs.Type {
+	case inferencev1.ModelSourceS3:
+		prepare.Args = append(prepare.Args, "--s3-bucket="+cs.Bucket, "--s3-prefix="+cs.Prefix)
+		if cs.Revision != "" {
+			prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
+		}
+		if cs.Region != "" {
+			prepare.Args = append(prepare.Args, "--region="+cs.Region)
+		}
+		if r.Config.S3.Endpoint != "" {
+			prepare.Args = append(prepare.Args, "--s3-endpoint="+r.Config.S3.Endpoint)
+		}
+		if r.Config.S3.PathStyle {
+			prepare.Args = append(prepare.Args, "--s3-path-style")
+		}
+		if s := r.Config.S3.CredentialsSecret; s != "" {
+			for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} {
+				prepare.Env = append(prepare.Env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+					LocalObjectReference: corev1.LocalObjectReference{Name: s}, Key: k, Optional: ptr.To(true),
+				}}})
+			}
+		}
+	case inferencev1.ModelSourceHuggingFace:
+		prepare.Args = append(prepare.Args, "--hf-repo="+cs.RepoID)
+		if cs.Revision != "" {
+			prepare.Args = append(prepare.Args, "--hf-revision="+cs.Revision)
+		}
+		if r.Config.HuggingFace.Endpoint != "" {
+			prepare.Args = append(prepare.Args, "--hf-endpoint="+r.Config.HuggingFace.Endpoint)
+		}
+		if ref := src.HuggingFaceModel.TokenSecretRef; ref != nil {
+			key := ref.Key
+			if key == "" {
+				key = "token"
+			}
+			prepare.Env = append(prepare.Env, corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name}, Key: key,
+			}}})
+		}
+	case inferencev1.ModelSourceFSx:
+		// Only the file system's own mount is mounted, read-only.
+		mount, err := r.Config.FSxMountPath(cs.FileSystemID)
+		if err != nil {
+			return err
+		}
+		// The mount is prewarm's access, not the namespace's: only for what it may read there.
+		if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), "fsx", cs.FileSystemID, cs.Path); !ok {
+			return errors.New(why)
+		}
+		prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))
+		if cs.Revision != "" {
+			prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
+		}
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{Path: mount, Type: ptr.To(corev1.HostPathDirectory)},
+		}})
+		prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: mount, ReadOnly: true})
+	}
+	return nil
 }
