@@ -47,12 +47,20 @@ type Process struct {
 
 // StartProcess starts a binary with its stdout and stderr in logDir/<name>.log.
 func StartProcess(logDir, name, path string, args ...string) (*Process, error) {
+	return StartProcessEnv(logDir, name, path, nil, args...)
+}
+
+// StartProcessEnv is StartProcess with env added to (and overriding) the test's environment.
+func StartProcessEnv(logDir, name, path string, env []string, args ...string) (*Process, error) {
 	logPath := filepath.Join(logDir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(path, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

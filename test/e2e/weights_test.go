@@ -58,6 +58,8 @@ type weightsEnv struct {
 	hfEndpoint string
 	// fsx are the FSx file systems the configuration maps to mounts.
 	fsx []config.FSxMount
+	// agentEnv is added to the environment of a node's agent.
+	agentEnv map[string][]string
 }
 
 func (e *weightsEnv) nodeRoot(node string) string { return filepath.Join(e.nodes, node, root) }
@@ -72,9 +74,14 @@ func s3Env() []string {
 	return []string{"AWS_ACCESS_KEY_ID=" + s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3fixture.SecretKey}
 }
 
-func (e *weightsEnv) start(name, path string, args ...string) *testutil.Process {
+func (e *weightsEnv) start(name, path string, args ...string) {
+	e.startEnv(name, path, nil, args...)
+}
+
+// startEnv starts a process with env added to the test's environment.
+func (e *weightsEnv) startEnv(name, path string, env []string, args ...string) *testutil.Process {
 	e.t.Helper()
-	p, err := testutil.StartProcess(e.logDir, name, path, args...)
+	p, err := testutil.StartProcessEnv(e.logDir, name, path, env, args...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -108,7 +115,7 @@ func (e *weightsEnv) startAgent(name, endpoint string, extra ...string) {
 		logName += fmt.Sprintf("-%d", n)
 	}
 	e.restarts[name]++
-	e.agents[name] = e.start(logName, agentPath, args...)
+	e.agents[name] = e.startEnv(logName, agentPath, e.agentEnv[name], args...)
 }
 
 func (e *weightsEnv) check() {
@@ -257,7 +264,7 @@ func (e *weightsEnv) config(s3Endpoint string) string {
 	op := config.Operator{CacheRoots: []string{root}, FSx: e.fsx,
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}}}
 	if s3Endpoint != "" {
-		op.S3 = config.S3{Endpoint: s3Endpoint, PathStyle: true}
+		op.S3 = config.S3{Endpoint: s3Endpoint, PathStyle: true, CredentialsSecret: "prewarm-s3"}
 	}
 	op.HuggingFace.Endpoint = e.hfEndpoint
 	return testutil.OperatorConfig(e.t, op)
@@ -276,7 +283,7 @@ func newEnv(t *testing.T, opts testutil.ClusterOptions) *weightsEnv {
 		}
 	})
 	e := &weightsEnv{t: t, ctx: ctx, cluster: cluster, c: cluster.Client, nodes: t.TempDir(), logDir: t.TempDir(),
-		agents: map[string]*testutil.Process{}, restarts: map[string]int{}}
+		agents: map[string]*testutil.Process{}, restarts: map[string]int{}, agentEnv: map[string][]string{}}
 	t.Cleanup(func() {
 		for _, p := range e.procs {
 			p.Stop(5 * time.Second)
@@ -949,6 +956,54 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 			return len(list.Items) == 0 && len(files) == 0 && len(labels) == 0 && len(entries) == 0,
 				fmt.Sprintf("caches %d; files %v; labels %v; node entries %v", len(list.Items), files, labels, entries)
 		})
+	})
+
+	t.Run("a source no rule allows is read with the namespace's own credentials, sealed to the node", func(t *testing.T) {
+		// A bucket the configuration does not let prewarm read with its own identity, a namespace
+		// that provides its own credentials, and a node whose agent has no AWS identity at all:
+		// the cache fills only if the sealed credentials reach that agent and are used.
+		const tenantBucket, tenantNS = "tenant-models", "tenant"
+		if err := s3srv.CreateBucket(ctx, tenantBucket); err != nil {
+			t.Fatal(err)
+		}
+		for p, data := range model {
+			if err := s3srv.PutBytes(ctx, tenantBucket, prefix+"/"+p, data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenantNS}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: tenantNS, Name: "prewarm-s3"},
+			Data: map[string][]byte{"AWS_ACCESS_KEY_ID": []byte(s3fixture.AccessKey), "AWS_SECRET_ACCESS_KEY": []byte(s3fixture.SecretKey)}}); err != nil {
+			t.Fatal(err)
+		}
+		e.agentEnv["g6-t"] = []string{"AWS_ACCESS_KEY_ID=", "AWS_SECRET_ACCESS_KEY=", "AWS_SESSION_TOKEN=", "AWS_EC2_METADATA_DISABLED=true"}
+		e.addNode("g6-t", "ml.g6.12xlarge", s3srv.Endpoint)
+		iec := testutil.MakeInferenceEndpointConfig(tenantNS, "tenant-model").Obj()
+		iec.Spec.InstanceType = "ml.g6.12xlarge"
+		iec.Spec.ModelCacheConfig.ImageCache.Enabled = false
+		iec.Spec.ModelSourceConfig.S3Storage.BucketName, iec.Spec.ModelSourceConfig.ModelLocation = tenantBucket, prefix
+		if err := e.c.Create(ctx, iec); err != nil {
+			t.Fatal(err)
+		}
+		m := &inferencev1.ModelDataCacheConfig{}
+		e.eventually(90*time.Second, "the tenant's cache Ready on g6-t", func() (bool, string) {
+			if err := e.c.Get(ctx, types.NamespacedName{Namespace: tenantNS, Name: "tenant-model-cache"}, m); err != nil {
+				return false, err.Error()
+			}
+			return m.Status.State == inferencev1.CacheReady && m.Status.ReadyNodes == 1, fmt.Sprintf("%s %+v", m.Status.State, m.Status.Nodes)
+		})
+		assertTree(t, e.cacheDir("g6-t", string(m.UID)), model)
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := e.c.Get(ctx, types.NamespacedName{Name: "g6-t"}, nc); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range nc.Spec.Caches {
+			if r.UID == string(m.UID) && (r.Credentials == nil || strings.Contains(r.Credentials.Sealed, s3fixture.SecretKey)) {
+				t.Errorf("the request carries %+v; want the credentials sealed", r.Credentials)
+			}
+		}
 	})
 	e.check()
 }

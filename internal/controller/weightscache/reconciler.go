@@ -141,6 +141,13 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	if err != nil {
 		return 0, err
 	}
+	for _, h := range held {
+		if h.reason == prewarmv1alpha1.ReasonWaitingForCredentials && (p.requeue == 0 || p.requeue > keyWait) {
+			// A NodeCache whose agent publishes its key names no cache yet, so its change does
+			// not map back here: look again shortly.
+			p.requeue = keyWait
+		}
+	}
 	st := r.gather(m, p.targets, p.retained, byNode, held)
 	recordNodeEvents := r.nodeEvents(m, st)
 	if err := r.label(ctx, m, nodes.Items, st, deleting); err != nil {
@@ -371,6 +378,9 @@ func (r *Reconciler) finishDeletion(ctx context.Context, m *inferencev1.ModelDat
 	controller.Event(r.Recorder, m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
 	return 0, nil
 }
+
+// keyWait is how soon a cache looks again at nodes whose agent has not published its key.
+const keyWait = 2 * time.Second
 
 // heldBack says why a target node is not asked for the cache.
 type heldBack struct {
