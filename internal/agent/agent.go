@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -122,15 +123,6 @@ func sameSource(a, b prewarmv1alpha1.CacheSource) bool {
 	return a == b
 }
 
-// sameCredentials reports whether two requests carry the same sealed credentials: new ones (a
-// rotated token, a new key) restart the cache's job with them.
-func sameCredentials(a, b *prewarmv1alpha1.SealedCredentials) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	return a.KeyID == b.KeyID && a.Digest == b.Digest
-}
-
 // sync starts, restarts and stops jobs so that they match want, and removes unwanted caches.
 func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	log := ctrl.LoggerFrom(ctx)
@@ -143,9 +135,14 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		wanted[r.UID] = r
 	}
 	for uid, j := range a.jobs {
-		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && sameSource(r.Source, j.req.Source) && sameCredentials(r.Credentials, j.req.Credentials) {
-			// guarded by a.mu; the job sees them at its next check, without a restart
-			j.retainedSince, j.pinned = r.RetainedSince, r.Source.Revision
+		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && sameSource(r.Source, j.req.Source) {
+			if !equality.Semantic.DeepEqual(j.latest, r) {
+				j.latest = r // guarded by a.mu: the job takes it on at once, without a restart
+				select {
+				case j.changed <- struct{}{}:
+				default:
+				}
+			}
 			continue
 		}
 		log.Info("stopping cache", "cache", uid)
@@ -160,7 +157,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		log.Info("starting cache", "cache", uid, "source", r.Source.String(), "root", r.Root)
 		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
 		jctx, cancel := context.WithCancel(a.life)
-		j := &job{a: a, req: r, cancel: cancel, done: make(chan struct{}), retainedSince: r.RetainedSince, pinned: r.Source.Revision}
+		j := &job{a: a, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1)}
 		j.status = prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
 			Message: "waiting to start", LastTransitionTime: a.now()}
 		a.jobs[uid] = j

@@ -26,17 +26,25 @@ type job struct {
 	req    prewarmv1alpha1.CacheRequest
 	cancel context.CancelFunc
 	done   chan struct{}
-	// status, and retainedSince and pinned (the request's, which may change while the job runs:
-	// the controller pins the content revision once a node holds the cache), are guarded by a.mu.
-	status        prewarmv1alpha1.CacheStatus
-	retainedSince string
-	pinned        string
+	// status, and latest (the request as it is now: its retention, pinned revision and sealed
+	// credentials change while the job runs, without a restart), are guarded by a.mu.
+	status prewarmv1alpha1.CacheStatus
+	latest prewarmv1alpha1.CacheRequest
+	// changed wakes the job when latest changes (new credentials, a pin, a retention).
+	changed chan struct{}
+}
+
+// current returns the request as it is now.
+func (j *job) current() prewarmv1alpha1.CacheRequest {
+	j.a.mu.Lock()
+	defer j.a.mu.Unlock()
+	return j.latest
 }
 
 func (j *job) retained() bool {
 	j.a.mu.Lock()
 	defer j.a.mu.Unlock()
-	return j.retainedSince != ""
+	return j.latest.RetainedSince != ""
 }
 
 func (j *job) snapshot() prewarmv1alpha1.CacheStatus { return *j.status.DeepCopy() }
@@ -73,6 +81,7 @@ func (j *job) run(ctx context.Context) {
 		case <-ctx.Done():
 			log.Info("cache job stopped")
 			return
+		case <-j.changed:
 		case <-time.After(wait):
 		}
 	}
@@ -91,11 +100,11 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
 		return o.MaxRetryInterval, false
 	}
-	if err := o.mayRead(j.req); err != nil {
+	if err := o.mayRead(j.current()); err != nil {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
 		return o.MaxRetryInterval, false
 	}
-	if c := j.req.Credentials; c != nil && c.KeyID != credentials.KeyID(j.a.key.Public()) {
+	if c := j.current().Credentials; c != nil && c.KeyID != credentials.KeyID(j.a.key.Public()) {
 		// Sealed to the key of an earlier run of this agent: the controller seals them again
 		// to the key this agent publishes.
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
@@ -273,7 +282,7 @@ func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if c := j.req.Credentials; c != nil {
+	if c := j.current().Credentials; c != nil {
 		creds, err := j.a.key.Open(o.NodeName, j.req.UID, c)
 		if err != nil {
 			return nil, nil, &source.AccessError{Err: err}
@@ -410,9 +419,7 @@ func (j *job) pinnedRevision() string {
 	if j.req.Source.Type == inferencev1.ModelSourceHuggingFace {
 		return ""
 	}
-	j.a.mu.Lock()
-	defer j.a.mu.Unlock()
-	return j.pinned
+	return j.current().Source.Revision
 }
 
 // classify turns a Fetch error into a reason, a message for people and the wait before the

@@ -129,18 +129,10 @@ func (o *Options) cacheDir(root, uid string) string {
 // credentials, or an FSx directory. The controller refuses these first; the agent does not rely
 // on it.
 func (o *Options) mayRead(r prewarmv1alpha1.CacheRequest) error {
-	cs := r.Source
-	var ok bool
-	var why string
-	switch {
-	case cs.Type == inferencev1.ModelSourceS3 && r.Credentials == nil:
-		ok, why = o.Config.SourceAllowed(r.Namespace, "s3", cs.Bucket, cs.Prefix)
-	case cs.Type == inferencev1.ModelSourceFSx:
-		ok, why = o.Config.SourceAllowed(r.Namespace, "fsx", cs.FileSystemID, cs.Path)
-	default:
-		return nil
+	if r.Source.Type == inferencev1.ModelSourceS3 && r.Credentials != nil {
+		return nil // read with the namespace's own credentials
 	}
-	if !ok {
+	if ok, why := o.Config.SourceAllowed(r.Namespace, r.Source); !ok {
 		return errors.New(why)
 	}
 	return nil

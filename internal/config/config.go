@@ -16,6 +16,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
 )
 
 // File is where the binaries read the configuration in their pods.
@@ -320,30 +323,29 @@ func (o Operator) Validate() error {
 	return errors.Join(errs...)
 }
 
-// SourceAllowed says whether prewarm may read a source with its own identity on behalf of
-// namespace ns, and if not, why. For S3, bucket and prefix are the source's; for FSx, bucket is
-// the file system id and prefix the path in it.
-func (o Operator) SourceAllowed(ns, kind, bucket, prefix string) (bool, string) {
+// SourceAllowed says whether prewarm may read src with its own identity on behalf of namespace
+// ns, and if not, why. A Hugging Face source is read with the parent's token or anonymously,
+// never with prewarm's identity: it is always allowed.
+func (o Operator) SourceAllowed(ns string, src prewarmv1alpha1.CacheSource) (bool, string) {
+	if src.Type == inferencev1.ModelSourceHuggingFace {
+		return true, ""
+	}
 	for _, r := range o.SourceAccess {
 		if !slices.Contains(r.Namespaces, ns) && !slices.Contains(r.Namespaces, "*") {
 			continue
 		}
 		switch {
-		case kind == "s3" && r.S3 != nil:
-			if ok, _ := path.Match(r.S3.Bucket, bucket); ok && under(prefix, r.S3.Prefix) {
+		case src.Type == inferencev1.ModelSourceS3 && r.S3 != nil:
+			if ok, _ := path.Match(r.S3.Bucket, src.Bucket); ok && under(src.Prefix, r.S3.Prefix) {
 				return true, ""
 			}
-		case kind == "fsx" && r.FSx != nil:
-			if r.FSx.FileSystemID == bucket && under(prefix, r.FSx.Path) {
+		case src.Type == inferencev1.ModelSourceFSx && r.FSx != nil:
+			if r.FSx.FileSystemID == src.FileSystemID && under(src.Path, r.FSx.Path) {
 				return true, ""
 			}
 		}
 	}
-	what := "s3://" + bucket + "/" + prefix
-	if kind == "fsx" {
-		what = "FSx " + bucket + " path " + prefix
-	}
-	return false, fmt.Sprintf("%s is not among the sources prewarm reads with its own identity for namespace %s (sourceAccess in the prewarm-config ConfigMap)", what, ns)
+	return false, fmt.Sprintf("%s is not among the sources prewarm reads with its own identity for namespace %s (sourceAccess in the prewarm-config ConfigMap)", src, ns)
 }
 
 // under reports whether key prefix p lies under rule prefix r, on path boundaries.

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 )
 
@@ -84,7 +86,11 @@ sourceAccess:
 		{"team-c", "fsx", "fs-0123456789abcdef0", "shared/llama", false},
 		{"team-a", "fsx", "fs-0123456789abcdef1", "shared", false},
 	} {
-		ok, why := op.SourceAllowed(tc.ns, tc.kind, tc.bucket, tc.prefix)
+		src := prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: tc.bucket, Prefix: tc.prefix}
+		if tc.kind == "fsx" {
+			src = prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: tc.bucket, Path: tc.prefix}
+		}
+		ok, why := op.SourceAllowed(tc.ns, src)
 		if ok != tc.want || (!ok && !strings.Contains(why, "namespace "+tc.ns)) {
 			t.Errorf("SourceAllowed(%s, %s, %s, %s) = %v, %q; want %v", tc.ns, tc.kind, tc.bucket, tc.prefix, ok, why, tc.want)
 		}

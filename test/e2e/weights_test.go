@@ -610,20 +610,29 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 			r := request()
 			return r != nil && r.RetainedSince != "", fmt.Sprintf("request %+v", r)
 		})
-		old := *request()
-		old.RetainedSince = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
-		entry, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&old)
-		if err != nil {
-			t.Fatal(err)
-		}
-		apply := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": prewarmv1alpha1.GroupVersion.String(), "kind": "NodeCache",
-			"metadata": map[string]any{"name": node}, "spec": map[string]any{"caches": []any{entry}},
-		}}
-		if err := e.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner("prewarm-cache-"+uid), client.ForceOwnership); err != nil {
-			t.Fatal(err)
+		backdated := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+		backdate := func() {
+			old := request()
+			if old == nil || old.RetainedSince == backdated {
+				return
+			}
+			old.RetainedSince = backdated
+			entry, err := runtime.DefaultUnstructuredConverter.ToUnstructured(old)
+			if err != nil {
+				t.Fatal(err)
+			}
+			apply := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": prewarmv1alpha1.GroupVersion.String(), "kind": "NodeCache",
+				"metadata": map[string]any{"name": node}, "spec": map[string]any{"caches": []any{entry}},
+			}}
+			if err := e.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner("prewarm-cache-"+uid), client.ForceOwnership); err != nil {
+				t.Fatal(err)
+			}
 		}
 		e.eventually(60*time.Second, "withdrawn after the retention, kept for the pod", func() (bool, string) {
+			// A reconcile that started on the informer's view from before the cordon stamps the
+			// retention anew, over the backdating: backdate again until the withdrawal is seen.
+			backdate()
 			nc := &prewarmv1alpha1.NodeCache{}
 			if err := e.c.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
 				return false, err.Error()

@@ -27,7 +27,7 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "blocked-operator", "blocked")
-	ep, wc := rc.ep, rc.wc
+
 	pss := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "blocked-pss", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "baseline"}}}
 	if err := c.Create(ctx, pss); err != nil {
 		t.Fatal(err)
@@ -50,20 +50,10 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 	reconcile := func(iec *inferencev1.InferenceEndpointConfig) *inferencev1.InferenceEndpointConfig {
 		t.Helper()
 		key := client.ObjectKeyFromObject(iec)
-		for range 4 { // finalizers, the cache, its status, the Deployment
-			if _, err := ep.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
-				t.Fatalf("%s: reconcile returned %v; want the problem on the parent", key, err)
-			}
-			caches := &inferencev1.ModelDataCacheConfigList{}
-			if err := c.List(ctx, caches, client.InNamespace(iec.Namespace)); err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range caches.Items {
-				if _, err := wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&m)}); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
+		rc.settle(t, ctx, iec.Namespace, func() error {
+			_, err := rc.ep.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+			return err
+		})
 		got := &inferencev1.InferenceEndpointConfig{}
 		if err := c.Get(ctx, key, got); err != nil {
 			t.Fatal(err)

@@ -44,20 +44,10 @@ func TestJumpStartModelReconcile(t *testing.T) {
 	reconcile := func(j *inferencev1.JumpStartModel) *inferencev1.JumpStartModel {
 		t.Helper()
 		key := client.ObjectKeyFromObject(j)
-		for range 4 {
-			if _, err := jr.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
-				t.Fatalf("reconcile: %v", err)
-			}
-			caches := &inferencev1.ModelDataCacheConfigList{}
-			if err := c.List(ctx, caches, client.InNamespace("jsm")); err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range caches.Items {
-				if _, err := rc.wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&m)}); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
+		rc.settle(t, ctx, "jsm", func() error {
+			_, err := jr.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+			return err
+		})
 		got := &inferencev1.JumpStartModel{}
 		if err := c.Get(ctx, key, got); err != nil {
 			t.Fatal(err)

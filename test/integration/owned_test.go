@@ -19,7 +19,6 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/endpoint"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/credentials"
@@ -36,20 +35,11 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "owned-operator", "owned")
-	cfg, wc := rc.cfg, rc.wc
+	cfg := rc.cfg
 	upNode(t, ctx, "owned-node", "ml.trn1.32xlarge")
 	reconcileCache := func(m *inferencev1.ModelDataCacheConfig) *inferencev1.ModelDataCacheConfig {
 		t.Helper()
-		for range 2 {
-			if _, err := wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(m)}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		got := &inferencev1.ModelDataCacheConfig{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
-			t.Fatal(err)
-		}
-		return got
+		return rc.cache(t, ctx, m)
 	}
 	asked := func() []string {
 		nc := &prewarmv1alpha1.NodeCache{}
@@ -204,18 +194,10 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		if err := c.Create(ctx, squat); err != nil {
 			t.Fatal(err)
 		}
-		for range 4 {
-			if _, err := rc.ep.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(parent)}); err != nil {
-				t.Fatal(err)
-			}
-			caches := &inferencev1.ModelDataCacheConfigList{}
-			if err := c.List(ctx, caches, client.InNamespace("owned"), client.MatchingLabels{controller.ParentUIDLabel: string(parent.UID)}); err != nil {
-				t.Fatal(err)
-			}
-			for _, m := range caches.Items {
-				reconcileCache(&m)
-			}
-		}
+		rc.settle(t, ctx, "owned", func() error {
+			_, err := rc.ep.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(parent)})
+			return err
+		})
 		if err := c.Get(ctx, client.ObjectKeyFromObject(parent), parent); err != nil {
 			t.Fatal(err)
 		}

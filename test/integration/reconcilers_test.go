@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
@@ -64,4 +66,40 @@ func madeBy(m *inferencev1.ModelDataCacheConfig, parent *inferencev1.InferenceEn
 	m.Labels = map[string]string{controller.ParentUIDLabel: string(parent.UID)}
 	m.OwnerReferences = []metav1.OwnerReference{{APIVersion: inferencev1.GroupVersion.String(), Kind: "InferenceEndpointConfig",
 		Name: parent.Name, UID: parent.UID, Controller: ptr.To(true)}}
+}
+
+// cache reconciles a weights cache twice (the first pass adds its finalizer) and returns it as
+// stored.
+func (rc *reconcilers) cache(t *testing.T, ctx context.Context, m *inferencev1.ModelDataCacheConfig) *inferencev1.ModelDataCacheConfig {
+	t.Helper()
+	for range 2 {
+		if _, err := rc.wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(m)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := &inferencev1.ModelDataCacheConfig{}
+	if err := server.Client.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// settle runs a parent's reconcile, then the weights cache reconciler on every cache of its
+// namespace, four times: the finalizers, the cache, its status, the Deployment.
+func (rc *reconcilers) settle(t *testing.T, ctx context.Context, ns string, reconcileParent func() error) {
+	t.Helper()
+	for range 4 {
+		if err := reconcileParent(); err != nil {
+			t.Fatalf("reconcile returned %v; want what blocks the parent in its status", err)
+		}
+		caches := &inferencev1.ModelDataCacheConfigList{}
+		if err := server.Client.List(ctx, caches, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range caches.Items {
+			if _, err := rc.wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&m)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }

@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -83,16 +82,7 @@ func TestSourcesAreReadWithTheNamespacesOwnRights(t *testing.T) {
 	}
 	reconcile := func(m *inferencev1.ModelDataCacheConfig) *inferencev1.ModelDataCacheConfig {
 		t.Helper()
-		for range 2 {
-			if _, err := rc.wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(m)}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		got := &inferencev1.ModelDataCacheConfig{}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(m), got); err != nil {
-			t.Fatal(err)
-		}
-		return got
+		return rc.cache(t, ctx, m)
 	}
 	request := func(m *inferencev1.ModelDataCacheConfig) *prewarmv1alpha1.CacheRequest {
 		t.Helper()

@@ -53,17 +53,11 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 	return nil
 }
 
-// refused turns the API server's refusal of an object prewarm derives (422 Invalid, 403 from an
-// admission policy) into a problem that names the object and quotes the server.
+// refused turns the API server's refusal of an object prewarm derives from the spec (422 Invalid,
+// 400) into a problem that names the object and quotes the server.
 func refused(kind, name string, err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+	if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
 		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("the API server refuses the %s %s that prewarm derives from this spec: %v", kind, name, err)}
-	case apierrors.IsForbidden(err) && !strings.Contains(err.Error(), "system:serviceaccount:"):
-		// An admission policy's refusal (RBAC's names the controller's own account).
-		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf("the API server refuses the %s %s: %v", kind, name, err)}
 	}
 	return err
 }

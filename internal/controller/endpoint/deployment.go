@@ -232,7 +232,7 @@ func (r *Reconciler) prepareSource(m *model, cs prewarmv1alpha1.CacheSource, src
 			return err
 		}
 		// The mount is prewarm's access, not the namespace's: only for what it may read there.
-		if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), "fsx", cs.FileSystemID, cs.Path); !ok {
+		if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), cs); !ok {
 			return errors.New(why)
 		}
 		prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))

@@ -137,18 +137,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 	if err != nil {
 		return 0, err
 	}
-	held, err := r.ask(ctx, m, p, nodes.Items, nodeCaches.Items, byNode)
+	full, err := r.ask(ctx, m, p, nodes.Items, nodeCaches.Items, byNode)
 	if err != nil {
 		return 0, err
 	}
-	for _, h := range held {
-		if h.reason == prewarmv1alpha1.ReasonWaitingForCredentials && (p.requeue == 0 || p.requeue > keyWait) {
-			// A NodeCache whose agent publishes its key names no cache yet, so its change does
-			// not map back here: look again shortly.
-			p.requeue = keyWait
-		}
-	}
-	st := r.gather(m, p.targets, p.retained, byNode, held)
+	st := r.gather(m, p.targets, p.retained, byNode, full)
 	recordNodeEvents := r.nodeEvents(m, st)
 	if err := r.label(ctx, m, nodes.Items, st, deleting); err != nil {
 		return 0, err
@@ -266,16 +259,15 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 }
 
 // ask asks each target node for the cache and each retained node to keep it, and withdraws the
-// request from every other node. A node already asked for MaxCachesPerNode other caches is not
-// asked, nor one whose agent has not yet published the key the cache's credentials are sealed
-// to; what it returns says why, for the status.
-func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfig, p plan, nodes []corev1.Node, nodeCaches []prewarmv1alpha1.NodeCache, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]heldBack, error) {
+// request from every other node. It returns the nodes it could not ask because they are already
+// asked for MaxCachesPerNode other caches.
+func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfig, p plan, nodes []corev1.Node, nodeCaches []prewarmv1alpha1.NodeCache, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]bool, error) {
 	uid := string(m.UID)
 	isTarget := map[string]bool{}
 	for _, n := range p.targets {
 		isTarget[n.Name] = true
 	}
-	held := map[string]heldBack{}
+	full := map[string]bool{}
 	for i := range nodes {
 		n := &nodes[i]
 		want := p.entry
@@ -285,18 +277,6 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 			continue
 		}
 		asked := requestFor(byNode[n.Name], uid)
-		if !p.access.creds.Empty() && (byNode[n.Name] == nil || byNode[n.Name].Status.CredentialsKey == "") {
-			// Asked without them, the node would try the source without credentials.
-			held[n.Name] = heldBack{inferencev1.CachePending, prewarmv1alpha1.ReasonWaitingForCredentials,
-				"the node's agent has not published its key yet; the cache's credentials are sealed to it once it does"}
-			if byNode[n.Name] == nil {
-				// The agent publishes its key in its NodeCache, which it cannot create.
-				if err := applyEntry(ctx, r.Client, n, nil, uid); err != nil {
-					return nil, fmt.Errorf("making node %s's NodeCache: %w", n.Name, err)
-				}
-			}
-			continue
-		}
 		sealed, err := sealFor(byNode[n.Name], n.Name, uid, p.access, asked)
 		if err != nil {
 			return nil, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)
@@ -306,14 +286,14 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 			continue
 		}
 		if asked == nil && byNode[n.Name] != nil && len(byNode[n.Name].Spec.Caches) >= prewarmv1alpha1.MaxCachesPerNode {
-			held[n.Name] = nodeCacheFull
+			full[n.Name] = true
 			continue
 		}
 		if err := applyEntry(ctx, r.Client, n, &want, uid); err != nil {
 			if asked == nil && apierrors.IsInvalid(err) {
 				// Another cache took the last place since the informer's view: the API server
 				// refuses the list's growth past its maxItems.
-				held[n.Name] = nodeCacheFull
+				full[n.Name] = true
 				continue
 			}
 			return nil, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
@@ -328,7 +308,7 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 			return nil, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
 		}
 	}
-	return held, nil
+	return full, nil
 }
 
 // label puts the cache's label on exactly the nodes that hold it Ready (retained nodes too: new
@@ -378,19 +358,6 @@ func (r *Reconciler) finishDeletion(ctx context.Context, m *inferencev1.ModelDat
 	controller.Event(r.Recorder, m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
 	return 0, nil
 }
-
-// keyWait is how soon a cache looks again at nodes whose agent has not published its key.
-const keyWait = 2 * time.Second
-
-// heldBack says why a target node is not asked for the cache.
-type heldBack struct {
-	state           inferencev1.CacheState
-	reason, message string
-}
-
-var nodeCacheFull = heldBack{inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull, fmt.Sprintf(
-	"the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement",
-	prewarmv1alpha1.MaxCachesPerNode)}
 
 // parentWants reports whether the cache's parent reference resolves to a parent that exists
 // with that UID and controls the cache: prewarm serves only the caches its parents made. A cache

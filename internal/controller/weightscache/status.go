@@ -20,7 +20,7 @@ import (
 )
 
 // gather builds the cache's status from the target nodes' NodeCache reports.
-func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache, held map[string]heldBack) (st inferencev1.ModelDataCacheConfigStatus) {
+func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache, full map[string]bool) (st inferencev1.ModelDataCacheConfigStatus) {
 	uid := string(m.UID)
 	st = inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: m.Generation,
@@ -37,10 +37,10 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 	node := func(name string, keep *retention) inferencev1.NodeCacheStatus {
 		ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: keep != nil}
 		nc := byNode[name]
-		hb, isHeld := held[name]
 		switch rep := reportFor(nc, uid); {
-		case isHeld && (rep == nil || hb.state == inferencev1.CacheFailed):
-			ns.State, ns.Reason, ns.Message = hb.state, hb.reason, hb.message
+		case full[name]:
+			ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull
+			ns.Message = fmt.Sprintf("the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement", prewarmv1alpha1.MaxCachesPerNode)
 		case rep != nil:
 			ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
 			ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond

@@ -33,18 +33,15 @@ type access struct {
 // another S3 source is read with the namespace's own credentials (s3.credentialsSecret); a
 // Hugging Face model with the parent's token, or anonymously.
 func (r *Reconciler) sourceAccess(ctx context.Context, m *inferencev1.ModelDataCacheConfig, src prewarmv1alpha1.CacheSource) (access, error) {
-	switch src.Type {
-	case inferencev1.ModelSourceHuggingFace:
+	if src.Type == inferencev1.ModelSourceHuggingFace {
 		return r.hfToken(ctx, m)
-	case inferencev1.ModelSourceFSx:
-		if ok, why := r.Config.SourceAllowed(m.Namespace, "fsx", src.FileSystemID, src.Path); !ok {
-			return access{refused: why}, nil
-		}
-		return access{}, nil
 	}
-	ok, why := r.Config.SourceAllowed(m.Namespace, "s3", src.Bucket, src.Prefix)
-	if ok {
+	ok, why := r.Config.SourceAllowed(m.Namespace, src)
+	switch {
+	case ok:
 		return access{}, nil
+	case src.Type == inferencev1.ModelSourceFSx:
+		return access{refused: why}, nil // a mount has no credentials of its own
 	}
 	name := r.Config.S3.CredentialsSecret
 	if name == "" || r.APIReader == nil {
@@ -90,11 +87,16 @@ func (r *Reconciler) hfToken(ctx context.Context, m *inferencev1.ModelDataCacheC
 	return access{creds: credentials.Credentials{HFToken: string(src.Data[key])}}, nil
 }
 
-// sealFor seals the cache's credentials to node's agent key; nil when there are none, or when
-// the agent has not published a key yet (it reports that it waits for them).
+// sealFor seals the cache's credentials to node's agent key; nil when there are none. Until the
+// agent has published a key they are sealed to no key: the node is asked for the cache (its
+// NodeCache then names it, so the key's arrival brings the cache back here), and its agent waits
+// for them as it does after a restart, instead of trying the source without them.
 func sealFor(nc *prewarmv1alpha1.NodeCache, node, uid string, a access, asked *prewarmv1alpha1.CacheRequest) (*prewarmv1alpha1.SealedCredentials, error) {
-	if a.creds.Empty() || nc == nil || nc.Status.CredentialsKey == "" {
+	if a.creds.Empty() {
 		return nil, nil
+	}
+	if nc == nil || nc.Status.CredentialsKey == "" {
+		return &prewarmv1alpha1.SealedCredentials{}, nil
 	}
 	var current *prewarmv1alpha1.SealedCredentials
 	if asked != nil {
