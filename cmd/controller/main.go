@@ -26,8 +26,8 @@ import (
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/controller/endpoint"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
+	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/scheme"
 )
@@ -39,58 +39,82 @@ func main() {
 	}
 }
 
-func run() error {
-	var (
-		cfg           controller.Config
-		configFile    string
-		kubeconfig    string
-		metricsAddr   string
-		probeAddr     string
-		leaderElect   bool
-		leaderElectNS string
-		verbosity     int
-		showVersion   bool
-		catalogName   string
-	)
+// options are the controller's flags.
+type options struct {
+	cfg           controller.Config
+	configFile    string
+	kubeconfig    string
+	metricsAddr   string
+	probeAddr     string
+	leaderElect   bool
+	leaderElectNS string
+	verbosity     int
+	showVersion   bool
+	catalogName   string
+}
+
+func parseFlags(args []string) (*options, error) {
+	var o options
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
-	fs.StringVar(&configFile, "config", "", "the operator configuration shared with the agents (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
-	fs.DurationVar(&cfg.GateTimeout, "gate-timeout", 0, "overrides controller.gateTimeout: longest a Deployment waits for its weights cache to settle")
-	fs.DurationVar(&cfg.Retention, "retention", 0, "overrides controller.retention: how long a cordoned, tainted or unreachable node keeps a cache its placement still selects")
-	fs.StringVar(&cfg.AgentImage, "agent-image", "", "overrides controller.agentImage: image of the agent (the inference pods' init container)")
-	fs.StringVar(&cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
-	fs.StringVar(&catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
-	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
-	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
-	fs.BoolVar(&leaderElect, "leader-elect", true, "elect a leader, so that only one replica reconciles at a time")
-	fs.StringVar(&leaderElectNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
-	fs.IntVar(&verbosity, "v", 0, "log verbosity")
-	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	fs.StringVar(&o.configFile, "config", "", "the operator configuration shared with the agents (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
+	fs.DurationVar(&o.cfg.GateTimeout, "gate-timeout", 0, "overrides controller.gateTimeout: longest a Deployment waits for its weights cache to settle")
+	fs.DurationVar(&o.cfg.Retention, "retention", 0, "overrides controller.retention: how long a cordoned, tainted or unreachable node keeps a cache its placement still selects")
+	fs.StringVar(&o.cfg.AgentImage, "agent-image", "", "overrides controller.agentImage: image of the agent (the inference pods' init container)")
+	fs.StringVar(&o.cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
+	fs.StringVar(&o.catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
+	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
+	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader, so that only one replica reconciles at a time")
+	fs.StringVar(&o.leaderElectNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+func run() error {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
 		return err
 	}
-	if showVersion {
+	if o.showVersion {
 		fmt.Println(cli.Version())
 		return nil
 	}
-	op, err := config.Load(configFile)
+	op, err := config.Load(o.configFile)
 	if err != nil {
 		return err
 	}
-	cfg.Operator = op
-	cfg.Defaults()
+	o.cfg.Operator = op
+	o.cfg.Defaults()
 
-	imageCachePods, err := labels.Parse(controller.ImageCacheLabel)
-	if err != nil {
-		return err
-	}
-	log := cli.NewLogger(verbosity)
+	log := cli.NewLogger(o.verbosity)
 	ctrl.SetLogger(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	restCfg, err := cli.RestConfig(kubeconfig)
+	mgr, err := newManager(o)
 	if err != nil {
 		return err
+	}
+	if err := setupReconcilers(ctx, mgr, o); err != nil {
+		return err
+	}
+	log.Info("controller starting", "version", cli.Version(), "allowedRoots", o.cfg.CacheRoots, "gateTimeout", o.cfg.GateTimeout.String())
+	return mgr.Start(ctx)
+}
+
+func newManager(o *options) (ctrl.Manager, error) {
+	cfg := o.cfg
+	imageCachePods, err := labels.Parse(controller.ImageCacheLabel)
+	if err != nil {
+		return nil, err
+	}
+	restCfg, err := cli.RestConfig(o.kubeconfig)
+	if err != nil {
+		return nil, err
 	}
 	restCfg.QPS, restCfg.Burst = cfg.Controller.ClientQPS, cfg.Controller.ClientBurst
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
@@ -106,26 +130,31 @@ func run() error {
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
 			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
 		}},
-		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress:  probeAddr,
-		LeaderElection:          leaderElect,
+		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "prewarm-controller.prewarm.io",
-		LeaderElectionNamespace: leaderElectNS,
+		LeaderElectionNamespace: o.leaderElectNS,
 		// Leaving the Lease on shutdown lets a new replica take over at once.
 		LeaderElectionReleaseOnCancel: true,
-		Logger:                        log,
+		Logger:                        ctrl.Log,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if probeAddr != "0" {
+	if o.probeAddr != "0" {
 		if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-			return err
+			return nil, err
 		}
 		if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	return mgr, nil
+}
+
+func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
+	cfg := o.cfg
 	recorder := mgr.GetEventRecorder("prewarm-controller")
 	metrics := controller.NewMetrics(ctrlmetrics.Registry)
 	hub := &controller.HubChecker{Endpoint: cfg.HuggingFace.Endpoint}
@@ -137,16 +166,12 @@ func run() error {
 	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	parents := &endpoint.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hub, Recorder: recorder, Metrics: metrics}
+	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hub, Recorder: recorder, Metrics: metrics}
 	if err := parents.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&endpoint.JumpStartReconciler{Reconciler: parents, CatalogName: catalogName}).SetupWithManager(mgr); err != nil {
+	if err := (&serving.JumpStartReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr); err != nil {
-		return err
-	}
-	log.Info("controller starting", "version", cli.Version(), "allowedRoots", cfg.CacheRoots, "gateTimeout", cfg.GateTimeout.String())
-	return mgr.Start(ctx)
+	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr)
 }

@@ -90,19 +90,33 @@ func (j *job) run(ctx context.Context) {
 // once brings the cache to Ready if it can. It returns how long to wait before the next
 // check (0: the retry backoff decides) and whether the cache is Ready.
 func (j *job) once(ctx context.Context) (time.Duration, bool) {
+	dir, wait, ok := j.admit()
+	if !ok {
+		return wait, false
+	}
+	model := filepath.Join(dir, prewarmv1alpha1.ModelSubdir)
+	if wait, ready, done := j.keep(ctx, model); done {
+		return wait, ready
+	}
+	return j.fetch(ctx, model)
+}
+
+// admit checks that this node may keep the cache as requested (its root, its source, the
+// credentials' key) and returns the cache's directory, made if need be. When it may not, the
+// job's status says why, and wait is how long until the next try.
+func (j *job) admit() (dir string, wait time.Duration, ok bool) {
 	o := &j.a.opts
-	log := ctrl.LoggerFrom(ctx)
 	if !o.allowedRoot(j.req.Root) {
 		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, o.Config.CacheRoots))
-		return o.MaxRetryInterval, false
+		return "", o.MaxRetryInterval, false
 	}
 	if _, _, err := o.sourceSpec(j.req.Source); err != nil {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
-		return o.MaxRetryInterval, false
+		return "", o.MaxRetryInterval, false
 	}
 	if err := o.mayRead(j.current()); err != nil {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
-		return o.MaxRetryInterval, false
+		return "", o.MaxRetryInterval, false
 	}
 	if c := j.current().Credentials; c != nil && c.KeyID != credentials.KeyID(j.a.key.Public()) {
 		// Sealed to the key of an earlier run of this agent: the controller seals them again
@@ -111,7 +125,7 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 			st.State, st.Reason, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonWaitingForCredentials, 0
 			st.Message = "waiting for the controller to seal this cache's credentials to the agent's current key"
 		})
-		return o.RetryInterval, false
+		return "", o.RetryInterval, false
 	}
 	dir, err := o.ensureCacheDir(j.req.Root, j.req.UID)
 	if err != nil {
@@ -119,18 +133,24 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		switch {
 		case errors.Is(err, errNotConfined):
 			j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, err.Error())
-			return o.MaxRetryInterval, false
+			return "", o.MaxRetryInterval, false
 		case errors.As(err, &noRoot):
 			j.fail(prewarmv1alpha1.ReasonInsufficientCapacity, err.Error())
-			return o.MaxRetryInterval, false
+			return "", o.MaxRetryInterval, false
 		}
 		j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
-		return 0, false
+		return "", 0, false
 	}
-	model := filepath.Join(dir, prewarmv1alpha1.ModelSubdir)
+	return dir, 0, true
+}
 
-	// A cache already on disk is checked cheaply first (the manifest is there, every file has
-	// its size), and then, when due, by reading it all back against its checksums.
+// keep looks after a cache already on disk: checked cheaply first (the manifest is there,
+// every file has its size), then, when due, by reading it all back against its checksums;
+// damaged files are repaired. done reports that the cache needs no download (wait and ready
+// are then once's results); otherwise the model is fetched, into what keep left of it.
+func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready, done bool) {
+	o := &j.a.opts
+	log := ctrl.LoggerFrom(ctx)
 	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{})
 	if pinned := j.pinnedRevision(); err == nil && len(damaged) == 0 && pinned != "" && m.Revision != "" && m.Revision != pinned {
 		// Another revision than the one the cache is pinned to (downloaded while the source was
@@ -141,14 +161,14 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 	if err == nil && len(damaged) == 0 {
 		j.ready(m)
 		if !j.verifyDue() {
-			return j.untilNextCheck(), true
+			return j.untilNextCheck(), true, true
 		}
 		m, damaged, err = j.verifyContent(ctx, model)
 		if err == nil && len(damaged) == 0 {
-			return j.untilNextCheck(), true
+			return j.untilNextCheck(), true, true
 		}
 		if ctx.Err() != nil {
-			return 0, false
+			return 0, false, true
 		}
 	}
 	switch {
@@ -166,18 +186,16 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheDamaged, msg+"; fetching them again"
 		})
-		wait, ok, done := j.repair(ctx, model, damaged)
-		if done {
-			return wait, ok
-		}
-		// The source changed since: the whole model is fetched again, into a new copy.
+		// When the repair is not done, the source changed since: the whole model is fetched
+		// again, into a new copy.
+		return j.repair(ctx, model, damaged)
 	case errors.Is(err, os.ErrNotExist) && j.retained():
 		// Not a current target: keep what is here, fetch nothing new.
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.BytesDone, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonNotTarget, 0, 0
 			st.Message = "the node is not a current target of the cache (cordoned, tainted or unreachable); nothing is downloaded until it is"
 		})
-		return o.RecheckInterval, false
+		return o.RecheckInterval, false, true
 	case !errors.Is(err, os.ErrNotExist) || j.snapshotState() == inferencev1.CacheReady:
 		// It was there and cannot be read any more: fetch it again, from scratch.
 		log.Info("cache is not whole; fetching it again", "reason", err.Error())
@@ -186,12 +204,17 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		})
 		if err := os.RemoveAll(model); err != nil {
 			j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
-			return 0, false
+			return 0, false, true
 		}
 	}
+	return 0, false, false
+}
 
+// fetch downloads the model (resuming what an earlier run left) and makes the cache Ready.
+func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
+	log := ctrl.LoggerFrom(ctx)
 	var res engine.Result
-	err = j.download(ctx, func(eng *engine.Engine, src source.Source) error {
+	err := j.download(ctx, func(eng *engine.Engine, src source.Source) error {
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source.String()
 		})

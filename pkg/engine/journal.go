@@ -112,74 +112,93 @@ func readJournal(path, plan string) (st resumeState, ok bool, err error) {
 	if json.Unmarshal(sc.Bytes(), &hdr) != nil || hdr.Plan != plan {
 		return st, false, nil
 	}
-	sameBoot := hdr.Boot != "" && hdr.Boot == bootID()
-	type rec struct {
-		kind   byte
-		idx    int
-		off, n int64
-		crc    uint64
-		hasCRC bool
-	}
-	var trusted, pending []rec
+	// Records after the last sync mark are trusted only if the machine has not restarted since
+	// they were written: a crash of the process keeps them in the page cache, a power loss
+	// may not.
+	var trusted, pending []journalRecord
 	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) == 0 {
-			continue
-		}
-		switch fields[0] {
-		case "S":
+		r, ok := parseRecord(sc.Text())
+		switch {
+		case !ok:
+			// a torn last line, or one this version does not know
+		case r.kind == 'S':
 			trusted = append(trusted, pending...)
 			pending = pending[:0]
-		case "W":
-			if len(fields) != 4 && len(fields) != 5 {
-				continue // a torn last line
-			}
-			idx, err1 := strconv.Atoi(fields[1])
-			off, err2 := strconv.ParseInt(fields[2], 10, 64)
-			n, err3 := strconv.ParseInt(fields[3], 10, 64)
-			r := rec{kind: 'W', idx: idx, off: off, n: n}
-			var err4 error
-			if len(fields) == 5 {
-				r.crc, err4 = strconv.ParseUint(fields[4], 16, 64)
-				r.hasCRC = err4 == nil
-			}
-			if err1 == nil && err2 == nil && err3 == nil && err4 == nil {
-				pending = append(pending, r)
-			}
-		case "V", "X":
-			if len(fields) != 2 {
-				continue
-			}
-			if idx, err := strconv.Atoi(fields[1]); err == nil {
-				pending = append(pending, rec{kind: fields[0][0], idx: idx})
-			}
+		default:
+			pending = append(pending, r)
 		}
 	}
-	if sameBoot {
+	if hdr.Boot != "" && hdr.Boot == bootID() {
 		trusted = append(trusted, pending...)
 	}
 	st = newResumeState()
 	for _, r := range trusted {
-		switch r.kind {
-		case 'W':
-			c := st.written[r.idx]
-			if c == nil {
-				c = &coverage{}
-				st.written[r.idx] = c
-			}
-			c.add(r.off, r.n)
-			if r.hasCRC {
-				st.crcs[r.idx] = append(st.crcs[r.idx], partCRC{r.off, r.n, r.crc})
-			}
-		case 'V':
-			st.verified[r.idx] = true
-		case 'X':
-			delete(st.written, r.idx)
-			delete(st.verified, r.idx)
-			delete(st.crcs, r.idx)
-		}
+		st.apply(r)
 	}
 	return st, true, sc.Err()
+}
+
+// journalRecord is one line of a journal: S (synced), W file off n [crc] (written),
+// V file (verified), X file (reset).
+type journalRecord struct {
+	kind   byte
+	idx    int
+	off, n int64
+	crc    uint64
+	hasCRC bool
+}
+
+func parseRecord(line string) (journalRecord, bool) {
+	fields := strings.Fields(line)
+	if len(fields) == 0 {
+		return journalRecord{}, false
+	}
+	switch fields[0] {
+	case "S":
+		return journalRecord{kind: 'S'}, len(fields) == 1
+	case "W":
+		if len(fields) != 4 && len(fields) != 5 {
+			return journalRecord{}, false
+		}
+		idx, err1 := strconv.Atoi(fields[1])
+		off, err2 := strconv.ParseInt(fields[2], 10, 64)
+		n, err3 := strconv.ParseInt(fields[3], 10, 64)
+		r := journalRecord{kind: 'W', idx: idx, off: off, n: n}
+		var err4 error
+		if len(fields) == 5 {
+			r.crc, err4 = strconv.ParseUint(fields[4], 16, 64)
+			r.hasCRC = err4 == nil
+		}
+		return r, err1 == nil && err2 == nil && err3 == nil && err4 == nil
+	case "V", "X":
+		if len(fields) != 2 {
+			return journalRecord{}, false
+		}
+		idx, err := strconv.Atoi(fields[1])
+		return journalRecord{kind: fields[0][0], idx: idx}, err == nil
+	}
+	return journalRecord{}, false
+}
+
+func (st *resumeState) apply(r journalRecord) {
+	switch r.kind {
+	case 'W':
+		c := st.written[r.idx]
+		if c == nil {
+			c = &coverage{}
+			st.written[r.idx] = c
+		}
+		c.add(r.off, r.n)
+		if r.hasCRC {
+			st.crcs[r.idx] = append(st.crcs[r.idx], partCRC{r.off, r.n, r.crc})
+		}
+	case 'V':
+		st.verified[r.idx] = true
+	case 'X':
+		delete(st.written, r.idx)
+		delete(st.verified, r.idx)
+		delete(st.crcs, r.idx)
+	}
 }
 
 // journal appends records. It is used from one goroutine.

@@ -45,201 +45,217 @@ type record struct {
 	hasCRC bool
 }
 
-// download fetches every missing part and verifies every file.
+// download fetches every missing part and verifies every file. It runs as a pipeline: one
+// producer hands out parts in file order, workers fetch and write them, one goroutine keeps the
+// journal, and verifiers check each file as its last part lands, so verification overlaps the
+// download.
 func (r *run) download(ctx context.Context) error {
-	e := r.e
+	p := r.newPipeline()
 	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return p.produce(ctx) })
+	var workers sync.WaitGroup
+	for range r.e.concurrency {
+		workers.Add(1)
+		g.Go(func() error {
+			defer workers.Done()
+			return p.work(ctx)
+		})
+	}
+	g.Go(func() error {
+		workers.Wait()
+		close(p.records)
+		return nil
+	})
+	g.Go(p.keepJournal)
+	for range r.e.verifiers {
+		g.Go(func() error { return p.verify(ctx) })
+	}
+	stopProgress := r.reportProgress()
+	err := g.Wait()
+	stopProgress()
+	return p.finish(err)
+}
 
-	parts := make(chan part, e.concurrency)
-	records := make(chan record, 4*e.concurrency)
-	toVerify := make(chan int, len(r.listing.Files))
-	verified := make(chan int, len(r.listing.Files))
+// pipeline is the channels between download's stages.
+type pipeline struct {
+	r        *run
+	parts    chan part   // producer → workers
+	records  chan record // workers → journal
+	toVerify chan int    // files fully written → verifiers
+	verified chan int    // files verified → journal
 
-	// Files verified by an earlier run are done; the rest will each pass through a verifier
-	// once. Counted here, before any goroutine starts, so the verifiers know when to stop.
-	toCheck := int64(0)
+	// pending counts files still to verify; allVerified is closed when it reaches zero, which
+	// is how the verifiers know to stop.
+	pending     atomic.Int64
+	allVerified chan struct{}
+}
+
+func (r *run) newPipeline() *pipeline {
+	n := len(r.listing.Files)
+	p := &pipeline{
+		r:           r,
+		parts:       make(chan part, r.e.concurrency),
+		records:     make(chan record, 4*r.e.concurrency),
+		toVerify:    make(chan int, n),
+		verified:    make(chan int, n),
+		allVerified: make(chan struct{}),
+	}
+	// Files verified by an earlier run are done; the rest each pass through a verifier once.
+	// Counted before any goroutine starts.
 	for idx, f := range r.listing.Files {
 		if r.resume.verified[idx] {
 			r.filesDone.Add(1)
 			r.done.Add(f.Size)
 		} else {
-			toCheck++
+			p.pending.Add(1)
 		}
 	}
+	if p.pending.Load() == 0 {
+		close(p.allVerified)
+	}
+	return p
+}
 
-	// Producer: parts in file order, so files finish early and verification overlaps download.
-	g.Go(func() error {
-		defer close(parts)
-		for idx, f := range r.listing.Files {
-			if r.resume.verified[idx] {
-				continue
-			}
-			cov := r.resume.written[idx]
-			var todo []part
-			for off := int64(0); off < f.Size; off += e.partSize {
-				n := min(e.partSize, f.Size-off)
-				if cov != nil && cov.covers(off, n) {
-					r.done.Add(n)
-					continue
-				}
-				todo = append(todo, part{file: idx, off: off, n: n})
-			}
-			if len(todo) == 0 && f.Size > 0 {
-				toVerify <- idx // written before, not yet verified
-				continue
-			}
-			h, err := r.openFile(idx, f)
-			if err != nil {
+// produce hands out the parts not yet written, file by file, so that files finish early.
+func (p *pipeline) produce(ctx context.Context) error {
+	defer close(p.parts)
+	r := p.r
+	for idx, f := range r.listing.Files {
+		if r.resume.verified[idx] {
+			continue
+		}
+		todo := r.missingParts(idx, f)
+		if len(todo) == 0 && f.Size > 0 {
+			p.toVerify <- idx // written before, not yet verified
+			continue
+		}
+		h, err := r.openFile(idx, f)
+		if err != nil {
+			return err
+		}
+		if f.Size == 0 {
+			if err := h.f.Close(); err != nil {
 				return err
 			}
-			if f.Size == 0 {
-				if err := h.f.Close(); err != nil {
-					return err
-				}
-				toVerify <- idx
-				continue
-			}
-			h.remaining.Store(int64(len(todo)))
-			for _, p := range todo {
-				p.handle = h
-				select {
-				case parts <- p:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
+			p.toVerify <- idx
+			continue
+		}
+		h.remaining.Store(int64(len(todo)))
+		for _, pt := range todo {
+			pt.handle = h
+			select {
+			case p.parts <- pt:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
-		return nil
-	})
+	}
+	return nil
+}
 
-	// Workers.
-	var workers sync.WaitGroup
-	for range e.concurrency {
-		workers.Add(1)
-		g.Go(func() error {
-			defer workers.Done()
-			for p := range parts {
-				crc, err := r.fetchPart(ctx, p)
-				if err != nil {
+// missingParts is file idx cut into parts, less those an earlier run wrote (counted as done).
+func (r *run) missingParts(idx int, f source.File) []part {
+	cov := r.resume.written[idx]
+	var todo []part
+	for off := int64(0); off < f.Size; off += r.e.partSize {
+		n := min(r.e.partSize, f.Size-off)
+		if cov != nil && cov.covers(off, n) {
+			r.done.Add(n)
+			continue
+		}
+		todo = append(todo, part{file: idx, off: off, n: n})
+	}
+	return todo
+}
+
+// work fetches parts, records each in the journal, and hands a file to the verifiers when
+// its last part is written.
+func (p *pipeline) work(ctx context.Context) error {
+	r := p.r
+	for pt := range p.parts {
+		crc, err := r.fetchPart(ctx, pt)
+		if err != nil {
+			return err
+		}
+		rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil}
+		if rec.hasCRC {
+			r.crcMu.Lock()
+			r.crcs[pt.file] = append(r.crcs[pt.file], partCRC{pt.off, pt.n, crc})
+			r.crcMu.Unlock()
+		}
+		select {
+		case p.records <- rec:
+		case <-ctx.Done(): // the journal stopped on an error
+			return ctx.Err()
+		}
+		if pt.handle.remaining.Add(-1) == 0 {
+			if err := pt.handle.f.Close(); err != nil {
+				return err
+			}
+			p.toVerify <- pt.file
+		}
+	}
+	return nil
+}
+
+// keepJournal is the journal's one writer: records reach the kernel at once, and the
+// filesystem is synced now and then. It ends when the workers have all stopped.
+func (p *pipeline) keepJournal() error {
+	r := p.r
+	tick := time.NewTicker(r.e.syncInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case rec, ok := <-p.records:
+			if !ok {
+				return r.journal.flush()
+			}
+			r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC)
+			if len(p.records) == 0 {
+				if err := r.journal.flush(); err != nil {
 					return err
 				}
-				rec := record{file: p.file, off: p.off, n: p.n, crc: crc, hasCRC: r.inline[p.file] != nil}
-				if rec.hasCRC {
-					r.crcMu.Lock()
-					r.crcs[p.file] = append(r.crcs[p.file], partCRC{p.off, p.n, crc})
-					r.crcMu.Unlock()
-				}
-				select {
-				case records <- rec:
-				case <-ctx.Done(): // the journal stopped on an error
-					return ctx.Err()
-				}
-				if p.handle.remaining.Add(-1) == 0 {
-					if err := p.handle.f.Close(); err != nil {
-						return err
-					}
-					toVerify <- p.file
-				}
 			}
+		case idx := <-p.verified:
+			r.journal.verified(idx)
+		case <-tick.C:
+			if err := r.syncJournal(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// verify checks files as they are handed over, until every file is verified.
+func (p *pipeline) verify(ctx context.Context) error {
+	for {
+		select {
+		case <-p.allVerified:
 			return nil
-		})
-	}
-	g.Go(func() error {
-		workers.Wait()
-		close(records)
-		return nil
-	})
-
-	// Journal: records reach the kernel at once, and the filesystem is synced now and then.
-	journalDone := make(chan struct{})
-	g.Go(func() error {
-		defer close(journalDone)
-		tick := time.NewTicker(e.syncInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case rec, ok := <-records:
-				if !ok {
-					return r.journal.flush()
-				}
-				r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC)
-				if len(records) == 0 {
-					if err := r.journal.flush(); err != nil {
-						return err
-					}
-				}
-			case idx := <-verified:
-				r.journal.verified(idx)
-			case <-tick.C:
-				if err := r.syncJournal(); err != nil {
-					return err
-				}
+		case <-ctx.Done():
+			return ctx.Err()
+		case idx := <-p.toVerify:
+			if err := p.r.verifyFile(ctx, idx); err != nil {
+				return err
+			}
+			p.r.filesDone.Add(1)
+			p.verified <- idx
+			if p.pending.Add(-1) == 0 {
+				close(p.allVerified)
 			}
 		}
-	})
-
-	// Verifiers.
-	var verifiersWG sync.WaitGroup
-	var pendingVerify atomic.Int64
-	pendingVerify.Store(toCheck)
-	allVerified := make(chan struct{})
-	if pendingVerify.Load() == 0 {
-		close(allVerified)
 	}
-	for range e.verifiers {
-		verifiersWG.Add(1)
-		g.Go(func() error {
-			defer verifiersWG.Done()
-			for {
-				select {
-				case <-allVerified:
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				case idx := <-toVerify:
-					if err := r.verifyFile(ctx, idx); err != nil {
-						return err
-					}
-					r.filesDone.Add(1)
-					verified <- idx
-					if pendingVerify.Add(-1) == 0 {
-						close(allVerified)
-					}
-				}
-			}
-		})
-	}
+}
 
-	// Progress.
-	stopProgress := make(chan struct{})
-	progressDone := make(chan struct{})
-	go func() {
-		defer close(progressDone)
-		if e.progress == nil {
-			return
-		}
-		tick := time.NewTicker(e.progressInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-tick.C:
-				e.report(r.snapshot(PhaseDownloading))
-			case <-stopProgress:
-				return
-			}
-		}
-	}()
-
-	err := g.Wait()
-	close(stopProgress)
-	<-progressDone
-	// Whatever happened, flush and sync what the journal knows, so a rerun resumes from here.
-	for len(verified) > 0 {
-		r.journal.verified(<-verified)
+// finish flushes and syncs what the journal knows, whatever happened, so that a rerun resumes
+// from here; a file that failed verification is removed, so that the next run fetches it again.
+func (p *pipeline) finish(err error) error {
+	r := p.r
+	for len(p.verified) > 0 {
+		r.journal.verified(<-p.verified)
 	}
 	var verr *VerificationError
 	if errors.As(err, &verr) {
-		// Bad bytes are not kept: the next run fetches this file again.
 		r.journal.reset(verr.file)
 		_ = r.root.Remove(filepath.FromSlash(verr.Path))
 	}
@@ -247,6 +263,34 @@ func (r *run) download(ctx context.Context) error {
 		err = serr
 	}
 	return err
+}
+
+// reportProgress reports the run's progress every progressInterval until the returned
+// function is called; that function returns once the reporter has stopped.
+func (r *run) reportProgress() (stop func()) {
+	e := r.e
+	if e.progress == nil {
+		return func() {}
+	}
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(e.progressInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				e.report(r.snapshot(PhaseDownloading))
+			case <-quit:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
 }
 
 // syncJournal makes everything written so far durable, then marks the journal so.

@@ -21,19 +21,22 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
+// agentFlags are the node agent's flags.
+type agentFlags struct {
+	opts        agent.Options
+	eng         cli.EngineFlags
+	configFile  string
+	reserve     string
+	verifyRate  string
+	kubeconfig  string
+	metricsAddr string
+	probeAddr   string
+	verbosity   int
+}
+
 // NewAgentCommand returns the command tree of the agent binary.
 func NewAgentCommand() *cobra.Command {
-	var (
-		opts        agent.Options
-		eng         cli.EngineFlags
-		configFile  string
-		reserve     string
-		verifyRate  string
-		kubeconfig  string
-		metricsAddr string
-		probeAddr   string
-		verbosity   int
-	)
+	var af agentFlags
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "prewarm's node agent: keeps the node's weights caches on local disk",
@@ -45,67 +48,72 @@ the allowed roots.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
-			if opts.Config, err = config.Load(configFile); err != nil {
-				return err
-			}
-			if err := settings(cmd, &opts, &eng, reserve, verifyRate); err != nil {
-				return err
-			}
-			opts.Connections, opts.Version = eng.Connections(), cli.Version()
-			opts.Registerer = ctrlmetrics.Registry
-			if err := opts.Validate(); err != nil {
-				return err
-			}
-			log := cli.NewLogger(verbosity)
-			ctrl.SetLogger(log)
-			cfg, err := cli.RestConfig(kubeconfig)
-			if err != nil {
-				return err
-			}
-			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-				Scheme:                 scheme.New(),
-				Cache:                  agent.CacheOptions(opts.NodeName),
-				Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-				HealthProbeBindAddress: probeAddr,
-				Logger:                 log.WithValues("node", opts.NodeName),
-			})
-			if err != nil {
-				return err
-			}
-			if err := addHealthChecks(mgr, probeAddr); err != nil {
-				return err
-			}
-			a, err := agent.New(mgr.GetClient(), opts)
-			if err != nil {
-				return err
-			}
-			if err := a.SetupWithManager(mgr); err != nil {
-				return err
-			}
-			log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.CacheRoots, "version", opts.Version)
-			return mgr.Start(cmd.Context())
-		},
+		RunE:          func(cmd *cobra.Command, _ []string) error { return runAgent(cmd, &af) },
 	}
+	opts := &af.opts
 	f := cmd.Flags()
 	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	f.StringVar(&configFile, "config", "", "the operator configuration shared with the controller (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
+	f.StringVar(&af.configFile, "config", "", "the operator configuration shared with the controller (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
-	f.StringVar(&reserve, "reserve", "2GiB", "overrides agent.reserve: free space kept under each root, never filled by caches")
+	f.StringVar(&af.reserve, "reserve", "2GiB", "overrides agent.reserve: free space kept under each root, never filled by caches")
 	f.IntVar(&opts.MaxParallel, "max-parallel", 2, "overrides agent.maxParallel: caches downloading at once")
 	f.DurationVar(&opts.StatusInterval, "status-interval", 2*time.Second, "least time between two status writes")
 	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 5*time.Minute, "how often a ready cache is re-checked (manifest and sizes)")
 	f.DurationVar(&opts.VerifyInterval, "verify-interval", 24*time.Hour, "overrides agent.verifyInterval: how often a ready cache's content is read back and checked against its checksums (also once at start)")
-	f.StringVar(&verifyRate, "verify-rate", "200MiB", "overrides agent.verifyRate: most bytes per second that re-verification reads from disk (0: no cap)")
+	f.StringVar(&af.verifyRate, "verify-rate", "200MiB", "overrides agent.verifyRate: most bytes per second that re-verification reads from disk (0: no cap)")
 	f.DurationVar(&opts.RetryInterval, "retry-interval", 10*time.Second, "first wait before a failed download is retried (doubles up to 5m)")
-	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
-	f.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
-	f.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
-	f.IntVarP(&verbosity, "v", "v", 0, "log verbosity")
-	eng.Register(cmd)
+	f.StringVar(&af.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
+	f.StringVar(&af.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
+	f.StringVar(&af.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
+	f.IntVarP(&af.verbosity, "v", "v", 0, "log verbosity")
+	af.eng.Register(cmd)
 	cmd.AddCommand(newPrepareCommand())
 	return cmd
+}
+
+// runAgent runs the node agent until the command's context ends (SIGTERM).
+func runAgent(cmd *cobra.Command, af *agentFlags) error {
+	opts := &af.opts
+	var err error
+	if opts.Config, err = config.Load(af.configFile); err != nil {
+		return err
+	}
+	if err := settings(cmd, opts, &af.eng, af.reserve, af.verifyRate); err != nil {
+		return err
+	}
+	opts.Connections, opts.Version = af.eng.Connections(), cli.Version()
+	opts.Registerer = ctrlmetrics.Registry
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	log := cli.NewLogger(af.verbosity)
+	ctrl.SetLogger(log)
+	cfg, err := cli.RestConfig(af.kubeconfig)
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme.New(),
+		Cache:                  agent.CacheOptions(opts.NodeName),
+		Metrics:                metricsserver.Options{BindAddress: af.metricsAddr},
+		HealthProbeBindAddress: af.probeAddr,
+		Logger:                 log.WithValues("node", opts.NodeName),
+	})
+	if err != nil {
+		return err
+	}
+	if err := addHealthChecks(mgr, af.probeAddr); err != nil {
+		return err
+	}
+	a, err := agent.New(mgr.GetClient(), *opts)
+	if err != nil {
+		return err
+	}
+	if err := a.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.CacheRoots, "version", opts.Version)
+	return mgr.Start(cmd.Context())
 }
 
 func newPrepareCommand() *cobra.Command {

@@ -1,7 +1,9 @@
-// Package endpoint reconciles InferenceEndpointConfig: its weights cache (a
-// ModelDataCacheConfig), the gate that holds the Deployment back until the cache settles, the
-// Deployment and Service that serve the model, and the parent's status.
-package endpoint
+// Package serving reconciles the objects that ask for a model to be served, InferenceEndpointConfig
+// and JumpStartModel (the parents): their weights and image caches, the gate that holds the
+// Deployment back until the weights cache settles, the Deployment and Service that serve the
+// model, and the parent's status. Both kinds share one code path once the JumpStart catalog has
+// been read (phases.go).
+package serving
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package endpoint
+package serving
 
 import (
 	"crypto/sha256"
@@ -47,101 +47,125 @@ func selector(m *model) map[string]string {
 // podTemplate builds the inference pods' template. cache is the weights cache the pods read
 // (nil: no cache; the init container always downloads).
 func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) (corev1.PodTemplateSpec, error) {
-	w := m.worker
 	labels := selector(m)
 	labels["app.kubernetes.io/name"] = truncate(m.owner.GetName(), 63)
 	labels[controller.ManagedByLabel] = controller.ManagedBy
 	annotations := map[string]string{}
+	worker := workerContainer(m)
+	spec := corev1.PodSpec{Tolerations: m.placement.Tolerations}
+	if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume && m.source.KubernetesVolume != nil {
+		// A volume is mounted as it is; there is nothing to prepare, and no cache.
+		mountModelVolume(m, &worker, &spec)
+		cache = nil
+	} else if err := r.prepareModel(m, cache, &worker, &spec); err != nil {
+		return corev1.PodTemplateSpec{}, err
+	}
+	if cache != nil {
+		annotations[controller.WeightsCacheAnnotation] = cache.Name
+	}
+	spec.Containers = []corev1.Container{worker}
+	spec.Affinity = affinity(m, cache, image)
+	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations}, Spec: spec}, nil
+}
 
-	modelVolume := w.ModelVolumeMount.Name
-	worker := corev1.Container{
+// workerContainer is the container that serves the model, as the parent describes it.
+func workerContainer(m *model) corev1.Container {
+	w := m.worker
+	c := corev1.Container{
 		Name: WorkerContainerName, Image: w.Image, Command: w.Command, Args: w.Args,
 		Ports:          []corev1.ContainerPort{{Name: m.portName(), ContainerPort: w.ModelInvocationPort.ContainerPort, Protocol: corev1.ProtocolTCP}},
 		Resources:      w.Resources,
 		ReadinessProbe: w.ReadinessProbe, LivenessProbe: w.LivenessProbe, StartupProbe: w.StartupProbe,
 	}
 	for _, e := range w.EnvironmentVariables {
-		worker.Env = append(worker.Env, corev1.EnvVar{Name: e.Name, Value: e.Value, ValueFrom: e.ValueFrom})
+		c.Env = append(c.Env, corev1.EnvVar{Name: e.Name, Value: e.Value, ValueFrom: e.ValueFrom})
 	}
-	spec := corev1.PodSpec{Tolerations: m.placement.Tolerations}
+	return c
+}
 
-	aff := &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: append([]corev1.PreferredSchedulingTerm{}, m.preferred...)}
+// mountModelVolume mounts the parent's own volume as the model, read-only.
+func mountModelVolume(m *model, worker *corev1.Container, spec *corev1.PodSpec) {
+	name := m.worker.ModelVolumeMount.Name
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: m.source.KubernetesVolume.ClaimName, ReadOnly: true},
+	}})
+	worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{
+		Name: name, MountPath: m.mountPath(), SubPath: strings.Trim(m.source.ModelLocation, "/"), ReadOnly: true,
+	})
+}
+
+// prepareModel adds the init container that makes the model appear in the pod: linked from
+// the node's cache when the node holds it, downloaded from the source when not.
+func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheConfig, worker *corev1.Container, spec *corev1.PodSpec) error {
+	modelVolume := m.worker.ModelVolumeMount.Name
+	src := m.source
+	if cache != nil {
+		src = cache.Spec.ModelSourceConfig // the cache's own source: warm and cold pods read the same model
+	}
+	cs, err := r.Config.CacheSource(src)
+	if err != nil {
+		return err
+	}
+	if cache != nil && cs.Type != inferencev1.ModelSourceHuggingFace && cache.Status.ResolvedRevision != "" {
+		// A cold pod reads exactly what the warm nodes hold, or fails saying the source changed.
+		cs.Revision = cache.Status.ResolvedRevision
+	}
+	prepare := corev1.Container{
+		Name: PrepareContainerName, Image: r.Config.AgentImage,
+		Args: []string{"prepare", "--dest=" + filepath.Join(WorkMountPath, modelSubPath)},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+		},
+		VolumeMounts: []corev1.VolumeMount{{Name: modelVolume, MountPath: WorkMountPath}},
+	}
+	if err := r.prepareSource(m, cs, src, &prepare, spec); err != nil {
+		return err
+	}
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), SubPath: modelSubPath, ReadOnly: true})
+	if cache != nil {
+		prepare.Args = append(prepare.Args, "--cache-dir="+filepath.Join(CacheMountPath, prewarmv1alpha1.ModelSubdir))
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: cacheVolumeName, VolumeSource: corev1.VolumeSource{
+			HostPath: &corev1.HostPathVolumeSource{
+				Path: prewarmv1alpha1.CacheDir(cache.Spec.HostPath, string(cache.UID)), Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+			},
+		}})
+		mount := corev1.VolumeMount{Name: cacheVolumeName, MountPath: CacheMountPath, ReadOnly: true}
+		prepare.VolumeMounts = append(prepare.VolumeMounts, mount)
+		worker.VolumeMounts = append(worker.VolumeMounts, mount)
+	}
+	spec.InitContainers = []corev1.Container{prepare}
+	return nil
+}
+
+// affinity is the placement's required terms, and preferences (never requirements): first for
+// the nodes that hold the weights cache, then the parent's own, then for the nodes that hold
+// the image (which takes far less time to fetch than the weights).
+func affinity(m *model, cache *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) *corev1.Affinity {
+	aff := &corev1.NodeAffinity{}
 	if terms := placement.RequiredTerms(m.placement); len(terms) > 0 {
 		aff.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{NodeSelectorTerms: terms}
 	}
-
-	if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume && m.source.KubernetesVolume != nil {
-		// A volume is mounted as it is; there is nothing to prepare.
-		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{
-			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: m.source.KubernetesVolume.ClaimName, ReadOnly: true},
-		}})
-		worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{
-			Name: modelVolume, MountPath: m.mountPath(), SubPath: strings.Trim(m.source.ModelLocation, "/"), ReadOnly: true,
-		})
-	} else {
-		src := m.source
-		if cache != nil {
-			src = cache.Spec.ModelSourceConfig // the cache's own source: warm and cold pods read the same model
-		}
-		cs, err := r.Config.CacheSource(src)
-		if err != nil {
-			return corev1.PodTemplateSpec{}, err
-		}
-		if cache != nil && cs.Type != inferencev1.ModelSourceHuggingFace && cache.Status.ResolvedRevision != "" {
-			// A cold pod reads exactly what the warm nodes hold, or fails saying the source changed.
-			cs.Revision = cache.Status.ResolvedRevision
-		}
-		prepare := corev1.Container{
-			Name: PrepareContainerName, Image: r.Config.AgentImage,
-			Args: []string{"prepare", "--dest=" + filepath.Join(WorkMountPath, modelSubPath)},
-			Resources: corev1.ResourceRequirements{
-				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
-				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
-			},
-			VolumeMounts: []corev1.VolumeMount{{Name: modelVolume, MountPath: WorkMountPath}},
-		}
-		if err := r.prepareSource(m, cs, src, &prepare, &spec); err != nil {
-			return corev1.PodTemplateSpec{}, err
-		}
-		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
-		worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), SubPath: modelSubPath, ReadOnly: true})
-
-		if cache != nil {
-			uid := string(cache.UID)
-			annotations[controller.WeightsCacheAnnotation] = cache.Name
-			prepare.Args = append(prepare.Args, "--cache-dir="+filepath.Join(CacheMountPath, prewarmv1alpha1.ModelSubdir))
-			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: cacheVolumeName, VolumeSource: corev1.VolumeSource{
-				HostPath: &corev1.HostPathVolumeSource{
-					Path: prewarmv1alpha1.CacheDir(cache.Spec.HostPath, uid), Type: ptr.To(corev1.HostPathDirectoryOrCreate),
-				},
-			}})
-			mount := corev1.VolumeMount{Name: cacheVolumeName, MountPath: CacheMountPath, ReadOnly: true}
-			prepare.VolumeMounts = append(prepare.VolumeMounts, mount)
-			worker.VolumeMounts = append(worker.VolumeMounts, mount)
-			// Prefer (never require) the nodes that hold the cache.
-			aff.PreferredDuringSchedulingIgnoredDuringExecution = append([]corev1.PreferredSchedulingTerm{{
-				Weight: 100,
-				Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
-					Key: inferencev1.WeightsCacheReadyLabel(uid), Operator: corev1.NodeSelectorOpIn, Values: []string{inferencev1.LabelTrue},
-				}}},
-			}}, aff.PreferredDuringSchedulingIgnoredDuringExecution...)
-		}
-		spec.InitContainers = []corev1.Container{prepare}
-	}
-	if image != nil {
-		// Prefer nodes that hold the image too, below the weights (which take far longer).
+	prefer := func(weight int32, label string) {
 		aff.PreferredDuringSchedulingIgnoredDuringExecution = append(aff.PreferredDuringSchedulingIgnoredDuringExecution, corev1.PreferredSchedulingTerm{
-			Weight: 50,
+			Weight: weight,
 			Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
-				Key: inferencev1.ImageCacheReadyLabel(string(image.UID)), Operator: corev1.NodeSelectorOpIn, Values: []string{inferencev1.LabelTrue},
+				Key: label, Operator: corev1.NodeSelectorOpIn, Values: []string{inferencev1.LabelTrue},
 			}}},
 		})
 	}
-	spec.Containers = []corev1.Container{worker}
-	if aff.RequiredDuringSchedulingIgnoredDuringExecution != nil || len(aff.PreferredDuringSchedulingIgnoredDuringExecution) > 0 {
-		spec.Affinity = &corev1.Affinity{NodeAffinity: aff}
+	if cache != nil {
+		prefer(100, inferencev1.WeightsCacheReadyLabel(string(cache.UID)))
 	}
-	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations}, Spec: spec}, nil
+	aff.PreferredDuringSchedulingIgnoredDuringExecution = append(aff.PreferredDuringSchedulingIgnoredDuringExecution, m.preferred...)
+	if image != nil {
+		prefer(50, inferencev1.ImageCacheReadyLabel(string(image.UID)))
+	}
+	if aff.RequiredDuringSchedulingIgnoredDuringExecution == nil && len(aff.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
+		return nil
+	}
+	return &corev1.Affinity{NodeAffinity: aff}
 }
 
 func templateHash(t *corev1.PodTemplateSpec) string {
