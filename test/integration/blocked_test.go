@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -47,19 +46,6 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	reconcile := func(iec *inferencev1.InferenceEndpointConfig) *inferencev1.InferenceEndpointConfig {
-		t.Helper()
-		key := client.ObjectKeyFromObject(iec)
-		rc.settle(t, ctx, iec.Namespace, func() error {
-			_, err := rc.ep.Reconcile(ctx, ctrl.Request{NamespacedName: key})
-			return err
-		})
-		got := &inferencev1.InferenceEndpointConfig{}
-		if err := c.Get(ctx, key, got); err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
 	for _, tc := range []struct {
 		name, ns   string
 		mutate     func(*inferencev1.InferenceEndpointConfig)
@@ -99,7 +85,7 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 			if err := c.Create(ctx, iec); err != nil {
 				t.Fatalf("the API accepts what HyperPod accepts: %v", err)
 			}
-			got := reconcile(iec)
+			got := rc.endpoint(t, ctx, client.ObjectKeyFromObject(iec))
 			cond := meta.FindStatusCondition(got.Status.Conditions, inferencev1.ConditionReady)
 			if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != tc.reason || !strings.Contains(cond.Message, tc.inMessage) {
 				t.Errorf("Ready condition %+v; want False, %s, saying %q", cond, tc.reason, tc.inMessage)

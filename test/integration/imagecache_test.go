@@ -5,9 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,22 +22,23 @@ import (
 
 // The image cache reconciler, called directly against the real API server: it holds its
 // finalizer and a DaemonSet pinning the image while a live parent references it; a reference to
-// a parent that is gone (or recreated with another UID) does not keep it; with no reference
-// left it deletes itself, and its finalization removes the DaemonSet, the node labels and the
-// finalizer.
+// a parent that is gone (or recreated with another UID) does not keep it; the whole status before
+// the DaemonSet's pod and once it runs, and the node's label; with no reference left it deletes
+// itself, and its finalization removes the DaemonSet, the node label and the finalizer.
 func TestImageCacheLifecycle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "images-operator", "images")
 	r := &imagecache.Reconciler{Client: c, Config: rc.cfg, Now: time.Now}
-	upNode(t, ctx, "images-node", "ml.p4d.24xlarge")
+	upNode(t, ctx, "images-node", "ml.ic-suite.xlarge")
 
 	parent := testutil.MakeInferenceEndpointConfig("images", "served").Obj()
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
 	ic := testutil.MakeInferenceImageCache(rc.cfg.OperatorNamespace, "iic-images")
+	ic.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.ic-suite.xlarge"}}
 	ic.Spec.ParentReferences = []inferencev1.ParentReference{
 		{Kind: "InferenceEndpointConfig", Namespace: "images", Name: "served", UID: string(parent.UID)},
 		{Kind: "InferenceEndpointConfig", Namespace: "images", Name: "gone", UID: "00000000-0000-4000-8000-00000000000a"},
@@ -53,11 +57,22 @@ func TestImageCacheLifecycle(t *testing.T) {
 	if err := c.Get(ctx, key, ic); err != nil {
 		t.Fatal(err)
 	}
-	if len(ic.Finalizers) != 1 || ic.Finalizers[0] != inferencev1.CacheFinalizer {
-		t.Errorf("finalizers %v; want the cache finalizer", ic.Finalizers)
+	if diff := cmp.Diff([]string{inferencev1.CacheFinalizer}, ic.Finalizers); diff != "" {
+		t.Errorf("finalizers (-want +got):\n%s", diff)
 	}
-	if len(ic.Spec.ParentReferences) != 1 || ic.Spec.ParentReferences[0].Name != "served" {
-		t.Errorf("references %+v; want only the live parent's", ic.Spec.ParentReferences)
+	if diff := cmp.Diff([]inferencev1.ParentReference{{Kind: "InferenceEndpointConfig", Namespace: "images", Name: "served", UID: string(parent.UID)}},
+		ic.Spec.ParentReferences); diff != "" {
+		t.Errorf("references: only the live parent's stay (-want +got):\n%s", diff)
+	}
+	ignoreConditionTime := cmpopts.IgnoreFields(metav1.Condition{}, "LastTransitionTime")
+	// (The released reference was a change of the spec: generation 2.)
+	if diff := cmp.Diff(inferencev1.InferenceImageCacheStatus{
+		ObservedGeneration: 2, Phase: inferencev1.ImagePending, TargetNodes: 1,
+		Nodes: []inferencev1.NodeImageStatus{{Name: "images-node", Phase: inferencev1.ImagePending, Reason: "NoPod", Message: "the DaemonSet has not placed a pod on this node yet"}},
+		Conditions: []metav1.Condition{{Type: inferencev1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: 2,
+			Reason: inferencev1.ReasonPulling, Message: "waiting for the DaemonSet's pods"}},
+	}, ic.Status, ignoreConditionTime); diff != "" {
+		t.Errorf("status before any pod (-want +got):\n%s", diff)
 	}
 	ds := &appsv1.DaemonSet{}
 	if err := c.Get(ctx, key, ds); err != nil {
@@ -67,15 +82,42 @@ func TestImageCacheLifecycle(t *testing.T) {
 		t.Errorf("the DaemonSet pulls %s, want %s", got, ic.Spec.Image)
 	}
 
-	// A label a node got for the image; the parent goes.
+	// The DaemonSet's pod runs on the node (as the DaemonSet controller and the kubelet would
+	// have it): the image is there, and the node is labelled.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ds.Namespace, Name: ds.Name + "-x7k2p", Labels: ds.Spec.Template.Labels},
+		Spec: *ds.Spec.Template.Spec.DeepCopy()}
+	pod.Spec.NodeName = "images-node"
+	if err := c.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	const digest = "sha256:6f1c63ba2ab1e5e34ab7b2e1e4d9c7a0e6d1e0b7f7c1f5f4e3d2c1b0a9f8e7d6"
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: imagecache.ImageContainerName, Image: ic.Spec.Image,
+		ImageID: "docker.io/vllm/vllm-openai@" + digest, Ready: true, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	if err := c.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	reconcile()
+	if err := c.Get(ctx, key, ic); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(inferencev1.InferenceImageCacheStatus{
+		ObservedGeneration: 2, Phase: inferencev1.ImageComplete, TargetNodes: 1, CachedNodes: 1, ImageDigest: digest,
+		Nodes: []inferencev1.NodeImageStatus{{Name: "images-node", Phase: inferencev1.ImageComplete, Reason: "Pulled", Message: "the image is on the node and pinned by a running container"}},
+		Conditions: []metav1.Condition{{Type: inferencev1.ConditionReady, Status: metav1.ConditionTrue, ObservedGeneration: 2,
+			Reason: inferencev1.ReasonAllNodesReady, Message: "all 1 target nodes hold " + ic.Spec.Image}},
+	}, ic.Status, ignoreConditionTime); diff != "" {
+		t.Errorf("status once the pod runs (-want +got):\n%s", diff)
+	}
 	node := &corev1.Node{}
 	if err := c.Get(ctx, types.NamespacedName{Name: "images-node"}, node); err != nil {
 		t.Fatal(err)
 	}
-	node.Labels[inferencev1.ImageCacheReadyLabel(string(ic.UID))] = inferencev1.LabelTrue
-	if err := c.Update(ctx, node); err != nil {
-		t.Fatal(err)
+	if node.Labels[inferencev1.ImageCacheReadyLabel(string(ic.UID))] != inferencev1.LabelTrue {
+		t.Errorf("the node holding the image is not labelled: %v", node.Labels)
 	}
+
+	// The parent goes.
 	if err := c.Delete(ctx, parent); err != nil {
 		t.Fatal(err)
 	}

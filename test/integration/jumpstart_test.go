@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,7 +17,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/controller/endpoint"
+	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -35,7 +36,7 @@ func TestJumpStartModelReconcile(t *testing.T) {
 	if err := c.Create(ctx, testutil.JumpStartCatalog(rc.cfg.OperatorNamespace, repo, commit)); err != nil {
 		t.Fatal(err)
 	}
-	jr := &endpoint.JumpStartReconciler{Reconciler: rc.ep, CatalogName: "prewarm-jumpstart-catalog"}
+	jr := &serving.JumpStartReconciler{Reconciler: rc.ep, CatalogName: "prewarm-jumpstart-catalog"}
 	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "jsm", Name: "hf-token"},
 		Data: map[string][]byte{"token": []byte("hf_jsm")}}); err != nil {
 		t.Fatal(err)
@@ -97,10 +98,16 @@ func TestJumpStartModelReconcile(t *testing.T) {
 		t.Fatalf("%d weights caches; want 1", len(caches.Items))
 	}
 	m := caches.Items[0]
-	if ref := m.Spec.ParentReference; ref.Kind != "JumpStartModel" || ref.UID != string(served.UID) ||
-		m.Spec.ModelSourceConfig.HuggingFaceModel == nil || m.Spec.ModelSourceConfig.HuggingFaceModel.ModelID != repo ||
-		m.Spec.ModelSourceConfig.HuggingFaceModel.CommitSHA != commit {
-		t.Errorf("the cache: parent %+v, source %+v; want the JumpStartModel and the catalog's pinned source", ref, m.Spec.ModelSourceConfig)
+	// The JumpStartModel as its parent; the catalog's pinned source and the token Secret the
+	// catalog names (in the JumpStartModel's namespace); its instance type.
+	if diff := cmp.Diff(inferencev1.ModelDataCacheConfigSpec{
+		ParentReference: inferencev1.ParentReference{Kind: "JumpStartModel", Namespace: "jsm", Name: "served", UID: string(served.UID)},
+		ModelSourceConfig: inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceHuggingFace,
+			HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: repo, CommitSHA: commit, TokenSecretRef: &inferencev1.SecretKeyRef{Name: "hf-token", Key: "token"}}},
+		HostPath:  inferencev1.DefaultWeightsCacheHostPath,
+		Placement: inferencev1.Placement{InstanceTypes: []string{"ml.g5.48xlarge"}},
+	}, m.Spec); diff != "" {
+		t.Errorf("the JumpStartModel's weights cache (-want +got):\n%s", diff)
 	}
 	dep := &appsv1.Deployment{}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(served), dep); err != nil {

@@ -19,7 +19,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller/endpoint"
+	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/internal/placement"
@@ -187,7 +187,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		}
 		// An image cache of the very name this parent's image and placement give, made by hand
 		// with another image.
-		name := endpoint.ImageCacheName(parent.Spec.Worker.Image, placement.FromParent(parent.Spec.InstanceType, nil, nil, nil))
+		name := serving.ImageCacheName(parent.Spec.Worker.Image, placement.FromParent(parent.Spec.InstanceType, nil, nil, nil))
 		squat := testutil.MakeInferenceImageCache(cfg.OperatorNamespace, name)
 		squat.Spec.Image = "registry.example/miner:latest"
 		squat.Spec.Placement = placement.FromParent(parent.Spec.InstanceType, nil, nil, nil)

@@ -7,14 +7,16 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/controller/endpoint"
+	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 )
 
@@ -22,7 +24,7 @@ import (
 // manager, no informer cache), with operatorNS as the operator namespace.
 type reconcilers struct {
 	cfg controller.Config
-	ep  *endpoint.Reconciler
+	ep  *serving.Reconciler
 	wc  *weightscache.Reconciler
 }
 
@@ -41,7 +43,7 @@ func newReconcilers(t *testing.T, ctx context.Context, operatorNS string, namesp
 	}
 	return &reconcilers{
 		cfg: cfg,
-		ep:  &endpoint.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
+		ep:  &serving.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
 		wc:  &weightscache.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
 	}
 }
@@ -102,4 +104,33 @@ func (rc *reconcilers) settle(t *testing.T, ctx context.Context, ns string, reco
 			}
 		}
 	}
+}
+
+// reportCaches writes a node's NodeCache status as its agent would: a heartbeat at stamp and
+// these caches.
+func reportCaches(t *testing.T, ctx context.Context, node string, stamp *metav1.Time, cs ...prewarmv1alpha1.CacheStatus) {
+	t.Helper()
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := server.Client.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+		t.Fatal(err)
+	}
+	nc.Status.HeartbeatTime = stamp
+	nc.Status.Caches = cs
+	if err := server.Client.Status().Update(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// endpoint settles an InferenceEndpointConfig (see settle) and returns it as stored.
+func (rc *reconcilers) endpoint(t *testing.T, ctx context.Context, key client.ObjectKey) *inferencev1.InferenceEndpointConfig {
+	t.Helper()
+	rc.settle(t, ctx, key.Namespace, func() error {
+		_, err := rc.ep.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		return err
+	})
+	got := &inferencev1.InferenceEndpointConfig{}
+	if err := server.Client.Get(ctx, key, got); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

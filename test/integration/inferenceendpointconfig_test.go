@@ -1,0 +1,233 @@
+package integration
+
+import (
+	"context"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+// The InferenceEndpointConfig reconciler, called directly against the real API server (with the
+// weights cache reconciler), through one parent's life on one node: its finalizer, weights and
+// image caches; the gate holding the Deployment back while the node downloads, then opening; a
+// change of the model's location rolling the Deployment to a new cache only once that cache is
+// held, and the old cache removed only once every pod runs the new template; and on deletion
+// the image cache's reference released and the finalizer lifted. Whole statuses are compared at
+// each step.
+func TestInferenceEndpointConfigReconcile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := server.Client
+	rc := newReconcilers(t, ctx, "iec-operator", "iec")
+	const itype, node = "ml.iec-suite.xlarge", "iec-node"
+	upNode(t, ctx, node, itype)
+	parent := testutil.MakeInferenceEndpointConfig("iec", "llama").Obj()
+	parent.Spec.InstanceType = itype
+	if err := c.Create(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(parent)
+	reconcile := func() *inferencev1.InferenceEndpointConfig { t.Helper(); return rc.endpoint(t, ctx, key) }
+	// The gate's message counts down to its timeout; the count is not compared.
+	countdown := regexp.MustCompile(`opens at the latest in [0-9hms.]+`)
+	compare := cmp.Options{
+		cmpopts.IgnoreFields(metav1.Condition{}, "LastTransitionTime"),
+		cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Message" },
+			cmp.Transformer("countdown", func(s string) string { return countdown.ReplaceAllString(s, "opens at the latest in …") })),
+	}
+	wantStatus := func(step string, got *inferencev1.InferenceEndpointConfig, want inferencev1.ParentStatus) {
+		t.Helper()
+		if diff := cmp.Diff(want, got.Status, compare); diff != "" {
+			t.Errorf("%s: status (-want +got):\n%s", step, diff)
+		}
+	}
+	cond := func(gen int64, typ string, st metav1.ConditionStatus, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: st, Reason: reason, Message: msg, ObservedGeneration: gen}
+	}
+	caches := func() map[string]*inferencev1.ModelDataCacheConfig {
+		t.Helper()
+		list := &inferencev1.ModelDataCacheConfigList{}
+		if err := c.List(ctx, list, client.InNamespace("iec"), client.MatchingLabels{controller.ParentUIDLabel: string(parent.UID)}); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]*inferencev1.ModelDataCacheConfig{}
+		for i := range list.Items {
+			out[list.Items[i].Spec.ModelSourceConfig.ModelLocation] = &list.Items[i]
+		}
+		return out
+	}
+	deployment := func() *appsv1.Deployment {
+		t.Helper()
+		dep := &appsv1.Deployment{}
+		if err := c.Get(ctx, key, dep); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			t.Fatal(err)
+		}
+		return dep
+	}
+	stamp := &metav1.Time{Time: time.Now()}
+	holds := func(m *inferencev1.ModelDataCacheConfig) prewarmv1alpha1.CacheStatus {
+		return prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheReady, BytesDone: 2e9, BytesTotal: 2e9, Revision: "v1"}
+	}
+	downloading := func(m *inferencev1.ModelDataCacheConfig) prewarmv1alpha1.CacheStatus {
+		return prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading,
+			BytesDone: 1e9, BytesTotal: 2e9, Message: "downloading"}
+	}
+
+	// The node downloads: the gate holds the Deployment back.
+	got := reconcile()
+	if diff := cmp.Diff([]string{inferencev1.ParentFinalizer}, got.Finalizers); diff != "" {
+		t.Errorf("finalizers (-want +got):\n%s", diff)
+	}
+	first := caches()["models/llama"]
+	if first == nil || !metav1.IsControlledBy(first, got) {
+		t.Fatalf("the parent has no weights cache of its own: %v", caches())
+	}
+	images := &inferencev1.InferenceImageCacheList{}
+	if err := c.List(ctx, images, client.InNamespace(rc.cfg.OperatorNamespace)); err != nil {
+		t.Fatal(err)
+	}
+	if len(images.Items) != 1 || len(images.Items[0].Spec.ParentReferences) != 1 || images.Items[0].Spec.ParentReferences[0].UID != string(parent.UID) {
+		t.Fatalf("image caches %+v; want one, referencing the parent", images.Items)
+	}
+	image := &images.Items[0]
+	imageRollup := &inferencev1.ImageCacheRollup{Name: image.Name, Namespace: image.Namespace}
+	selector := controller.EndpointLabel + "=" + string(parent.UID)
+	unsupported := cond(1, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect")
+	imagePulling := cond(1, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet")
+	reportCaches(t, ctx, node, stamp, downloading(first))
+	got = reconcile()
+	if dep := deployment(); dep != nil {
+		t.Fatalf("a Deployment while the only target node downloads: %+v", dep.Spec.Template.Annotations)
+	}
+	wantStatus("the node downloads", got, inferencev1.ParentStatus{
+		ObservedGeneration: 1, State: inferencev1.DeploymentPending, Selector: selector,
+		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "llama-cache", State: inferencev1.CacheDownloading, TargetNodes: 1},
+		ImageCacheStatus:   imageRollup,
+		Conditions: []metav1.Condition{unsupported, imagePulling,
+			cond(1, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonDownloading, "0 of 1 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed"),
+			cond(1, inferencev1.ConditionGated, metav1.ConditionTrue, inferencev1.ReasonWaitingForCache,
+				"waiting for the weights cache on 1 of 1 target nodes: iec-node Downloading 50% (opens at the latest in …)"),
+			cond(1, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the Deployment is created once the weights cache settles"),
+		},
+	})
+
+	// The node holds it: the gate opens, and the Deployment's pods read that cache.
+	reportCaches(t, ctx, node, stamp, holds(first))
+	got = reconcile()
+	dep := deployment()
+	if dep == nil {
+		t.Fatalf("no Deployment once the node holds the cache; status %+v", got.Status.Conditions)
+	}
+	if name := dep.Spec.Template.Annotations[controller.WeightsCacheAnnotation]; name != "llama-cache" {
+		t.Errorf("the pods read weights cache %q; want llama-cache", name)
+	}
+	weightsReady := cond(1, inferencev1.ConditionWeightsCacheReady, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, "all 1 target nodes hold the cache (2.0 GB), verified")
+	wantStatus("the node holds the cache", got, inferencev1.ParentStatus{
+		ObservedGeneration: 1, State: inferencev1.DeploymentInProgress, Selector: selector,
+		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "llama-cache", State: inferencev1.CacheReady, TargetNodes: 1, ReadyNodes: 1},
+		ImageCacheStatus:   imageRollup,
+		DeploymentStatus:   &inferencev1.DeploymentRef{Name: "llama"},
+		Conditions: []metav1.Condition{unsupported, imagePulling, weightsReady,
+			cond(1, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonGateOpen, "all 1 target nodes hold the weights cache"),
+			cond(1, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated, "Deployment llama is rolling out: 0 of 1 pods updated, 0 available"),
+		},
+	})
+
+	// The model moves: a new cache is made, and the pods stay on the old one until the node
+	// holds the new one.
+	got.Spec.ModelSourceConfig.ModelLocation = "models/llama-v2"
+	if err := c.Update(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	reconcile()
+	second := caches()["models/llama-v2"]
+	if second == nil {
+		t.Fatalf("no cache for the new location; caches %v", caches())
+	}
+	reportCaches(t, ctx, node, stamp, holds(first), downloading(second))
+	got = reconcile()
+	if name := deployment().Spec.Template.Annotations[controller.WeightsCacheAnnotation]; name != "llama-cache" {
+		t.Errorf("the pods moved to %q before the node holds it; want them on llama-cache", name)
+	}
+	wantStatus("the new cache downloads", got, inferencev1.ParentStatus{
+		ObservedGeneration: 2, State: inferencev1.DeploymentInProgress, Selector: selector,
+		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: second.Name, State: inferencev1.CacheDownloading, TargetNodes: 1},
+		ImageCacheStatus:   imageRollup,
+		DeploymentStatus:   &inferencev1.DeploymentRef{Name: "llama"},
+		Conditions: []metav1.Condition{
+			cond(2, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect"),
+			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet"),
+			cond(2, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonDownloading, "0 of 1 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed"),
+			cond(2, inferencev1.ConditionGated, metav1.ConditionTrue, inferencev1.ReasonWaitingForCache,
+				"the pods stay on cache llama-cache until "+second.Name+" settles: waiting for the weights cache on 1 of 1 target nodes: iec-node Downloading 50% (opens at the latest in …)"),
+			cond(2, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated, "Deployment llama is rolling out: 0 of 1 pods updated, 0 available"),
+		},
+	})
+
+	// The node holds the new cache: the Deployment rolls to it; the old cache stays while any
+	// pod may still read it, and goes once every pod runs the new template.
+	reportCaches(t, ctx, node, stamp, holds(first), holds(second))
+	reconcile()
+	dep = deployment()
+	if name := dep.Spec.Template.Annotations[controller.WeightsCacheAnnotation]; name != second.Name {
+		t.Errorf("the pods read %q once the node holds the new cache; want %s", name, second.Name)
+	}
+	if old := caches()["models/llama"]; old == nil || !old.DeletionTimestamp.IsZero() {
+		t.Error("the old cache was deleted before every pod ran the new template")
+	}
+	dep.Status = appsv1.DeploymentStatus{ObservedGeneration: dep.Generation, Replicas: 1, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}
+	if err := c.Status().Update(ctx, dep); err != nil {
+		t.Fatal(err)
+	}
+	got = reconcile()
+	if old := caches()["models/llama"]; old != nil && old.DeletionTimestamp.IsZero() {
+		t.Errorf("the old cache remains once every pod runs the new template")
+	}
+	wantStatus("rolled to the new cache", got, inferencev1.ParentStatus{
+		ObservedGeneration: 2, State: inferencev1.DeploymentComplete, Replicas: 1, Selector: selector,
+		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: second.Name, State: inferencev1.CacheReady, TargetNodes: 1, ReadyNodes: 1},
+		ImageCacheStatus:   imageRollup,
+		DeploymentStatus:   &inferencev1.DeploymentRef{Name: "llama", ReadyReplicas: 1},
+		Conditions: []metav1.Condition{
+			cond(2, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect"),
+			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet"),
+			cond(2, inferencev1.ConditionWeightsCacheReady, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, "all 1 target nodes hold the cache (2.0 GB), verified"),
+			cond(2, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonGateOpen, "all 1 target nodes hold the weights cache"),
+			cond(2, inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated, "Deployment llama has 1 of 1 pods available"),
+		},
+	})
+
+	// Deleted: the image cache is let go of, and the parent goes (its Deployment and caches are
+	// the garbage collector's, through their owner references).
+	if err := c.Delete(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.ep.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, key, got); !apierrors.IsNotFound(err) {
+		t.Errorf("the deleted parent remains: finalizers %v, %v", got.Finalizers, err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(image), image); err != nil {
+		t.Fatal(err)
+	}
+	if len(image.Spec.ParentReferences) != 0 {
+		t.Errorf("the image cache still references %+v", image.Spec.ParentReferences)
+	}
+}
