@@ -2,7 +2,6 @@ package v1
 
 import (
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // ModelSourceType names where a model's files come from.
@@ -22,17 +21,10 @@ const (
 )
 
 // ModelSourceConfig says where the model's files are.
-// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 's3' || has(self.s3Storage)",message="modelSourceType s3 needs s3Storage with bucketName and region"
+// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 's3' || has(self.s3Storage)",message="modelSourceType s3 needs s3Storage with bucketName"
 // +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || has(self.fsxStorage)",message="modelSourceType fsx needs fsxStorage with fileSystemId"
 // +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'huggingface' || has(self.huggingFaceModel)",message="modelSourceType huggingface needs huggingFaceModel with modelId"
-// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'kubernetesVolume' || has(self.kubernetesVolume)",message="modelSourceType kubernetesVolume needs kubernetesVolume with claimName"
-// +kubebuilder:validation:XValidation:rule="!has(self.s3Storage) || self.modelSourceType == 's3'",message="s3Storage is set but modelSourceType is not s3"
-// +kubebuilder:validation:XValidation:rule="!has(self.fsxStorage) || self.modelSourceType == 'fsx'",message="fsxStorage is set but modelSourceType is not fsx"
-// +kubebuilder:validation:XValidation:rule="!has(self.huggingFaceModel) || self.modelSourceType == 'huggingface'",message="huggingFaceModel is set but modelSourceType is not huggingface"
-// +kubebuilder:validation:XValidation:rule="!has(self.kubernetesVolume) || self.modelSourceType == 'kubernetesVolume'",message="kubernetesVolume is set but modelSourceType is not kubernetesVolume"
-// +kubebuilder:validation:XValidation:rule="!has(self.modelLocation) || !self.modelLocation.contains('://')",message="modelLocation is a path inside the source, not a URL: put the bucket in s3Storage.bucketName and only the key prefix here"
-// +kubebuilder:validation:XValidation:rule="!has(self.modelLocation) || !self.modelLocation.matches('(^|/)[.][.](/|$)')",message="modelLocation must not contain '..'"
-// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 's3' || !has(self.modelLocation) || !self.modelLocation.startsWith('/')",message="modelLocation for s3 is a key prefix and must not start with '/'"
+// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || !has(self.modelLocation) || !self.modelLocation.matches('(^|/)[.][.](/|$)')",message="modelLocation of an fsx source must not contain '..': it would leave the file system"
 type ModelSourceConfig struct {
 	// modelSourceType is where the model comes from: s3, fsx, huggingface or kubernetesVolume.
 	// The storage block of the same name must be set, and no other.
@@ -52,56 +44,43 @@ type ModelSourceConfig struct {
 	// +optional
 	HuggingFaceModel *HuggingFaceModel `json:"huggingFaceModel,omitempty"`
 
-	// kubernetesVolume is the PersistentVolumeClaim that holds the model, for modelSourceType
-	// kubernetesVolume.
-	// +optional
-	KubernetesVolume *KubernetesVolume `json:"kubernetesVolume,omitempty"`
-
 	// modelLocation is the model's place inside the source: the key prefix in the bucket for
-	// s3, the directory under the mount for fsx and kubernetesVolume.
+	// s3 (taken byte for byte), the directory under the mount for fsx, the sub-path of the
+	// volume for kubernetesVolume.
 	// +optional
-	// +kubebuilder:validation:MaxLength=1024
 	ModelLocation string `json:"modelLocation,omitempty"`
 
-	// prefetchEnabled is accepted for compatibility; it has no effect here.
+	// prefetchEnabled is HyperPod's prefetch of the model into the pod; prewarm's weights cache
+	// does this on every target node, so it has no further effect here.
 	// +optional
+	// +kubebuilder:default=false
 	PrefetchEnabled *bool `json:"prefetchEnabled,omitempty"`
 }
 
 // S3Storage names an S3 bucket.
 type S3Storage struct {
-	// bucketName is the bucket's name (3-63 lowercase letters, digits, dots and hyphens).
+	// bucketName is the bucket's name.
 	// +required
-	// +kubebuilder:validation:MinLength=3
-	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9][a-z0-9.-]*[a-z0-9]$')",message="bucketName must use only lowercase letters, digits, dots and hyphens, and begin and end with a letter or digit"
-	// +kubebuilder:validation:XValidation:rule="!self.contains('..')",message="bucketName must not contain two adjacent dots"
-	// +kubebuilder:validation:XValidation:rule="!self.matches('^[0-9]+[.][0-9]+[.][0-9]+[.][0-9]+$')",message="bucketName must not look like an IP address"
 	BucketName string `json:"bucketName"`
 
 	// region is the AWS region of the bucket, e.g. us-west-2.
 	// +required
-	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z]{2}(-[a-z]+)+-[0-9]+$')",message="region must look like us-west-2"
 	Region string `json:"region"`
 }
 
 // FSxStorage names an FSx for Lustre file system.
 type FSxStorage struct {
-	// fileSystemId is the file system's ID, e.g. fs-0123456789abcdef0.
+	// fileSystemId is the file system's ID, e.g. fs-0123456789abcdef0. The operator
+	// configuration says where it is mounted on the nodes.
 	// +required
-	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:validation:XValidation:rule="self.matches('^fs-[0-9a-f]{8,21}$')",message="fileSystemId must look like fs-0123456789abcdef0"
 	FileSystemID string `json:"fileSystemId"`
 
 	// dnsName is the file system's DNS name.
 	// +optional
-	// +kubebuilder:validation:MaxLength=253
 	DNSName string `json:"dnsName,omitempty"`
 
 	// mountName is the file system's mount name.
 	// +optional
-	// +kubebuilder:validation:MaxLength=64
 	MountName string `json:"mountName,omitempty"`
 }
 
@@ -109,45 +88,21 @@ type FSxStorage struct {
 type HuggingFaceModel struct {
 	// modelId is the repository, as org/name (e.g. meta-llama/Llama-3.1-8B-Instruct).
 	// +required
-	// +kubebuilder:validation:MaxLength=200
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$')",message="modelId must be org/name, e.g. meta-llama/Llama-3.1-8B-Instruct"
-	// +kubebuilder:validation:XValidation:rule="!self.contains('..')",message="modelId must not contain '..'"
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_.-]+/[a-zA-Z0-9_.-]+$`
+	// +kubebuilder:validation:XValidation:rule="!self.contains('..')",message="modelId must not contain '..': no Hub repository is named so"
 	ModelID string `json:"modelId"`
 
 	// commitSHA pins the repository to one commit (40 hex digits). When empty, the default
 	// branch is resolved once to a commit and that commit is used on every node.
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9a-f]{40}$')",message="commitSHA must be a full 40-character lowercase hex commit id"
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{40}$`
 	CommitSHA string `json:"commitSHA,omitempty"`
 
-	// tokenSecretRef names a Secret, in the parent's namespace, that holds a Hub access token
-	// for gated or private repositories.
+	// tokenSecretRef names a key of a Secret, in the parent's namespace, that holds a Hub access
+	// token for gated or private repositories. With optional set, a missing Secret or key means
+	// no token.
 	// +optional
-	TokenSecretRef *SecretKeyRef `json:"tokenSecretRef,omitempty"`
-}
-
-// SecretKeyRef names one key of a Secret in the same namespace.
-type SecretKeyRef struct {
-	// name is the Secret's name.
-	// +required
-	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=253
-	Name string `json:"name"`
-
-	// key is the key inside the Secret; default "token".
-	// +optional
-	// +kubebuilder:default=token
-	// +kubebuilder:validation:MaxLength=253
-	Key string `json:"key,omitempty"`
-}
-
-// KubernetesVolume names a PersistentVolumeClaim that holds the model.
-type KubernetesVolume struct {
-	// claimName is the PersistentVolumeClaim's name, in the parent's namespace.
-	// +required
-	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=253
-	ClaimName string `json:"claimName"`
+	TokenSecretRef *corev1.SecretKeySelector `json:"tokenSecretRef,omitempty"`
 }
 
 // ModelCacheConfig turns node-local caching of the weights and of the image on or off.
@@ -173,6 +128,7 @@ type WeightsCacheConfig struct {
 	// one of the roots the cluster admin allows.
 	// +optional
 	// +kubebuilder:default="/opt/dlami/nvme"
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=255
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="hostPath must be an absolute path, e.g. /opt/dlami/nvme"
 	// +kubebuilder:validation:XValidation:rule="self != '/'",message="hostPath must not be the filesystem root"
@@ -183,9 +139,8 @@ type WeightsCacheConfig struct {
 
 // ImageCacheConfig configures the image cache.
 type ImageCacheConfig struct {
-	// enabled turns the image cache on; default false.
-	// +optional
-	// +kubebuilder:default=false
+	// enabled turns the image cache on.
+	// +required
 	Enabled bool `json:"enabled"`
 }
 
@@ -193,53 +148,77 @@ type ImageCacheConfig struct {
 type Worker struct {
 	// image is the inference server image.
 	// +required
-	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=1024
-	// +kubebuilder:validation:XValidation:rule="!self.matches('[[:space:]]')",message="image must not contain whitespace"
 	Image string `json:"image"`
 
 	// modelInvocationPort is the port the server listens on for requests.
 	// +required
 	ModelInvocationPort ModelInvocationPort `json:"modelInvocationPort"`
 
-	// modelVolumeMount is where the server finds the model's files.
+	// modelVolumeMount is where the server finds the model's files. For modelSourceType
+	// kubernetesVolume, its name names the volume in spec.kubernetes.volumes.
 	// +required
 	ModelVolumeMount ModelVolumeMount `json:"modelVolumeMount"`
 
 	// resources are the container's requests and limits (CPU, memory, GPUs).
-	// +optional
-	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+	// +required
+	Resources corev1.ResourceRequirements `json:"resources"`
 
 	// environmentVariables are set in the container.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
-	// +kubebuilder:validation:MaxItems=64
-	EnvironmentVariables []EnvironmentVariable `json:"environmentVariables,omitempty"`
+	EnvironmentVariables []corev1.EnvVar `json:"environmentVariables,omitempty"`
 
 	// args are the arguments to the container's entrypoint.
 	// +optional
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=256
 	Args []string `json:"args,omitempty"`
 
 	// command replaces the container's entrypoint.
 	// +optional
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=64
 	Command []string `json:"command,omitempty"`
+
+	// workingDir is the container's working directory.
+	// +optional
+	WorkingDir string `json:"workingDir,omitempty"`
+
+	// probes tell when the server has started, can take requests, and must be restarted.
+	// +optional
+	Probes *Probes `json:"probes,omitempty"`
+
+	// requestLimits are HyperPod's limits on concurrent and queued requests, enforced by its
+	// load balancer sidecar; prewarm does not act on them.
+	// +optional
+	RequestLimits *RequestLimits `json:"requestLimits,omitempty"`
+}
+
+// Probes are the inference container's probes.
+type Probes struct {
+	// livenessProbe tells when the server must be restarted.
+	// +optional
+	LivenessProbe *corev1.Probe `json:"livenessProbe,omitempty"`
 
 	// readinessProbe tells when the server can take requests.
 	// +optional
 	ReadinessProbe *corev1.Probe `json:"readinessProbe,omitempty"`
 
-	// livenessProbe tells when the server must be restarted.
-	// +optional
-	LivenessProbe *corev1.Probe `json:"livenessProbe,omitempty"`
-
 	// startupProbe holds the other probes back while a large model loads.
 	// +optional
 	StartupProbe *corev1.Probe `json:"startupProbe,omitempty"`
+}
+
+// RequestLimits bound the requests one pod takes.
+type RequestLimits struct {
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxConcurrentRequests *int32 `json:"maxConcurrentRequests,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxQueueSize *int32 `json:"maxQueueSize,omitempty"`
+	// +kubebuilder:default=429
+	// +kubebuilder:validation:Minimum=400
+	// +kubebuilder:validation:Maximum=599
+	// +optional
+	OverflowStatusCode *int32 `json:"overflowStatusCode,omitempty"`
 }
 
 // ModelInvocationPort is the port the inference server listens on.
@@ -250,11 +229,10 @@ type ModelInvocationPort struct {
 	// +kubebuilder:validation:Maximum=65535
 	ContainerPort int32 `json:"containerPort"`
 
-	// name is the port's name (an IANA service name); default "http".
+	// name is the port's protocol: http (the default) or grpc.
 	// +optional
 	// +kubebuilder:default=http
-	// +kubebuilder:validation:MaxLength=15
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([a-z0-9-]*[a-z0-9])?$') && self.matches('[a-z]') && !self.contains('--')",message="port name must be lowercase letters, digits and single hyphens, with at least one letter, at most 15 characters"
+	// +kubebuilder:validation:Pattern=`^http$|^grpc$`
 	Name string `json:"name,omitempty"`
 }
 
@@ -262,16 +240,11 @@ type ModelInvocationPort struct {
 type ModelVolumeMount struct {
 	// name is the volume's name.
 	// +required
-	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="modelVolumeMount.name must be a DNS label: lowercase letters, digits and '-'"
 	Name string `json:"name"`
 
 	// mountPath is the directory inside the container; default /opt/ml/model.
 	// +optional
 	// +kubebuilder:default="/opt/ml/model"
-	// +kubebuilder:validation:MaxLength=255
-	// +kubebuilder:validation:XValidation:rule="self.startsWith('/') && self != '/'",message="mountPath must be an absolute path other than /"
-	// +kubebuilder:validation:XValidation:rule="!self.matches('(^|/)[.][.](/|$)')",message="mountPath must not contain '..'"
 	MountPath string `json:"mountPath,omitempty"`
 }
 
@@ -279,37 +252,42 @@ type ModelVolumeMount struct {
 type Tag struct {
 	// name is the tag's name.
 	// +required
-	// +kubebuilder:validation:MaxLength=128
 	Name string `json:"name"`
 	// value is the tag's value.
 	// +required
-	// +kubebuilder:validation:MaxLength=256
 	Value string `json:"value"`
 }
 
-// Opaque is a block accepted for compatibility with HyperPod whose content prewarm does not
-// act on; a parent that sets one gets an Unsupported condition naming it.
-// +kubebuilder:validation:Type=object
-// +kubebuilder:pruning:PreserveUnknownFields
-type Opaque struct {
-	runtime.RawExtension `json:",inline"`
+// NameValue is a name and a value.
+type NameValue struct {
+	// +required
+	Name string `json:"name"`
+	// +required
+	Value string `json:"value"`
 }
 
-// EnvironmentVariable is a variable set in the inference container.
-type EnvironmentVariable struct {
-	// name is the variable's name.
-	// +required
-	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[-._a-zA-Z][-._a-zA-Z0-9]*$')",message="environment variable names must consist of letters, digits, '_', '-' or '.', and must not start with a digit"
-	Name string `json:"name"`
-
-	// value is the variable's value; variable references $(VAR) are expanded.
+// KubernetesSpec is what the inference pods take from the parent beyond the worker: init
+// containers that run before prewarm's own, extra volumes (the model's volume for
+// modelSourceType kubernetesVolume), the service account and the scheduler.
+type KubernetesSpec struct {
+	// initContainers run, in order, before prewarm's init container and the worker.
 	// +optional
-	// +kubebuilder:validation:MaxLength=32768
-	Value string `json:"value,omitempty"`
+	InitContainers []corev1.Container `json:"initContainers,omitempty"`
 
-	// valueFrom takes the value from a Secret, a ConfigMap or a field of the pod.
+	// volumes are added to the pods; the worker mounts the one named by
+	// worker.modelVolumeMount.name when modelSourceType is kubernetesVolume.
 	// +optional
-	ValueFrom *corev1.EnvVarSource `json:"valueFrom,omitempty"`
+	Volumes []corev1.Volume `json:"volumes,omitempty"`
+
+	// serviceAccountName is the pods' service account.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// schedulerName is the scheduler that places the pods.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	SchedulerName string `json:"schedulerName,omitempty"`
 }

@@ -6,21 +6,18 @@ import (
 )
 
 // InferenceEndpointConfigSpec is a model to serve: where its files are, which image serves it,
-// on which nodes, and what to cache there.
-// +kubebuilder:validation:XValidation:rule="(has(self.instanceType) ? 1 : 0) + (has(self.instanceTypes) ? 1 : 0) + (has(self.nodeAffinity) ? 1 : 0) <= 1",message="instanceType, instanceTypes and nodeAffinity are mutually exclusive: set only one"
+// on which nodes, and what to cache there. Its fields are HyperPod's; tolerations are prewarm's
+// own.
 // +kubebuilder:validation:XValidation:rule="has(self.instanceType) || has(self.instanceTypes) || has(self.nodeAffinity)",message="one of instanceType, instanceTypes or nodeAffinity is required to say which nodes serve the model"
-// +kubebuilder:validation:XValidation:rule="!(has(self.modelCacheConfig) && has(self.modelCacheConfig.weightsCache) && self.modelCacheConfig.weightsCache.enabled && self.modelSourceConfig.modelSourceType == 'kubernetesVolume')",message="weightsCache cannot be enabled for modelSourceType kubernetesVolume: the volume is mounted as it is; use s3, fsx or huggingface to cache on node disks"
 type InferenceEndpointConfigSpec struct {
-	// modelName is the model's name (lowercase letters, digits and '-', at most 63).
+	// modelName is the model's name.
 	// +required
-	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="modelName must be lowercase letters, digits and '-', starting and ending with a letter or digit"
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}`
 	ModelName string `json:"modelName"`
 
 	// modelVersion is the model's version, accepted for compatibility.
 	// +optional
-	// +kubebuilder:validation:MaxLength=64
 	ModelVersion string `json:"modelVersion,omitempty"`
 
 	// modelSourceConfig says where the model's files are.
@@ -32,19 +29,14 @@ type InferenceEndpointConfigSpec struct {
 	ModelCacheConfig *ModelCacheConfig `json:"modelCacheConfig,omitempty"`
 
 	// instanceType places the model on nodes whose node.kubernetes.io/instance-type label has
-	// this value, e.g. ml.g5.24xlarge.
+	// this value, e.g. ml.g5.24xlarge; it wins over instanceTypes. With nodeAffinity too, a node
+	// must satisfy both.
 	// +optional
-	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:XValidation:rule="self.matches('^ml[.][a-z0-9-]+[.][a-z0-9]+$')",message="instanceType must look like ml.g5.24xlarge"
+	// +kubebuilder:validation:Pattern=`^ml\..*`
 	InstanceType string `json:"instanceType,omitempty"`
 
 	// instanceTypes places the model on nodes of any of these instance types.
 	// +optional
-	// +listType=set
-	// +kubebuilder:validation:MinItems=1
-	// +kubebuilder:validation:MaxItems=16
-	// +kubebuilder:validation:items:MaxLength=63
-	// +kubebuilder:validation:XValidation:rule="self.all(t, t.matches('^ml[.][a-z0-9-]+[.][a-z0-9]+$'))",message="every instanceTypes entry must look like ml.g5.24xlarge"
 	InstanceTypes []string `json:"instanceTypes,omitempty"`
 
 	// nodeAffinity places the model on the nodes it selects (its required terms choose the
@@ -62,54 +54,50 @@ type InferenceEndpointConfigSpec struct {
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=10000
 	Replicas *int32 `json:"replicas,omitempty"`
+
+	// InitialReplicaCount is HyperPod's replica count before autoscaling takes over; with no
+	// autoscaling here, replicas is what counts.
+	// +optional
+	InitialReplicaCount *int32 `json:"InitialReplicaCount,omitempty"`
+
+	// maxDeployTimeInSeconds is how long the Deployment may take to become available before the
+	// parent reports it failed (DeploymentFailed, reason DeploymentTimeout); default 3600.
+	// +optional
+	// +kubebuilder:default=3600
+	MaxDeployTimeInSeconds *int32 `json:"maxDeployTimeInSeconds,omitempty"`
 
 	// worker is the inference server container.
 	// +required
 	Worker Worker `json:"worker"`
 
-	// endpointName is accepted for compatibility; no SageMaker endpoint is registered here.
+	// kubernetes adds to the inference pods: init containers, volumes, the service account and
+	// the scheduler.
+	// +optional
+	Kubernetes *KubernetesSpec `json:"kubernetes,omitempty"`
+
+	// endpointName is HyperPod's SageMaker endpoint name; no SageMaker endpoint is registered
+	// here.
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^$|^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`
 	EndpointName string `json:"endpointName,omitempty"`
 
 	// invocationEndpoint is the request path of the model server; default "invocations".
 	// +optional
 	// +kubebuilder:default=invocations
-	// +kubebuilder:validation:MaxLength=255
 	InvocationEndpoint string `json:"invocationEndpoint,omitempty"`
 
-	// tags are accepted for compatibility; they have no effect here.
+	// tags are HyperPod's AWS resource tags; they have no effect here.
 	// +optional
-	// +listType=atomic
-	// +kubebuilder:validation:MaxItems=50
 	Tags []Tag `json:"tags,omitempty"`
 
-	// tlsConfig is accepted for compatibility; TLS via ACM has no effect here.
-	// +optional
-	TLSConfig *Opaque `json:"tlsConfig,omitempty"`
+	// HyperPod's blocks that prewarm accepts and validates but does not act on.
+	HyperPodFeatures `json:",inline"`
 
-	// autoScalingSpec is accepted for compatibility; scale through the scale subresource
-	// (e.g. with a HorizontalPodAutoscaler) instead.
+	// pdSpec is HyperPod's; prewarm does not act on it.
 	// +optional
-	AutoScalingSpec *Opaque `json:"autoScalingSpec,omitempty"`
-
-	// metrics is accepted for compatibility; it has no effect here.
-	// +optional
-	Metrics *Opaque `json:"metrics,omitempty"`
-
-	// loadBalancer is accepted for compatibility; no ALB is created here.
-	// +optional
-	LoadBalancer *Opaque `json:"loadBalancer,omitempty"`
-
-	// intelligentRoutingSpec is accepted for compatibility; it has no effect here.
-	// +optional
-	IntelligentRoutingSpec *Opaque `json:"intelligentRoutingSpec,omitempty"`
-
-	// kvCacheSpec is accepted for compatibility; KV-cache tiers have no effect here.
-	// +optional
-	KVCacheSpec *Opaque `json:"kvCacheSpec,omitempty"`
+	PDSpec *PDSpec `json:"pdSpec,omitempty"`
 }
 
 // +kubebuilder:object:root=true

@@ -5,7 +5,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// JumpStartModelSpec is a catalog model to serve.
+// JumpStartModelSpec is a catalog model to serve. Its fields are HyperPod's; tolerations are
+// prewarm's own.
 type JumpStartModelSpec struct {
 	// model names the catalog model.
 	// +required
@@ -23,8 +24,13 @@ type JumpStartModelSpec struct {
 	// +optional
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=10000
 	Replicas *int32 `json:"replicas,omitempty"`
+
+	// maxDeployTimeInSeconds is how long the Deployment may take to become available before the
+	// model reports it failed (DeploymentFailed, reason DeploymentTimeout); default 3600.
+	// +optional
+	// +kubebuilder:default=3600
+	MaxDeployTimeInSeconds *int32 `json:"maxDeployTimeInSeconds,omitempty"`
 
 	// tolerations let the model's pods, and the cache workers, run on tainted nodes.
 	// +optional
@@ -34,80 +40,82 @@ type JumpStartModelSpec struct {
 
 	// environmentVariables are added to the catalog's for the inference container.
 	// +optional
-	// +listType=map
-	// +listMapKey=name
-	// +kubebuilder:validation:MaxItems=64
-	EnvironmentVariables []EnvironmentVariable `json:"environmentVariables,omitempty"`
+	// +kubebuilder:validation:MaxItems=100
+	EnvironmentVariables []NameValue `json:"environmentVariables,omitempty"`
 
-	// sageMakerEndpoint is accepted for compatibility; no SageMaker endpoint is registered here.
+	// sageMakerEndpoint is HyperPod's; no SageMaker endpoint is registered here.
 	// +optional
-	SageMakerEndpoint *Opaque `json:"sageMakerEndpoint,omitempty"`
+	SageMakerEndpoint *SageMakerEndpoint `json:"sageMakerEndpoint,omitempty"`
 
-	// tlsConfig is accepted for compatibility; TLS via ACM has no effect here.
-	// +optional
-	TLSConfig *Opaque `json:"tlsConfig,omitempty"`
-
-	// autoScalingSpec is accepted for compatibility; scale through replicas instead.
-	// +optional
-	AutoScalingSpec *Opaque `json:"autoScalingSpec,omitempty"`
-
-	// metrics is accepted for compatibility; it has no effect here.
-	// +optional
-	Metrics *Opaque `json:"metrics,omitempty"`
-
-	// intelligentRoutingSpec is accepted for compatibility; it has no effect here.
-	// +optional
-	IntelligentRoutingSpec *Opaque `json:"intelligentRoutingSpec,omitempty"`
-
-	// kvCacheSpec is accepted for compatibility; KV-cache tiers have no effect here.
-	// +optional
-	KVCacheSpec *Opaque `json:"kvCacheSpec,omitempty"`
+	// HyperPod's blocks that prewarm accepts and validates but does not act on.
+	HyperPodFeatures `json:",inline"`
 }
 
 // JumpStartModelRef names a model in the catalog.
 type JumpStartModelRef struct {
 	// modelId is the catalog id, e.g. meta-textgeneration-llama-3-1-8b-instruct.
 	// +required
-	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=128
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([a-z0-9.-]*[a-z0-9])?$')",message="modelId must be lowercase letters, digits, '.' and '-', e.g. meta-textgeneration-llama-3-1-8b-instruct"
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`
 	ModelID string `json:"modelId"`
 
 	// acceptEula accepts the model's end-user licence; gated models need it to be true.
-	// +optional
+	// +required
 	// +kubebuilder:default=false
 	AcceptEula bool `json:"acceptEula"`
 
 	// modelHubName is the hub the model comes from; default SageMakerPublicHub.
 	// +optional
 	// +kubebuilder:default=SageMakerPublicHub
-	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`
 	ModelHubName string `json:"modelHubName,omitempty"`
 
-	// modelVersion is the catalog version (semantic, e.g. 2.1.0); default the newest.
+	// modelVersion is the catalog version (e.g. 2.1.0); default the newest.
 	// +optional
-	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+([.][0-9]+){0,2}$|^[*]$')",message="modelVersion must be a version like 2.1.0 (or *)"
+	// +kubebuilder:validation:MinLength=5
+	// +kubebuilder:validation:MaxLength=14
+	// +kubebuilder:validation:Pattern=`^\d{1,4}.\d{1,4}.\d{1,4}$`
 	ModelVersion string `json:"modelVersion,omitempty"`
 
-	// gatedModelDownloadRole is accepted for compatibility; it has no effect here.
+	// gatedModelDownloadRole is HyperPod's IAM role for gated models; it has no effect here
+	// (the catalog's token Secret is used).
 	// +optional
+	// +kubebuilder:validation:MinLength=20
 	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$`
 	GatedModelDownloadRole string `json:"gatedModelDownloadRole,omitempty"`
+
+	// additionalConfigs are passed to the inference container as environment variables, after
+	// the catalog's and before environmentVariables.
+	// +optional
+	// +kubebuilder:validation:MaxItems=10
+	AdditionalConfigs []NameValue `json:"additionalConfigs,omitempty"`
 }
 
 // JumpStartServer says where a JumpStart model runs.
 type JumpStartServer struct {
 	// instanceType places the model on nodes of this instance type, e.g. ml.g5.24xlarge.
 	// +required
-	// +kubebuilder:validation:MaxLength=63
-	// +kubebuilder:validation:XValidation:rule="self.matches('^ml[.][a-z0-9-]+[.][a-z0-9]+$')",message="instanceType must look like ml.g5.24xlarge"
+	// +kubebuilder:validation:Pattern=`^ml\..*`
 	InstanceType string `json:"instanceType"`
 
-	// executionRole is accepted for compatibility; it has no effect here.
+	// executionRole is HyperPod's IAM role; it has no effect here.
 	// +optional
+	// +kubebuilder:validation:MinLength=20
 	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$`
 	ExecutionRole string `json:"executionRole,omitempty"`
+
+	// acceleratorPartitionType is a MIG profile (e.g. mig-1g.10gb): the inference container
+	// requests one nvidia.com/<profile> in place of whole GPUs.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^mig-.*$`
+	AcceleratorPartitionType string `json:"acceleratorPartitionType,omitempty"`
+
+	// validations are HyperPod's pre-deployment checks.
+	// +optional
+	Validations *ServerValidations `json:"validations,omitempty"`
 }
 
 // +kubebuilder:object:root=true

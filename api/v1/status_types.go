@@ -52,7 +52,9 @@ const (
 	ReasonModelNotInCatalog    = "ModelNotInCatalog"
 	ReasonTokenSecretProblem   = "TokenSecretProblem"
 	ReasonDeploymentCreated    = "DeploymentCreated"
-	ReasonCacheDisabled        = "CacheDisabled"
+	// ReasonDeploymentTimeout: the Deployment did not roll out within maxDeployTimeInSeconds.
+	ReasonDeploymentTimeout = "DeploymentTimeout"
+	ReasonCacheDisabled     = "CacheDisabled"
 	// ReasonInvalidSpec: an object prewarm derives from the parent would be refused by the API
 	// server (a name that is no valid Service name, a volume name prewarm uses, an invalid
 	// operator); nothing is created until the spec changes.
@@ -89,33 +91,102 @@ type WeightsCacheRollup struct {
 	ReadyNodes int32 `json:"readyNodes,omitempty"`
 }
 
-// ImageCacheRollup is a parent's view of its image cache.
+// ImageCacheState is HyperPod's summary of a parent's image cache.
+// +kubebuilder:validation:Enum=Pending;Downloading;Ready;Failed;PartiallyReady
+type ImageCacheState string
+
+const (
+	ImageCacheStatePending        ImageCacheState = "Pending"
+	ImageCacheStateDownloading    ImageCacheState = "Downloading"
+	ImageCacheStateReady          ImageCacheState = "Ready"
+	ImageCacheStateFailed         ImageCacheState = "Failed"
+	ImageCacheStatePartiallyReady ImageCacheState = "PartiallyReady"
+)
+
+// ImageCacheRollup is a parent's view of its image cache, in HyperPod's shape; name and
+// namespace are prewarm's, and name the InferenceImageCache.
 type ImageCacheRollup struct {
+	// state is Pending, Downloading (nodes are pulling), Ready (every target node holds the
+	// image), PartiallyReady (some do, others cannot pull it) or Failed (none can).
+	// +optional
+	State ImageCacheState `json:"state,omitempty"`
+	// readyNodes is the number of nodes that hold the image.
+	// +optional
+	ReadyNodes int32 `json:"readyNodes,omitempty"`
+	// targetNodes is the number of nodes that should hold the image.
+	// +optional
+	TargetNodes int32 `json:"targetNodes,omitempty"`
+	// message says why the cache is in its state.
+	// +optional
+	Message string `json:"message,omitempty"`
 	// name is the InferenceImageCache's name.
 	// +optional
 	Name string `json:"name,omitempty"`
 	// namespace is the InferenceImageCache's namespace.
 	// +optional
 	Namespace string `json:"namespace,omitempty"`
-	// phase is the cache's phase.
-	// +optional
-	Phase ImageCachePhase `json:"phase,omitempty"`
-	// targetNodes is the number of nodes that should hold the image.
-	// +optional
-	TargetNodes int32 `json:"targetNodes,omitempty"`
-	// cachedNodes is the number of nodes that hold it.
-	// +optional
-	CachedNodes int32 `json:"cachedNodes,omitempty"`
 }
 
-// DeploymentRef names the Deployment that serves a model.
-type DeploymentRef struct {
+// DeploymentStatus is the Deployment that serves a model, in HyperPod's shape.
+type DeploymentStatus struct {
 	// name is the Deployment's name.
+	// +required
+	Name string `json:"name"`
+	// lastUpdated is when this was last written.
+	// +required
+	LastUpdated metav1.Time `json:"lastUpdated"`
+	// deploymentObjectOverallState is the parent's state, as in status.state.
 	// +optional
-	Name string `json:"name,omitempty"`
-	// readyReplicas is the Deployment's number of ready pods.
+	DeploymentObjectOverallState string `json:"deploymentObjectOverallState,omitempty"`
+	// reason is the Deployment's latest condition reason.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// message is the Deployment's latest condition message.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// status is the Deployment's own status.
+	// +optional
+	Status *DeploymentObjectStatus `json:"status,omitempty"`
+}
+
+// DeploymentObjectStatus is a Deployment's status, as HyperPod's schema holds it.
+type DeploymentObjectStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// +optional
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// +optional
+	AvailableReplicas int32 `json:"availableReplicas,omitempty"`
+	// +optional
+	UnavailableReplicas int32 `json:"unavailableReplicas,omitempty"`
+	// +optional
+	TerminatingReplicas *int32 `json:"terminatingReplicas,omitempty"`
+	// +optional
+	CollisionCount *int32 `json:"collisionCount,omitempty"`
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []DeploymentObjectCondition `json:"conditions,omitempty"`
+}
+
+// DeploymentObjectCondition is one condition of a Deployment.
+type DeploymentObjectCondition struct {
+	// +required
+	Type string `json:"type"`
+	// +required
+	Status string `json:"status"`
+	// +optional
+	LastUpdateTime *metav1.Time `json:"lastUpdateTime,omitempty"`
+	// +optional
+	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // ParentStatus is what prewarm observed of a parent's deployment: an InferenceEndpointConfig's
@@ -146,9 +217,30 @@ type ParentStatus struct {
 	// +optional
 	ImageCacheStatus *ImageCacheRollup `json:"imageCacheStatus,omitempty"`
 
-	// deploymentStatus names the Deployment that serves the model.
+	// deploymentStatus is the Deployment that serves the model, with its status.
 	// +optional
-	DeploymentStatus *DeploymentRef `json:"deploymentStatus,omitempty"`
+	DeploymentStatus *DeploymentStatus `json:"deploymentStatus,omitempty"`
+
+	// endpoints are the endpoints registered for the model; prewarm registers none (the model is
+	// served by the Service of the parent's name).
+	// +optional
+	Endpoints *EndpointsStatus `json:"endpoints,omitempty"`
+
+	// metricsStatus is HyperPod's; prewarm does not set it.
+	// +optional
+	MetricsStatus *MetricsStatus `json:"metricsStatus,omitempty"`
+
+	// dataCaptureStatus is HyperPod's; prewarm does not set it.
+	// +optional
+	DataCaptureStatus *DataCaptureStatus `json:"dataCaptureStatus,omitempty"`
+
+	// dnsStatus is HyperPod's; prewarm does not set it.
+	// +optional
+	DNSStatus *DNSStatus `json:"dnsStatus,omitempty"`
+
+	// tlsCertificate is HyperPod's; prewarm does not set it.
+	// +optional
+	TLSCertificate *TLSCertificateStatus `json:"tlsCertificate,omitempty"`
 
 	// conditions say what is true of the deployment and why.
 	// +optional

@@ -45,7 +45,7 @@ type Entry struct {
 	Command []string `json:"command,omitempty"`
 	Args    []string `json:"args,omitempty"`
 	// EnvironmentVariables are the inference container's (the JumpStartModel can add more).
-	EnvironmentVariables []inferencev1.EnvironmentVariable `json:"environmentVariables,omitempty"`
+	EnvironmentVariables []corev1.EnvVar `json:"environmentVariables,omitempty"`
 	// Port is the inference server's port; default 8080.
 	Port int32 `json:"port,omitempty"`
 	// MountPath is where the server reads the model; default /opt/ml/model.

@@ -97,6 +97,9 @@ const (
 	WeightsCacheAnnotation = "prewarm.io/weights-cache"
 	// TemplateHashAnnotation, on a Deployment, is the hash of the pod template prewarm wrote.
 	TemplateHashAnnotation = "prewarm.io/template-hash"
+	// RolloutStartedAnnotation, on a Deployment prewarm made, is when its current template was
+	// set (RFC 3339): the start of the parent's maxDeployTimeInSeconds.
+	RolloutStartedAnnotation = "prewarm.io/rollout-started"
 	// ManagedByLabel marks objects prewarm created.
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	// ManagedBy is ManagedByLabel's value.

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -186,4 +187,20 @@ func TableHeaders(tab *metav1.Table) []string {
 		}
 	}
 	return out
+}
+
+// RunWithAPIServer runs a package's tests (from its TestMain) against one API server, started
+// first and stored in *server, and stopped after them; it returns the exit code.
+func RunWithAPIServer(m *testing.M, server **APIServer) int {
+	s, err := StartAPIServer()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*server = s
+	code := m.Run()
+	if err := s.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the API server:", err)
+	}
+	return code
 }

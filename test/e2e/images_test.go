@@ -113,7 +113,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		e.addNode(n, "ml.g5.24xlarge", s3srv.Endpoint)
 	}
 	e.addNode("small-a", "ml.g5.xlarge", s3srv.Endpoint)
-	e.start("controller", controllerPath,
+	e.startController(
 		"--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect=false",
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--config="+e.config(s3srv.Endpoint), "--agent-image=prewarm/agent:e2e")
@@ -225,7 +225,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 				return false, err.Error()
 			}
 			r := iec.Status.ImageCacheStatus
-			return r != nil && r.Name == seedCache && r.Phase == inferencev1.ImageComplete && r.CachedNodes == 3 &&
+			return r != nil && r.Name == seedCache && r.State == inferencev1.ImageCacheStateReady && r.ReadyNodes == 3 && r.TargetNodes == 3 &&
 				condition(iec.Status.Conditions, inferencev1.ConditionImageCacheReady).Status == metav1.ConditionTrue, fmt.Sprintf("%+v", r)
 		})
 	})

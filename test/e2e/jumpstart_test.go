@@ -84,7 +84,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 	}
 	e.addNode("small-a", "ml.g5.xlarge", s3srv.Endpoint)
 	metricsAddr := freeAddr(t)
-	e.start("controller", controllerPath,
+	e.startController(
 		"--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect=false",
 		"--metrics-bind-address="+metricsAddr, "--health-probe-bind-address=0",
 		"--config="+e.config(s3srv.Endpoint), "--agent-image=prewarm/agent:e2e")
@@ -164,7 +164,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 		}
 		j := e.jumpStart("default", "example-jumpstart-model")
 		if j.Status.WeightsCacheStatus == nil || j.Status.WeightsCacheStatus.ReadyNodes != 3 || j.Status.ImageCacheStatus == nil ||
-			j.Status.ImageCacheStatus.Phase != inferencev1.ImageComplete || j.Status.ObservedGeneration != j.Generation {
+			j.Status.ImageCacheStatus.State != inferencev1.ImageCacheStateReady || j.Status.ObservedGeneration != j.Generation {
 			t.Errorf("status %+v", j.Status)
 		}
 		e.eventually(30*time.Second, "events", func() (bool, string) {

@@ -74,8 +74,9 @@ func s3Env() []string {
 	return []string{"AWS_ACCESS_KEY_ID=" + s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s3fixture.SecretKey}
 }
 
-func (e *weightsEnv) start(name, path string, args ...string) {
-	e.startEnv(name, path, nil, args...)
+// startController starts the controller binary with args.
+func (e *weightsEnv) startController(args ...string) {
+	e.startEnv("controller", controllerPath, nil, args...)
 }
 
 // startEnv starts a process with env added to the test's environment.
@@ -310,7 +311,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 	}
 	e.addNode("small-a", "ml.g5.xlarge", s3srv.Endpoint)
 	metricsAddr, probeAddr := freeAddr(t), freeAddr(t)
-	e.start("controller", controllerPath,
+	e.startController(
 		"--kubeconfig="+cluster.KubeconfigPath, "--leader-elect", "--leader-election-namespace=default",
 		"--metrics-bind-address="+metricsAddr, "--health-probe-bind-address="+probeAddr,
 		"--config="+e.config(s3srv.Endpoint), "--gate-timeout=3m", "--retention=10m", "--agent-image=prewarm/agent:e2e")

@@ -69,6 +69,14 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 					NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "zone", Operator: "Near", Values: []string{"a"}}}}},
 				}}
 			}},
+		{name: "no-volume", reason: inferencev1.ReasonInvalidSpec, inMessage: `mounts the volume named like worker.modelVolumeMount.name ("model-weights") from spec.kubernetes.volumes, and there is none`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceKubernetesVolume}
+			}},
+		{name: "init-name", reason: inferencev1.ReasonInvalidSpec, inMessage: `the name of prewarm's own init container`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "prewarm-prepare", Image: "busybox"}}}
+			}},
 		{name: "pss", ns: "blocked-pss", reason: inferencev1.ReasonPodSecurity, inMessage: "enforces the baseline Pod Security level", deployment: true},
 	} {
 		t.Run(tc.reason+"/"+tc.name[:min(len(tc.name), 12)], func(t *testing.T) {

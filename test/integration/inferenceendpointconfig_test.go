@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,7 +11,9 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,6 +48,7 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	countdown := regexp.MustCompile(`opens at the latest in [0-9hms.]+`)
 	compare := cmp.Options{
 		cmpopts.IgnoreFields(metav1.Condition{}, "LastTransitionTime"),
+		cmpopts.IgnoreFields(inferencev1.DeploymentStatus{}, "LastUpdated"),
 		cmp.FilterPath(func(p cmp.Path) bool { return p.Last().String() == ".Message" },
 			cmp.Transformer("countdown", func(s string) string { return countdown.ReplaceAllString(s, "opens at the latest in …") })),
 	}
@@ -106,7 +110,7 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 		t.Fatalf("image caches %+v; want one, referencing the parent", images.Items)
 	}
 	image := &images.Items[0]
-	imageRollup := &inferencev1.ImageCacheRollup{Name: image.Name, Namespace: image.Namespace}
+	imageRollup := &inferencev1.ImageCacheRollup{Name: image.Name, Namespace: image.Namespace, State: inferencev1.ImageCacheStatePending}
 	selector := controller.EndpointLabel + "=" + string(parent.UID)
 	unsupported := cond(1, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect")
 	imagePulling := cond(1, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet")
@@ -142,7 +146,8 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 		ObservedGeneration: 1, State: inferencev1.DeploymentInProgress, Selector: selector,
 		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "llama-cache", State: inferencev1.CacheReady, TargetNodes: 1, ReadyNodes: 1},
 		ImageCacheStatus:   imageRollup,
-		DeploymentStatus:   &inferencev1.DeploymentRef{Name: "llama"},
+		DeploymentStatus: &inferencev1.DeploymentStatus{Name: "llama", Status: &inferencev1.DeploymentObjectStatus{},
+			DeploymentObjectOverallState: string(inferencev1.DeploymentInProgress)},
 		Conditions: []metav1.Condition{unsupported, imagePulling, weightsReady,
 			cond(1, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonGateOpen, "all 1 target nodes hold the weights cache"),
 			cond(1, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated, "Deployment llama is rolling out: 0 of 1 pods updated, 0 available"),
@@ -169,7 +174,8 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 		ObservedGeneration: 2, State: inferencev1.DeploymentInProgress, Selector: selector,
 		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: second.Name, State: inferencev1.CacheDownloading, TargetNodes: 1},
 		ImageCacheStatus:   imageRollup,
-		DeploymentStatus:   &inferencev1.DeploymentRef{Name: "llama"},
+		DeploymentStatus: &inferencev1.DeploymentStatus{Name: "llama", Status: &inferencev1.DeploymentObjectStatus{},
+			DeploymentObjectOverallState: string(inferencev1.DeploymentInProgress)},
 		Conditions: []metav1.Condition{
 			cond(2, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect"),
 			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet"),
@@ -203,7 +209,8 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 		ObservedGeneration: 2, State: inferencev1.DeploymentComplete, Replicas: 1, Selector: selector,
 		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: second.Name, State: inferencev1.CacheReady, TargetNodes: 1, ReadyNodes: 1},
 		ImageCacheStatus:   imageRollup,
-		DeploymentStatus:   &inferencev1.DeploymentRef{Name: "llama", ReadyReplicas: 1},
+		DeploymentStatus: &inferencev1.DeploymentStatus{Name: "llama", DeploymentObjectOverallState: string(inferencev1.DeploymentComplete),
+			Status: &inferencev1.DeploymentObjectStatus{ObservedGeneration: dep.Generation, Replicas: 1, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}},
 		Conditions: []metav1.Condition{
 			cond(2, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect"),
 			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet"),
@@ -229,5 +236,45 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	}
 	if len(image.Spec.ParentReferences) != 0 {
 		t.Errorf("the image cache still references %+v", image.Spec.ParentReferences)
+	}
+}
+
+// A Deployment that has not rolled out within maxDeployTimeInSeconds is reported failed, as
+// HyperPod reports it; until then the parent is requeued for the deadline.
+func TestDeploymentDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := server.Client
+	rc := newReconcilers(t, ctx, "deadline-operator", "deadline")
+	parent := testutil.MakeInferenceEndpointConfig("deadline", "slow").Obj()
+	parent.Spec.InstanceType = "ml.deadline-suite.xlarge" // no node: the gate opens at once
+	parent.Spec.MaxDeployTimeInSeconds = ptr.To[int32](600)
+	parent.Spec.ModelCacheConfig = nil
+	if err := c.Create(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(parent)
+	start := time.Now()
+	rc.ep.Now = func() time.Time { return start }
+	got := rc.endpoint(t, ctx, key)
+	if got.Status.State != inferencev1.DeploymentInProgress {
+		t.Fatalf("state %s; want DeploymentInProgress while the Deployment rolls out", got.Status.State)
+	}
+	res, err := rc.ep.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > 10*time.Minute {
+		t.Errorf("requeued after %s; want at most the 10m left before the deadline", res.RequeueAfter)
+	}
+	rc.ep.Now = func() time.Time { return start.Add(11 * time.Minute) }
+	got = rc.endpoint(t, ctx, key)
+	ready := apimeta.FindStatusCondition(got.Status.Conditions, inferencev1.ConditionReady)
+	if got.Status.State != inferencev1.DeploymentFailed || ready == nil || ready.Reason != inferencev1.ReasonDeploymentTimeout ||
+		!strings.Contains(ready.Message, "has not rolled out within maxDeployTimeInSeconds (10m0s") {
+		t.Errorf("past the deadline: state %s, Ready %+v; want DeploymentFailed, DeploymentTimeout", got.Status.State, ready)
+	}
+	if d := got.Status.DeploymentStatus; d == nil || d.DeploymentObjectOverallState != string(inferencev1.DeploymentFailed) {
+		t.Errorf("deploymentStatus %+v; want the overall state DeploymentFailed", d)
 	}
 }

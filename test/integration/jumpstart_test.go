@@ -12,6 +12,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -103,7 +104,8 @@ func TestJumpStartModelReconcile(t *testing.T) {
 	if diff := cmp.Diff(inferencev1.ModelDataCacheConfigSpec{
 		ParentReference: inferencev1.ParentReference{Kind: "JumpStartModel", Namespace: "jsm", Name: "served", UID: string(served.UID)},
 		ModelSourceConfig: inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceHuggingFace,
-			HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: repo, CommitSHA: commit, TokenSecretRef: &inferencev1.SecretKeyRef{Name: "hf-token", Key: "token"}}},
+			HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: repo, CommitSHA: commit, TokenSecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "hf-token"}, Key: "token"}},
+			PrefetchEnabled:  ptr.To(false)},
 		HostPath:  inferencev1.DefaultWeightsCacheHostPath,
 		Placement: inferencev1.Placement{InstanceTypes: []string{"ml.g5.48xlarge"}},
 	}, m.Spec); diff != "" {

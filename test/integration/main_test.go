@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -12,16 +11,4 @@ import (
 
 var server *testutil.APIServer
 
-func TestMain(m *testing.M) {
-	var err error
-	server, err = testutil.StartAPIServer()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := server.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stopping the API server:", err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testutil.RunWithAPIServer(m, &server)) }

@@ -134,7 +134,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		}
 		parent := testutil.MakeInferenceEndpointConfig("owned", "gated").HuggingFace("meta-llama/Llama-3.1-8B-Instruct", strings.Repeat("a", 40)).Obj()
 		parent.Spec.InstanceType = "ml.trn1.32xlarge"
-		parent.Spec.ModelSourceConfig.HuggingFaceModel.TokenSecretRef = &inferencev1.SecretKeyRef{Name: "hf-token"}
+		parent.Spec.ModelSourceConfig.HuggingFaceModel.TokenSecretRef = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "hf-token"}, Key: "token"}
 		if err := c.Create(ctx, parent); err != nil {
 			t.Fatal(err)
 		}

@@ -105,7 +105,8 @@ func TestSeedJumpStartModelAcceptedWithDefaults(t *testing.T) {
 			WeightsCache: &inferencev1.WeightsCacheConfig{Enabled: true, HostPath: "/opt/dlami/nvme"},
 			ImageCache:   &inferencev1.ImageCacheConfig{Enabled: true},
 		},
-		Replicas: ptr.To[int32](1),
+		Replicas:               ptr.To[int32](1),
+		MaxDeployTimeInSeconds: ptr.To[int32](3600), // HyperPod's default
 	}
 	if diff := cmp.Diff(want, got.Spec); diff != "" {
 		t.Errorf("spec read back (-want +got):\n%s", diff)
@@ -133,6 +134,7 @@ spec:
     image: vllm/vllm-openai:latest
     modelInvocationPort: {containerPort: 8000}
     modelVolumeMount: {name: model-weights}
+    resources: {}
 `
 	if err := yaml.Unmarshal([]byte(manifest), &u.Object); err != nil {
 		t.Fatal(err)

@@ -141,7 +141,7 @@ func TestSourcesAreReadWithTheNamespacesOwnRights(t *testing.T) {
 	}
 
 	hf := reconcile(cache("tenant-a", "gated", inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceHuggingFace,
-		HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: "org/gated", CommitSHA: strings.Repeat("b", 40), TokenSecretRef: &inferencev1.SecretKeyRef{Name: "hf-token"}}}))
+		HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: "org/gated", CommitSHA: strings.Repeat("b", 40), TokenSecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "hf-token"}, Key: "token"}}}))
 	r = request(hf)
 	if r == nil || r.Credentials == nil {
 		t.Fatalf("a gated model: request %+v; want the token sealed to the node", r)

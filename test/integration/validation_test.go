@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,7 +30,9 @@ func jsm(name string, mutate func(*inferencev1.JumpStartModel)) client.Object {
 	return o
 }
 
-// Each object is rejected by the API server, and the message tells the user what is wrong.
+// Each object is rejected by the API server, and the message tells the user what is wrong:
+// HyperPod's own validation, and the few deliberate checks of values that could never work
+// (docs/hyperpod-compatibility.md).
 func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -44,7 +48,7 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 		{"hostPath is /", iec("v3", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelCacheConfig.WeightsCache.HostPath = "/"
 		}), "hostPath must not be the filesystem root"},
-		{"hostPath over 255", iec("v4", func(o *inferencev1.InferenceEndpointConfig) {
+		{"hostPath over 255 (HyperPod's limit)", iec("v4", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelCacheConfig.WeightsCache.HostPath = "/" + strings.Repeat("a", 255)
 		}), "may not be more than 255"},
 		{"hostPath with a newline", iec("v5", func(o *inferencev1.InferenceEndpointConfig) {
@@ -53,112 +57,75 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 		{"s3 without s3Storage", iec("v6", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig.S3Storage = nil
 		}), "modelSourceType s3 needs s3Storage"},
-		{"s3 with fsxStorage too", iec("v7", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.FSxStorage = &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef0"}
-		}), "fsxStorage is set but modelSourceType is not fsx"},
 		{"fsx without fsxStorage", iec("v8", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig.ModelSourceType = inferencev1.ModelSourceFSx
 			o.Spec.ModelSourceConfig.S3Storage = nil
 		}), "modelSourceType fsx needs fsxStorage"},
-		{"huggingface with s3Storage", iec("v9", func(o *inferencev1.InferenceEndpointConfig) {
+		{"huggingface with s3Storage only", iec("v9", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig.ModelSourceType = inferencev1.ModelSourceHuggingFace
 		}), "modelSourceType huggingface needs huggingFaceModel"},
 		{"unknown source type", iec("v10", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig.ModelSourceType = "gcs"
 		}), `Unsupported value: "gcs"`},
-		{"instanceType and instanceTypes", iec("v11", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.InstanceTypes = []string{"ml.g5.48xlarge"}
-		}), "instanceType, instanceTypes and nodeAffinity are mutually exclusive"},
-		{"instanceType and nodeAffinity", iec("v12", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.NodeAffinity = &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
-				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
-					Key: "gpu", Operator: corev1.NodeSelectorOpExists}}}}}}
-		}), "mutually exclusive"},
 		{"no placement", iec("v13", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.InstanceType = ""
 		}), "one of instanceType, instanceTypes or nodeAffinity is required"},
-		{"instanceType without ml. prefix", iec("v14", func(o *inferencev1.InferenceEndpointConfig) {
+		{"instanceType without ml. prefix (HyperPod's pattern)", iec("v14", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.InstanceType = "g5.24xlarge"
-		}), "instanceType must look like ml.g5.24xlarge"},
-		{"bad instanceTypes entry", iec("v15", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.InstanceType = ""
-			o.Spec.InstanceTypes = []string{"ml.g5.24xlarge", "p4d.24xlarge"}
-		}), "every instanceTypes entry must look like ml.g5.24xlarge"},
-		{"HF modelId without org", testutil.MakeInferenceEndpointConfig("default", "v16").HuggingFace("llama", "").Obj(),
-			"modelId must be org/name"},
-		{"HF commitSHA a branch", testutil.MakeInferenceEndpointConfig("default", "v17").HuggingFace("meta-llama/Llama-3.1-8B", "main").Obj(),
-			"commitSHA must be a full 40-character lowercase hex commit id"},
-		{"bucket with uppercase and _", iec("v18", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.S3Storage.BucketName = "Example_Bucket"
-		}), "bucketName must use only lowercase letters, digits, dots and hyphens"},
-		{"bucket too short", iec("v19", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.S3Storage.BucketName = "ab"
-		}), "at least 3 chars long"},
-		{"bucket with ..", iec("v20", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.S3Storage.BucketName = "my..bucket"
-		}), "bucketName must not contain two adjacent dots"},
-		{"bucket an IP address", iec("v21", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.S3Storage.BucketName = "192.168.10.1"
-		}), "bucketName must not look like an IP address"},
-		{"region a name", iec("v22", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.S3Storage.Region = "oregon"
-		}), "region must look like us-west-2"},
-		{"modelLocation a URL", iec("v23", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.ModelLocation = "s3://example-bucket/models/example-model"
-		}), "modelLocation is a path inside the source, not a URL"},
-		{"modelLocation with ..", iec("v24", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.ModelLocation = "models/../secrets"
-		}), "modelLocation must not contain '..'"},
-		{"s3 modelLocation absolute", iec("v25", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig.ModelLocation = "/models/example-model"
-		}), "modelLocation for s3 is a key prefix and must not start with '/'"},
+		}), `should match '^ml\..*'`},
+		{"HF modelId without org (HyperPod's pattern)", testutil.MakeInferenceEndpointConfig("default", "v16").HuggingFace("llama", "").Obj(),
+			"spec.modelSourceConfig.huggingFaceModel.modelId"},
+		{"HF modelId with ..", testutil.MakeInferenceEndpointConfig("default", "v16b").HuggingFace("meta-llama/..", "").Obj(),
+			"modelId must not contain '..'"},
+		{"HF commitSHA a branch (HyperPod's pattern)", testutil.MakeInferenceEndpointConfig("default", "v17").HuggingFace("meta-llama/Llama-3.1-8B", "main").Obj(),
+			"spec.modelSourceConfig.huggingFaceModel.commitSHA"},
+		{"fsx modelLocation with ..", iec("v24", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx,
+				FSxStorage: &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef0"}, ModelLocation: "models/../../etc"}
+		}), "modelLocation of an fsx source must not contain '..'"},
 		{"containerPort 0", iec("v26", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.Worker.ModelInvocationPort.ContainerPort = 0
 		}), "should be greater than or equal to 1"},
 		{"containerPort 70000", iec("v27", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.Worker.ModelInvocationPort.ContainerPort = 70000
 		}), "should be less than or equal to 65535"},
-		{"port name not IANA", iec("v28", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.Worker.ModelInvocationPort.Name = "HTTP_port"
-		}), "port name must be lowercase letters, digits and single hyphens"},
-		{"modelName with uppercase", iec("v29", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelName = "Example_Model"
-		}), "modelName must be lowercase letters, digits and '-'"},
+		{"port name neither http nor grpc (HyperPod's pattern)", iec("v28", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.Worker.ModelInvocationPort.Name = "metrics"
+		}), "spec.worker.modelInvocationPort.name"},
+		{"modelName with an underscore (HyperPod's pattern)", iec("v29", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.ModelName = "_model"
+		}), "spec.modelName"},
 		{"modelName over 63", iec("v30", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelName = strings.Repeat("m", 64)
 		}), "may not be more than 63"},
-		{"weightsCache with kubernetesVolume", iec("v31", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceKubernetesVolume,
-				KubernetesVolume: &inferencev1.KubernetesVolume{ClaimName: "models"}}
-		}), "weightsCache cannot be enabled for modelSourceType kubernetesVolume"},
 		{"negative replicas", iec("v32", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.Replicas = ptr.To[int32](-1)
 		}), "should be greater than or equal to 0"},
-		{"env var name starting with a digit", iec("v33", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.Worker.EnvironmentVariables = []inferencev1.EnvironmentVariable{{Name: "1BAD", Value: "x"}}
-		}), "environment variable names must consist of letters"},
-		{"relative mountPath", iec("v34", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.Worker.ModelVolumeMount.MountPath = "opt/ml/model"
-		}), "mountPath must be an absolute path other than /"},
-		{"image with a space", iec("v35", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.Worker.Image = "vllm/vllm-openai latest"
-		}), "image must not contain whitespace"},
-		{"fsx id malformed", iec("v36", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx,
-				FSxStorage: &inferencev1.FSxStorage{FileSystemID: "lustre-1"}}
-		}), "fileSystemId must look like fs-0123456789abcdef0"},
-		{"volume name not a DNS label", iec("v37", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.Worker.ModelVolumeMount.Name = "Model_Weights"
-		}), "modelVolumeMount.name must be a DNS label"},
-		{"JumpStart modelId with spaces", jsm("v38", func(o *inferencev1.JumpStartModel) {
+		{"worker without resources (HyperPod requires them)", func() client.Object {
+			u := unstructuredIEC("v33")
+			unstructured.RemoveNestedField(u.Object, "spec", "worker", "resources")
+			return u
+		}(), "spec.worker.resources: Required value"},
+		{"a typo inside a HyperPod block", func() client.Object {
+			u := unstructuredIEC("v34")
+			_ = unstructured.SetNestedField(u.Object, "round_robbin", "spec", "loadBalancer", "routingAlgorithm")
+			return u
+		}(), `spec.loadBalancer.routingAlgorithm: Unsupported value: "round_robbin"`},
+		{"autoscaling below zero", iec("v35", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.AutoScalingSpec = &inferencev1.AutoScalingSpec{MinReplicaCount: ptr.To[int32](-1)}
+		}), "spec.autoScalingSpec.minReplicaCount"},
+		{"JumpStart modelId with spaces (HyperPod's pattern)", jsm("v38", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Model.ModelID = "Meta Llama 3.1 8B"
-		}), "modelId must be lowercase letters, digits, '.' and '-'"},
-		{"JumpStart instanceType without ml.", jsm("v39", func(o *inferencev1.JumpStartModel) {
+		}), "spec.model.modelId"},
+		{"JumpStart instanceType without ml. (HyperPod's pattern)", jsm("v39", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Server.InstanceType = "p4d.24xlarge"
-		}), "instanceType must look like ml.g5.24xlarge"},
-		{"JumpStart modelVersion not semantic", jsm("v40", func(o *inferencev1.JumpStartModel) {
+		}), "spec.server.instanceType"},
+		{"JumpStart modelVersion not semantic (HyperPod's pattern)", jsm("v40", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Model.ModelVersion = "latest"
-		}), "modelVersion must be a version like 2.1.0"},
+		}), "spec.model.modelVersion"},
+		{"JumpStart accelerator partition not MIG", jsm("v40b", func(o *inferencev1.JumpStartModel) {
+			o.Spec.Server.AcceleratorPartitionType = "1g.10gb"
+		}), "spec.server.acceleratorPartitionType"},
 		{"JumpStart hostPath relative", jsm("v41", func(o *inferencev1.JumpStartModel) {
 			o.Spec.ModelCacheConfig.WeightsCache.HostPath = "nvme"
 		}), "hostPath must be an absolute path"},
@@ -190,16 +157,33 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 	}
 }
 
-// The shapes users write that must stay accepted: every source type, every placement.
+// unstructuredIEC is a valid InferenceEndpointConfig as unstructured, for manifests the typed
+// client cannot express (a missing required field, a value outside an enum).
+func unstructuredIEC(name string) *unstructured.Unstructured {
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(testutil.MakeInferenceEndpointConfig("default", name).Obj())
+	if err != nil {
+		panic(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(inferencev1.GroupVersion.String())
+	u.SetKind("InferenceEndpointConfig")
+	unstructured.RemoveNestedField(u.Object, "status")
+	return u
+}
+
+// The shapes users write that must stay accepted: every source type, every placement, and what
+// HyperPod accepts that prewarm once refused.
 func TestValidVariantsAccepted(t *testing.T) {
 	cases := []struct {
 		name string
 		obj  client.Object
 	}{
-		{"huggingface pinned", iec("ok-hf", func(o *inferencev1.InferenceEndpointConfig) {
+		{"huggingface pinned, optional token", iec("ok-hf", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceHuggingFace,
 				HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: "meta-llama/Llama-3.1-8B-Instruct",
-					CommitSHA: "0e9e39f249a16976918f6564b8830bc894c89659", TokenSecretRef: &inferencev1.SecretKeyRef{Name: "hf-token"}}}
+					CommitSHA: "0e9e39f249a16976918f6564b8830bc894c89659",
+					TokenSecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "hf-token"},
+						Key: "token", Optional: ptr.To(true)}}}
 		})},
 		{"fsx with instanceTypes", iec("ok-fsx", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx,
@@ -215,16 +199,37 @@ func TestValidVariantsAccepted(t *testing.T) {
 					Key: "node.kubernetes.io/instance-type", Operator: corev1.NodeSelectorOpIn, Values: []string{"ml.g5.24xlarge"}}}}}}}
 			o.Spec.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 		})},
-		{"kubernetesVolume without weights cache", iec("ok-pvc", func(o *inferencev1.InferenceEndpointConfig) {
-			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceKubernetesVolume,
-				KubernetesVolume: &inferencev1.KubernetesVolume{ClaimName: "models"}}
-			o.Spec.ModelCacheConfig.WeightsCache.Enabled = false
+		{"instanceType and instanceTypes and nodeAffinity together", iec("ok-all-placements", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.InstanceTypes = []string{"ml.g5.24xlarge", "ml.g5.48xlarge"}
+			o.Spec.NodeAffinity = &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+					Key: "gpu", Operator: corev1.NodeSelectorOpExists}}}}}}
 		})},
-		{"custom hostPath, env, args, probes", iec("ok-worker", func(o *inferencev1.InferenceEndpointConfig) {
+		{"kubernetesVolume from spec.kubernetes.volumes", iec("ok-pvc", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceKubernetesVolume, ModelLocation: "llama"}
+			o.Spec.Kubernetes = &inferencev1.KubernetesSpec{Volumes: []corev1.Volume{{Name: "model-weights",
+				VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "models"}}}}}
+		})},
+		{"custom hostPath, env, args, probes, workingDir", iec("ok-worker", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelCacheConfig.WeightsCache.HostPath = "/mnt/k8s-disks/0"
-			o.Spec.Worker.EnvironmentVariables = []inferencev1.EnvironmentVariable{{Name: "OPTION_ROLLING_BATCH", Value: "vllm"}}
+			o.Spec.Worker.EnvironmentVariables = []corev1.EnvVar{{Name: "OPTION_ROLLING_BATCH", Value: "vllm"}}
 			o.Spec.Worker.Args = []string{"--model", "/opt/ml/model"}
-			o.Spec.Worker.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health"}}}
+			o.Spec.Worker.WorkingDir = "/srv"
+			o.Spec.Worker.Probes = &inferencev1.Probes{ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health"}}}}
+		})},
+		{"Hugging Face casing in modelName", iec("ok-casing", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.ModelName = "Llama-3.1-8B-Instruct"
+		})},
+		{"a legacy bucket name and a custom region", iec("ok-bucket", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.ModelSourceConfig.S3Storage = &inferencev1.S3Storage{BucketName: "Legacy_Bucket", Region: "local"}
+			o.Spec.ModelSourceConfig.ModelLocation = "/models/with a space"
+		})},
+		{"an environment variable name Kubernetes accepts", iec("ok-env", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.Worker.EnvironmentVariables = []corev1.EnvVar{{Name: "1ST_OPTION", Value: "x"}}
+		})},
+		{"JumpStart with a MIG partition and additional configs", jsm("ok-jsm", func(o *inferencev1.JumpStartModel) {
+			o.Spec.Server.AcceleratorPartitionType = "mig-1g.10gb"
+			o.Spec.Model.AdditionalConfigs = []inferencev1.NameValue{{Name: "MAX_MODEL_LEN", Value: "4096"}}
 		})},
 	}
 	for _, tc := range cases {

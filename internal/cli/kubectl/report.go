@@ -147,7 +147,10 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string) (
 			Ready: condition(p.st.Conditions, inferencev1.ConditionReady), Gated: condition(p.st.Conditions, inferencev1.ConditionGated),
 			Replicas: p.st.Replicas}
 		if d := p.st.DeploymentStatus; d != nil {
-			pr.Deployment, pr.ReadyReplicas = d.Name, d.ReadyReplicas
+			pr.Deployment = d.Name
+			if d.Status != nil {
+				pr.ReadyReplicas = d.Status.ReadyReplicas
+			}
 		}
 		if w := p.st.WeightsCacheStatus; w != nil && w.Name != "" {
 			m := &inferencev1.ModelDataCacheConfig{}

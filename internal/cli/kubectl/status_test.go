@@ -76,7 +76,7 @@ func fixture(t *testing.T, c client.Client) {
 		iec.Status = inferencev1.ParentStatus{State: inferencev1.DeploymentInProgress, Replicas: 1,
 			WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "example-model-cache"},
 			ImageCacheStatus:   &inferencev1.ImageCacheRollup{Name: "iic-vllm-openai-ml-g5-24xlarge-a1b2", Namespace: "hyperpod-inference-system"},
-			DeploymentStatus:   &inferencev1.DeploymentRef{Name: "example-model", ReadyReplicas: 0},
+			DeploymentStatus:   &inferencev1.DeploymentStatus{Name: "example-model", LastUpdated: metav1.Now(), Status: &inferencev1.DeploymentObjectStatus{}},
 			Conditions: []metav1.Condition{
 				cond(inferencev1.ConditionReady, "False", inferencev1.ReasonWaitingForCache, "the Deployment is created once the weights cache settles"),
 				cond(inferencev1.ConditionGated, "True", inferencev1.ReasonWaitingForCache, "waiting for the weights cache on 1 of 2 target nodes: g5-b Downloading 40% (opens at the latest in 29m0s)"),

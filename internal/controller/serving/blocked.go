@@ -33,6 +33,18 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 			"worker.modelVolumeMount.name %q is the name of a volume prewarm adds to the pods (%s, %s): choose another name",
 			v, cacheVolumeName, fsxVolumeName)}
 	}
+	if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume &&
+		!slices.ContainsFunc(m.kubernetes.Volumes, func(v corev1.Volume) bool { return v.Name == m.worker.ModelVolumeMount.Name }) {
+		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
+			"modelSourceType kubernetesVolume mounts the volume named like worker.modelVolumeMount.name (%q) from spec.kubernetes.volumes, and there is none: add it",
+			m.worker.ModelVolumeMount.Name)}
+	}
+	for _, k := range m.kubernetes.InitContainers {
+		if k.Name == PrepareContainerName {
+			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
+				"spec.kubernetes.initContainers has a container named %q, the name of prewarm's own init container: choose another name", k.Name)}
+		}
+	}
 	terms := placement.RequiredTerms(m.placement)
 	for _, p := range m.preferred {
 		terms = append(terms, p.Preference)

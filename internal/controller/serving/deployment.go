@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -52,10 +53,19 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 	labels[controller.ManagedByLabel] = controller.ManagedBy
 	annotations := map[string]string{}
 	worker := workerContainer(m)
-	spec := corev1.PodSpec{Tolerations: m.placement.Tolerations}
-	if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume && m.source.KubernetesVolume != nil {
-		// A volume is mounted as it is; there is nothing to prepare, and no cache.
-		mountModelVolume(m, &worker, &spec)
+	k := m.kubernetes
+	spec := corev1.PodSpec{
+		Tolerations:        m.placement.Tolerations,
+		ServiceAccountName: k.ServiceAccountName,
+		SchedulerName:      k.SchedulerName,
+		// The parent's own init containers run first, then prewarm's.
+		InitContainers: slices.Clone(k.InitContainers),
+		Volumes:        slices.Clone(k.Volumes),
+	}
+	if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume {
+		// The parent's volume of the model's name is mounted as it is; there is nothing to
+		// prepare, and no cache.
+		mountModelVolume(m, &worker)
 		cache = nil
 	} else if err := r.prepareModel(m, cache, &worker, &spec); err != nil {
 		return corev1.PodTemplateSpec{}, err
@@ -72,25 +82,22 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 func workerContainer(m *model) corev1.Container {
 	w := m.worker
 	c := corev1.Container{
-		Name: WorkerContainerName, Image: w.Image, Command: w.Command, Args: w.Args,
-		Ports:          []corev1.ContainerPort{{Name: m.portName(), ContainerPort: w.ModelInvocationPort.ContainerPort, Protocol: corev1.ProtocolTCP}},
-		Resources:      w.Resources,
-		ReadinessProbe: w.ReadinessProbe, LivenessProbe: w.LivenessProbe, StartupProbe: w.StartupProbe,
+		Name: WorkerContainerName, Image: w.Image, Command: w.Command, Args: w.Args, WorkingDir: w.WorkingDir,
+		Ports:     []corev1.ContainerPort{{Name: m.portName(), ContainerPort: w.ModelInvocationPort.ContainerPort, Protocol: corev1.ProtocolTCP}},
+		Resources: w.Resources,
+		Env:       slices.Clone(w.EnvironmentVariables),
 	}
-	for _, e := range w.EnvironmentVariables {
-		c.Env = append(c.Env, corev1.EnvVar{Name: e.Name, Value: e.Value, ValueFrom: e.ValueFrom})
+	if p := w.Probes; p != nil {
+		c.ReadinessProbe, c.LivenessProbe, c.StartupProbe = p.ReadinessProbe, p.LivenessProbe, p.StartupProbe
 	}
 	return c
 }
 
-// mountModelVolume mounts the parent's own volume as the model, read-only.
-func mountModelVolume(m *model, worker *corev1.Container, spec *corev1.PodSpec) {
-	name := m.worker.ModelVolumeMount.Name
-	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
-		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: m.source.KubernetesVolume.ClaimName, ReadOnly: true},
-	}})
+// mountModelVolume mounts the parent's volume of the model's name (from spec.kubernetes.volumes)
+// as the model, read-only, at modelLocation inside it.
+func mountModelVolume(m *model, worker *corev1.Container) {
 	worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{
-		Name: name, MountPath: m.mountPath(), SubPath: strings.Trim(m.source.ModelLocation, "/"), ReadOnly: true,
+		Name: m.worker.ModelVolumeMount.Name, MountPath: m.mountPath(), SubPath: strings.Trim(m.source.ModelLocation, "/"), ReadOnly: true,
 	})
 }
 
@@ -135,7 +142,7 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 		prepare.VolumeMounts = append(prepare.VolumeMounts, mount)
 		worker.VolumeMounts = append(worker.VolumeMounts, mount)
 	}
-	spec.InitContainers = []corev1.Container{prepare}
+	spec.InitContainers = append(spec.InitContainers, prepare)
 	return nil
 }
 
@@ -246,7 +253,7 @@ func (r *Reconciler) prepareSource(m *model, cs prewarmv1alpha1.CacheSource, src
 				key = "token"
 			}
 			prepare.Env = append(prepare.Env, corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
-				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name}, Key: key,
+				LocalObjectReference: corev1.LocalObjectReference{Name: ref.Name}, Key: key, Optional: ref.Optional,
 			}}})
 		}
 	case inferencev1.ModelSourceFSx:

@@ -6,11 +6,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/catalog"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/testutil"
@@ -200,5 +206,124 @@ func TestCacheKeyChangesWithContentNotPlacement(t *testing.T) {
 	}
 	if cacheKey(base) != cacheKey(placed) {
 		t.Error("a placement change must keep the cache (it is updated in place)")
+	}
+}
+
+// What prewarm honours of HyperPod's spec reaches the pods as HyperPod's docs describe:
+// spec.kubernetes (init containers before prewarm's, volumes, service account, scheduler),
+// worker.probes and workingDir, and a kubernetesVolume source mounted from spec.kubernetes.volumes.
+func TestPodTemplateHonoursHyperPodFields(t *testing.T) {
+	r := &Reconciler{Config: controller.Config{AgentImage: "agent:v1", Operator: config.Operator{Kind: config.Kind, CacheRoots: []string{config.DefaultCacheRoot}}}}
+	r.Config.Defaults()
+	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health", Port: intstr.FromInt32(8000)}}}
+	iec.Spec.Worker.Probes = &inferencev1.Probes{ReadinessProbe: probe, StartupProbe: probe}
+	iec.Spec.Worker.WorkingDir = "/srv"
+	tuner := corev1.Container{Name: "tune-nccl", Image: "busybox"}
+	scratch := corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	iec.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{tuner}, Volumes: []corev1.Volume{scratch},
+		ServiceAccountName: "inference", SchedulerName: "gang"}
+
+	tmpl, err := r.podTemplate(fromEndpoint(iec), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := tmpl.Spec
+	var inits []string
+	for _, c := range spec.InitContainers {
+		inits = append(inits, c.Name)
+	}
+	if diff := cmp.Diff([]string{"tune-nccl", PrepareContainerName}, inits); diff != "" {
+		t.Errorf("init containers, in order (-want +got):\n%s", diff)
+	}
+	if spec.ServiceAccountName != "inference" || spec.SchedulerName != "gang" {
+		t.Errorf("service account %q, scheduler %q; want inference, gang", spec.ServiceAccountName, spec.SchedulerName)
+	}
+	if !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "scratch" && v.EmptyDir != nil }) {
+		t.Errorf("volumes %+v lack the parent's scratch volume", spec.Volumes)
+	}
+	w := spec.Containers[0]
+	if diff := cmp.Diff(probe, w.ReadinessProbe); diff != "" || w.LivenessProbe != nil || !equality.Semantic.DeepEqual(w.StartupProbe, probe) {
+		t.Errorf("probes: readiness %+v, liveness %+v, startup %+v; want worker.probes", w.ReadinessProbe, w.LivenessProbe, w.StartupProbe)
+	}
+	if w.WorkingDir != "/srv" {
+		t.Errorf("workingDir %q, want /srv", w.WorkingDir)
+	}
+
+	// kubernetesVolume: the worker mounts the parent's volume of the model's name at
+	// modelLocation, read-only; nothing is prepared.
+	pvc := corev1.Volume{Name: "model-weights", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "models"}}}
+	iec.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceKubernetesVolume, ModelLocation: "/llama/"}
+	iec.Spec.Kubernetes = &inferencev1.KubernetesSpec{Volumes: []corev1.Volume{pvc}}
+	tmpl, err = r.podTemplate(fromEndpoint(iec), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tmpl.Spec.InitContainers) != 0 {
+		t.Errorf("init containers %+v for a volume source; want none", tmpl.Spec.InitContainers)
+	}
+	if diff := cmp.Diff([]corev1.Volume{pvc}, tmpl.Spec.Volumes); diff != "" {
+		t.Errorf("volumes (-want +got):\n%s", diff)
+	}
+	want := []corev1.VolumeMount{{Name: "model-weights", MountPath: "/opt/ml/model", SubPath: "llama", ReadOnly: true}}
+	if diff := cmp.Diff(want, tmpl.Spec.Containers[0].VolumeMounts); diff != "" {
+		t.Errorf("worker mounts (-want +got):\n%s", diff)
+	}
+}
+
+// Every field prewarm cannot honour, when it asks for something, is named; a block that turns
+// its feature off, and the defaults the API server fills in, are not.
+func TestUnsupportedFieldsAreNamed(t *testing.T) {
+	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	if got := fromEndpoint(iec).unsupported; len(got) != 0 {
+		t.Errorf("a plain parent: unsupported %v; want none", got)
+	}
+	iec.Spec.ModelSourceConfig.PrefetchEnabled = ptr.To(false)                         // the default
+	iec.Spec.Metrics = &inferencev1.Metrics{Enabled: ptr.To(false)}                    // off
+	iec.Spec.IntelligentRoutingSpec = &inferencev1.IntelligentRoutingSpec{}            // enabled defaults to false
+	iec.Spec.MaxDeployTimeInSeconds = ptr.To[int32](600)                               // honoured
+	iec.Spec.Kubernetes = &inferencev1.KubernetesSpec{ServiceAccountName: "inference"} // honoured
+	if got := fromEndpoint(iec).unsupported; len(got) != 0 {
+		t.Errorf("fields that ask for nothing unsupported: %v; want none", got)
+	}
+	iec.Spec.AutoScalingSpec = &inferencev1.AutoScalingSpec{}
+	iec.Spec.LoadBalancer = &inferencev1.LoadBalancer{}
+	iec.Spec.PDSpec = &inferencev1.PDSpec{}
+	iec.Spec.Worker.RequestLimits = &inferencev1.RequestLimits{MaxConcurrentRequests: ptr.To[int32](8)}
+	iec.Spec.EndpointName = "llama"
+	iec.Spec.Metrics.Enabled = ptr.To(true)
+	want := []string{"autoScalingSpec", "endpointName", "loadBalancer", "metrics", "pdSpec", "worker.requestLimits"}
+	if diff := cmp.Diff(want, fromEndpoint(iec).unsupported); diff != "" {
+		t.Errorf("unsupported (-want +got):\n%s", diff)
+	}
+
+	j := testutil.MakeJumpStartModel("ns", "j").Obj()
+	j.Spec.SageMakerEndpoint = &inferencev1.SageMakerEndpoint{Name: ptr.To("")} // the default: no endpoint
+	j.Spec.Server.ExecutionRole = "arn:aws:iam::123456789012:role/x"
+	if diff := cmp.Diff([]string{"server.executionRole"}, fromJumpStart(j, &catalog.Entry{}).unsupported); diff != "" {
+		t.Errorf("JumpStartModel unsupported (-want +got):\n%s", diff)
+	}
+}
+
+// A MIG partition replaces whole GPUs with one slice of the profile; additionalConfigs and
+// environmentVariables are added to the catalog's variables, the later winning.
+func TestJumpStartPartitionAndConfigs(t *testing.T) {
+	j := testutil.MakeJumpStartModel("ns", "j").Obj()
+	j.Spec.Server.AcceleratorPartitionType = "mig-1g.10gb"
+	j.Spec.Model.AdditionalConfigs = []inferencev1.NameValue{{Name: "MAX_MODEL_LEN", Value: "4096"}, {Name: "DTYPE", Value: "half"}}
+	j.Spec.EnvironmentVariables = []inferencev1.NameValue{{Name: "DTYPE", Value: "bfloat16"}}
+	e := &catalog.Entry{Image: "vllm", EnvironmentVariables: []corev1.EnvVar{{Name: "SM_NUM_GPUS", Value: "1"}},
+		Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("16Gi")}}}
+	m := fromJumpStart(j, e)
+	wantLimits := corev1.ResourceList{"nvidia.com/mig-1g.10gb": resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("16Gi")}
+	if !equality.Semantic.DeepEqual(wantLimits, m.worker.Resources.Limits) {
+		t.Errorf("limits %v; want %v", m.worker.Resources.Limits, wantLimits)
+	}
+	wantEnv := []corev1.EnvVar{{Name: "SM_NUM_GPUS", Value: "1"}, {Name: "MAX_MODEL_LEN", Value: "4096"}, {Name: "DTYPE", Value: "bfloat16"}}
+	if diff := cmp.Diff(wantEnv, m.worker.EnvironmentVariables); diff != "" {
+		t.Errorf("environment (-want +got):\n%s", diff)
+	}
+	if len(e.Resources.Limits) != 2 || e.Resources.Limits["nvidia.com/gpu"] == (resource.Quantity{}) {
+		t.Errorf("the catalog entry was changed: %v", e.Resources.Limits)
 	}
 }

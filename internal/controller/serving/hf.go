@@ -10,6 +10,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/pkg/engine/source"
@@ -42,7 +43,10 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 		where := fmt.Sprintf("Secret %s/%s (key %s)", m.owner.GetNamespace(), ref.Name, key)
 		sec := &corev1.Secret{}
 		err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: m.owner.GetNamespace(), Name: ref.Name}, sec)
+		optional := ptr.Deref(ref.Optional, false)
 		switch {
+		case optional && (apierrors.IsNotFound(err) || (err == nil && len(sec.Data[key]) == 0)):
+			// An optional token that is not there: the repository is read without one.
 		case apierrors.IsNotFound(err):
 			return &problem{inferencev1.ReasonTokenSecretProblem, fmt.Sprintf(
 				"%s, the Hugging Face token for %s, does not exist; create it: kubectl -n %s create secret generic %s --from-literal=%s=hf_...",

@@ -9,6 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -151,22 +152,31 @@ func fromJumpStart(j *inferencev1.JumpStartModel, e *catalog.Entry) *model {
 	if mount == "" {
 		mount = inferencev1.DefaultModelMountPath
 	}
+	// The catalog's variables, then additionalConfigs, then environmentVariables: a later one
+	// of the same name wins.
 	env := slices.Clone(e.EnvironmentVariables)
-	for _, v := range s.EnvironmentVariables { // the JumpStartModel's win over the catalog's
-		if i := slices.IndexFunc(env, func(x inferencev1.EnvironmentVariable) bool { return x.Name == v.Name }); i >= 0 {
-			env[i] = v
+	for _, v := range slices.Concat(s.Model.AdditionalConfigs, s.EnvironmentVariables) {
+		ev := corev1.EnvVar{Name: v.Name, Value: v.Value}
+		if i := slices.IndexFunc(env, func(x corev1.EnvVar) bool { return x.Name == v.Name }); i >= 0 {
+			env[i] = ev
 		} else {
-			env = append(env, v)
+			env = append(env, ev)
 		}
 	}
+	resources := *e.Resources.DeepCopy()
+	if p := s.Server.AcceleratorPartitionType; p != "" {
+		// A MIG slice in place of whole GPUs, as the NVIDIA device plugin's mixed strategy names it.
+		resources = withPartition(resources, p)
+	}
 	m := &model{
-		owner:     j,
-		kind:      "JumpStartModel",
-		source:    *e.Source.DeepCopy(),
-		placement: placement.FromParent(s.Server.InstanceType, nil, nil, s.Tolerations),
-		replicas:  ptr.Deref(s.Replicas, 1),
+		owner:         j,
+		kind:          "JumpStartModel",
+		source:        *e.Source.DeepCopy(),
+		placement:     placement.FromParent(s.Server.InstanceType, nil, nil, s.Tolerations),
+		replicas:      ptr.Deref(s.Replicas, 1),
+		maxDeployTime: deployTime(s.MaxDeployTimeInSeconds),
 		worker: inferencev1.Worker{
-			Image: e.Image, Command: e.Command, Args: e.Args, EnvironmentVariables: env, Resources: *e.Resources.DeepCopy(),
+			Image: e.Image, Command: e.Command, Args: e.Args, EnvironmentVariables: env, Resources: resources,
 			ModelInvocationPort: inferencev1.ModelInvocationPort{ContainerPort: port},
 			ModelVolumeMount:    inferencev1.ModelVolumeMount{Name: "model-weights", MountPath: mount},
 		},
@@ -181,17 +191,32 @@ func fromJumpStart(j *inferencev1.JumpStartModel, e *catalog.Entry) *model {
 		}
 		m.imageCache = c.ImageCache != nil && c.ImageCache.Enabled
 	}
-	for name, set := range map[string]bool{
-		"sageMakerEndpoint": s.SageMakerEndpoint != nil, "tlsConfig": s.TLSConfig != nil, "autoScalingSpec": s.AutoScalingSpec != nil,
-		"metrics": s.Metrics != nil, "intelligentRoutingSpec": s.IntelligentRoutingSpec != nil, "kvCacheSpec": s.KVCacheSpec != nil,
-		"server.executionRole": s.Server.ExecutionRole != "", "model.gatedModelDownloadRole": s.Model.GatedModelDownloadRole != "",
-	} {
-		if set {
-			m.unsupported = append(m.unsupported, name)
-		}
-	}
-	slices.Sort(m.unsupported)
+	m.unsupported = unsupportedFields(map[string]bool{
+		"sageMakerEndpoint":            s.SageMakerEndpoint != nil && ptr.Deref(s.SageMakerEndpoint.Name, "") != "",
+		"server.executionRole":         s.Server.ExecutionRole != "",
+		"model.gatedModelDownloadRole": s.Model.GatedModelDownloadRole != "",
+	}, &s.HyperPodFeatures)
 	return m
+}
+
+// withPartition makes the container ask for one MIG slice of the profile (nvidia.com/<profile>)
+// in place of whole GPUs.
+func withPartition(res corev1.ResourceRequirements, profile string) corev1.ResourceRequirements {
+	mig := corev1.ResourceName("nvidia.com/" + profile)
+	for _, list := range []*corev1.ResourceList{&res.Limits, &res.Requests} {
+		if *list == nil {
+			continue
+		}
+		delete(*list, "nvidia.com/gpu")
+	}
+	if res.Limits == nil {
+		res.Limits = corev1.ResourceList{}
+	}
+	res.Limits[mig] = resource.MustParse("1")
+	if res.Requests != nil {
+		res.Requests[mig] = resource.MustParse("1")
+	}
+	return res
 }
 
 func (r *JumpStartReconciler) writeJumpStartStatus(ctx context.Context, j *inferencev1.JumpStartModel, st *inferencev1.ParentStatus) error {

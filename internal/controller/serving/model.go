@@ -3,6 +3,7 @@ package serving
 import (
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
@@ -15,32 +16,42 @@ import (
 // model is what prewarm needs of a parent to cache and serve it: an InferenceEndpointConfig's
 // fields, or a JumpStartModel's once resolved through the catalog.
 type model struct {
-	owner       client.Object
-	kind        string
-	source      inferencev1.ModelSourceConfig
-	weights     *inferencev1.WeightsCacheConfig
-	imageCache  bool
-	placement   inferencev1.Placement
-	preferred   []corev1.PreferredSchedulingTerm
-	replicas    int32
-	worker      inferencev1.Worker
-	unsupported []string
+	owner      client.Object
+	kind       string
+	source     inferencev1.ModelSourceConfig
+	weights    *inferencev1.WeightsCacheConfig
+	imageCache bool
+	placement  inferencev1.Placement
+	preferred  []corev1.PreferredSchedulingTerm
+	replicas   int32
+	worker     inferencev1.Worker
+	// kubernetes is what the pods take from spec.kubernetes (init containers, volumes, service
+	// account, scheduler); empty for a JumpStartModel.
+	kubernetes inferencev1.KubernetesSpec
+	// maxDeployTime is how long a rollout may take before the parent reports it failed.
+	maxDeployTime time.Duration
+	unsupported   []string
 }
 
 func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 	s := &iec.Spec
 	m := &model{
-		owner:     iec,
-		kind:      "InferenceEndpointConfig",
-		source:    s.ModelSourceConfig,
-		placement: placement.FromParent(s.InstanceType, s.InstanceTypes, s.NodeAffinity, s.Tolerations),
-		replicas:  ptr.Deref(s.Replicas, 1),
-		worker:    s.Worker,
+		owner:         iec,
+		kind:          "InferenceEndpointConfig",
+		source:        s.ModelSourceConfig,
+		placement:     placement.FromParent(s.InstanceType, s.InstanceTypes, s.NodeAffinity, s.Tolerations),
+		replicas:      ptr.Deref(s.Replicas, 1),
+		worker:        s.Worker,
+		maxDeployTime: deployTime(s.MaxDeployTimeInSeconds),
+	}
+	if s.Kubernetes != nil {
+		m.kubernetes = *s.Kubernetes
 	}
 	if s.NodeAffinity != nil {
 		m.preferred = s.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 	}
-	if s.ModelCacheConfig != nil && s.ModelCacheConfig.WeightsCache != nil && s.ModelCacheConfig.WeightsCache.Enabled {
+	if s.ModelCacheConfig != nil && s.ModelCacheConfig.WeightsCache != nil && s.ModelCacheConfig.WeightsCache.Enabled &&
+		s.ModelSourceConfig.ModelSourceType != inferencev1.ModelSourceKubernetesVolume {
 		w := *s.ModelCacheConfig.WeightsCache
 		if w.HostPath == "" {
 			w.HostPath = inferencev1.DefaultWeightsCacheHostPath
@@ -50,18 +61,53 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 	if s.ModelCacheConfig != nil && s.ModelCacheConfig.ImageCache != nil {
 		m.imageCache = s.ModelCacheConfig.ImageCache.Enabled
 	}
-	for name, set := range map[string]bool{
-		"tlsConfig": s.TLSConfig != nil, "autoScalingSpec": s.AutoScalingSpec != nil, "metrics": s.Metrics != nil,
-		"loadBalancer": s.LoadBalancer != nil, "intelligentRoutingSpec": s.IntelligentRoutingSpec != nil,
-		"kvCacheSpec": s.KVCacheSpec != nil, "endpointName": s.EndpointName != "", "tags": len(s.Tags) > 0,
-		"modelSourceConfig.prefetchEnabled": s.ModelSourceConfig.PrefetchEnabled != nil,
-	} {
-		if set {
-			m.unsupported = append(m.unsupported, name)
+	m.unsupported = unsupportedFields(map[string]bool{
+		"endpointName": s.EndpointName != "",
+		"tags":         len(s.Tags) > 0,
+		// Without autoscaling here, replicas is the count.
+		"InitialReplicaCount":               s.InitialReplicaCount != nil,
+		"modelSourceConfig.prefetchEnabled": ptr.Deref(s.ModelSourceConfig.PrefetchEnabled, false),
+		"worker.requestLimits":              s.Worker.RequestLimits != nil,
+		"pdSpec":                            s.PDSpec != nil,
+		"modelCacheConfig.weightsCache (modelSourceType kubernetesVolume is mounted as it is)": s.ModelCacheConfig != nil &&
+			s.ModelCacheConfig.WeightsCache != nil && s.ModelCacheConfig.WeightsCache.Enabled &&
+			s.ModelSourceConfig.ModelSourceType == inferencev1.ModelSourceKubernetesVolume,
+	}, &s.HyperPodFeatures)
+	return m
+}
+
+// unsupportedFields names, sorted, the fields set that prewarm cannot honour: those in own, and
+// the shared blocks that ask for something (a block that only turns its feature off does not).
+func unsupportedFields(own map[string]bool, b *inferencev1.HyperPodFeatures) []string {
+	shared := map[string]bool{
+		"tlsConfig":              b.TLSConfig != nil,
+		"autoScalingSpec":        b.AutoScalingSpec != nil,
+		"metrics":                b.Metrics != nil && ptr.Deref(b.Metrics.Enabled, true),
+		"loadBalancer":           b.LoadBalancer != nil,
+		"intelligentRoutingSpec": b.IntelligentRoutingSpec != nil && ptr.Deref(b.IntelligentRoutingSpec.Enabled, false),
+		"kvCacheSpec":            b.KVCacheSpec != nil,
+		"dataCapture":            b.DataCapture != nil,
+		"dnsConfig":              b.DNSConfig != nil,
+	}
+	var out []string
+	for _, set := range []map[string]bool{own, shared} {
+		for name, on := range set {
+			if on {
+				out = append(out, name)
+			}
 		}
 	}
-	slices.Sort(m.unsupported)
-	return m
+	slices.Sort(out)
+	return out
+}
+
+// deployTime is maxDeployTimeInSeconds as a duration; unset (an object stored before the field
+// had its default) is HyperPod's default, an hour.
+func deployTime(seconds *int32) time.Duration {
+	if seconds == nil || *seconds <= 0 {
+		return time.Hour
+	}
+	return time.Duration(*seconds) * time.Second
 }
 
 func (m *model) mountPath() string {

@@ -47,8 +47,11 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 		return ctrl.Result{}, p
 	}
 	if len(m.unsupported) > 0 {
-		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect,
-			"accepted for compatibility, without effect here: "+sortedJoin(m.unsupported))
+		msg := "accepted and validated as HyperPod defines them, without effect here: " + sortedJoin(m.unsupported)
+		if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionUnsupported); prev == nil || prev.Message != msg {
+			transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeWarning, "UnsupportedFields", "Validate", msg)
+		}
+		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect, msg)
 	} else {
 		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionFalse, inferencev1.ReasonFieldsWithoutEffect, "every field set has its effect")
 	}
@@ -98,7 +101,11 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 	if err := r.removeOldCaches(ctx, m, dep, owned, use); err != nil {
 		return result, err
 	}
-	return result, r.rolloutStatus(ctx, m, st, dep, &tmpl)
+	deadline, err := r.rolloutStatus(ctx, m, st, dep, &tmpl)
+	if deadline > 0 && (result.RequeueAfter == 0 || deadline < result.RequeueAfter) {
+		result.RequeueAfter = deadline
+	}
+	return result, err
 }
 
 // imagePhase keeps the shared image cache of the parent's image and placement, and lets go of
@@ -122,10 +129,7 @@ func (r *Reconciler) imagePhase(ctx context.Context, m *model, st *inferencev1.P
 			return nil, err
 		default:
 			imageCache, keep = ic, ic.Name
-			st.ImageCacheStatus = &inferencev1.ImageCacheRollup{
-				Name: ic.Name, Namespace: ic.Namespace, Phase: ic.Status.Phase,
-				TargetNodes: ic.Status.TargetNodes, CachedNodes: ic.Status.CachedNodes,
-			}
+			st.ImageCacheStatus = imageRollup(ic)
 			if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
 				setCondition(st, gen, inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
 			} else {
@@ -211,6 +215,7 @@ func (r *Reconciler) deploymentPhase(ctx context.Context, m *model, st *inferenc
 		if err := controllerutil.SetControllerReference(m.owner, want, r.Client.Scheme()); err != nil {
 			return nil, err
 		}
+		want.Annotations[controller.RolloutStartedAnnotation] = r.Now().UTC().Format(time.RFC3339)
 		if err := r.Client.Create(ctx, want); err != nil {
 			return nil, refused("Deployment", want.Name, err)
 		}
@@ -229,6 +234,9 @@ func (r *Reconciler) deploymentPhase(ctx context.Context, m *model, st *inferenc
 		before := dep.Spec.Template.Annotations[controller.WeightsCacheAnnotation]
 		if dep.Annotations == nil {
 			dep.Annotations = map[string]string{}
+		}
+		if dep.Annotations[controller.TemplateHashAnnotation] != want.Annotations[controller.TemplateHashAnnotation] {
+			dep.Annotations[controller.RolloutStartedAnnotation] = r.Now().UTC().Format(time.RFC3339)
 		}
 		dep.Annotations[controller.TemplateHashAnnotation] = want.Annotations[controller.TemplateHashAnnotation]
 		dep.Spec.Replicas = want.Spec.Replicas
@@ -266,16 +274,17 @@ func (r *Reconciler) removeOldCaches(ctx context.Context, m *model, dep *appsv1.
 }
 
 // rolloutStatus reports the Deployment's rollout, and why its pods cannot start when that is
-// known.
-func (r *Reconciler) rolloutStatus(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, tmpl *corev1.PodTemplateSpec) error {
+// known. A rollout that takes longer than maxDeployTimeInSeconds is reported failed; until then,
+// deadline is the time left.
+func (r *Reconciler) rolloutStatus(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, tmpl *corev1.PodTemplateSpec) (deadline time.Duration, err error) {
 	gen := m.owner.GetGeneration()
 	st.Replicas = dep.Status.Replicas
-	st.DeploymentStatus = &inferencev1.DeploymentRef{Name: dep.Name, ReadyReplicas: dep.Status.ReadyReplicas}
+	defer func() { st.DeploymentStatus = deploymentRollup(dep, st.State, r.Now()) }()
 	if rolledOut(dep) && dep.Status.AvailableReplicas >= m.replicas {
 		st.State = inferencev1.DeploymentComplete
 		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
 			fmt.Sprintf("Deployment %s has %d of %d pods available", dep.Name, dep.Status.AvailableReplicas, m.replicas))
-		return nil
+		return 0, nil
 	}
 	st.State = inferencev1.DeploymentInProgress
 	setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
@@ -283,12 +292,76 @@ func (r *Reconciler) rolloutStatus(ctx context.Context, m *model, st *inferencev
 			dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
 	p, err := r.rolloutProblem(ctx, dep, tmpl)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if p != nil {
 		r.fail(ctx, m, st, p)
+		return 0, nil
 	}
-	return nil
+	started, err := time.Parse(time.RFC3339, dep.Annotations[controller.RolloutStartedAnnotation])
+	if err != nil {
+		return 0, nil // a Deployment of an earlier version: its next template change starts the clock
+	}
+	left := started.Add(m.maxDeployTime).Sub(r.Now())
+	if left > 0 {
+		return left, nil
+	}
+	r.fail(ctx, m, st, &problem{inferencev1.ReasonDeploymentTimeout, fmt.Sprintf(
+		"Deployment %s has not rolled out within maxDeployTimeInSeconds (%s since %s): %d of %d pods updated, %d available",
+		dep.Name, m.maxDeployTime, started.UTC().Format(time.RFC3339), dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas)})
+	return 0, nil
+}
+
+// deploymentRollup is the Deployment in HyperPod's deploymentStatus shape: its status, and its
+// latest condition's reason and message.
+func deploymentRollup(dep *appsv1.Deployment, state inferencev1.DeploymentState, now time.Time) *inferencev1.DeploymentStatus {
+	s := dep.Status
+	ds := &inferencev1.DeploymentStatus{
+		Name: dep.Name, LastUpdated: metav1.NewTime(now), DeploymentObjectOverallState: string(state),
+		Status: &inferencev1.DeploymentObjectStatus{
+			ObservedGeneration: s.ObservedGeneration, Replicas: s.Replicas, UpdatedReplicas: s.UpdatedReplicas,
+			ReadyReplicas: s.ReadyReplicas, AvailableReplicas: s.AvailableReplicas, UnavailableReplicas: s.UnavailableReplicas,
+			TerminatingReplicas: s.TerminatingReplicas, CollisionCount: s.CollisionCount,
+		},
+	}
+	var latest *appsv1.DeploymentCondition
+	for i := range s.Conditions {
+		c := &s.Conditions[i]
+		ds.Status.Conditions = append(ds.Status.Conditions, inferencev1.DeploymentObjectCondition{
+			Type: string(c.Type), Status: string(c.Status), LastUpdateTime: ptr.To(c.LastUpdateTime), LastTransitionTime: ptr.To(c.LastTransitionTime),
+			Reason: c.Reason, Message: c.Message,
+		})
+		if latest == nil || c.LastUpdateTime.After(latest.LastUpdateTime.Time) {
+			latest = c
+		}
+	}
+	if latest != nil {
+		ds.Reason, ds.Message = latest.Reason, latest.Message
+	}
+	return ds
+}
+
+// imageRollup is the image cache in HyperPod's imageCacheStatus shape.
+func imageRollup(ic *inferencev1.InferenceImageCache) *inferencev1.ImageCacheRollup {
+	r := &inferencev1.ImageCacheRollup{Name: ic.Name, Namespace: ic.Namespace,
+		ReadyNodes: ic.Status.CachedNodes, TargetNodes: ic.Status.TargetNodes}
+	switch ic.Status.Phase {
+	case inferencev1.ImageComplete:
+		r.State = inferencev1.ImageCacheStateReady
+	case inferencev1.ImagePulling:
+		r.State = inferencev1.ImageCacheStateDownloading
+	case inferencev1.ImageFailed:
+		r.State = inferencev1.ImageCacheStateFailed
+		if ic.Status.CachedNodes > 0 {
+			r.State = inferencev1.ImageCacheStatePartiallyReady
+		}
+	default:
+		r.State = inferencev1.ImageCacheStatePending
+	}
+	if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
+		r.Message = c.Message
+	}
+	return r
 }
 
 // activeCache is the cache the Deployment's pod template reads, if it is one of owned.

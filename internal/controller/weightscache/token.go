@@ -8,6 +8,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -78,6 +79,8 @@ func (r *Reconciler) hfToken(ctx context.Context, m *inferencev1.ModelDataCacheC
 	src := &corev1.Secret{}
 	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: h.TokenSecretRef.Name}, src)
 	switch {
+	case (apierrors.IsNotFound(err) || (err == nil && len(src.Data[key]) == 0)) && ptr.Deref(h.TokenSecretRef.Optional, false):
+		return access{}, nil // an optional token that is not there: the nodes download without one
 	case apierrors.IsNotFound(err) || (err == nil && len(src.Data[key]) == 0):
 		return access{tokenProblem: fmt.Sprintf("Secret %s/%s (key %s), the Hugging Face token, is missing; the nodes download without it",
 			m.Namespace, h.TokenSecretRef.Name, key)}, nil
