@@ -14,6 +14,7 @@ import (
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -72,18 +73,23 @@ func (s *sandbox) measure(ctx context.Context) error {
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model"}, iec); err != nil {
 		return err
 	}
-	scale := &autoscalingv1.Scale{}
-	if err := c.SubResource("scale").Get(ctx, iec, scale); err != nil {
-		return err
-	}
-	scale.Spec.Replicas = replicas
-	if err := c.SubResource("scale").Update(ctx, iec, client.WithSubResourceBody(scale)); err != nil {
+	// As an autoscaler does: read the scale, set it, and again if the object changed meanwhile
+	// (the controller writes the status).
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		scale := &autoscalingv1.Scale{}
+		if err := c.SubResource("scale").Get(ctx, iec, scale); err != nil {
+			return err
+		}
+		scale.Spec.Replicas = replicas
+		return c.SubResource("scale").Update(ctx, iec, client.WithSubResourceBody(scale))
+	})
+	if err != nil {
 		return err
 	}
 	s.say("  scaled example-model from 1 to %d replicas through its scale subresource", replicas)
 
 	var pods []corev1.Pod
-	err := testutil.Eventually(ctx, 5*time.Minute, func() (bool, error) {
+	err = testutil.Eventually(ctx, 5*time.Minute, func() (bool, error) {
 		list := &corev1.PodList{}
 		if err := c.List(ctx, list, client.InNamespace("default"), client.MatchingLabels{"prewarm.io/endpoint-uid": string(iec.UID)}); err != nil {
 			return false, err

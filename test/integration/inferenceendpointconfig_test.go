@@ -220,6 +220,14 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 		},
 	})
 
+	// Nothing changed: reconciling again, a minute later, writes nothing (lastUpdated moves only
+	// with the rest).
+	before := got.ResourceVersion
+	rc.ep.Now = func() time.Time { return time.Now().Add(time.Minute) }
+	if got = reconcile(); got.ResourceVersion != before {
+		t.Errorf("a reconcile with nothing changed wrote the parent (resourceVersion %s, then %s)", before, got.ResourceVersion)
+	}
+
 	// Deleted: the image cache is let go of, and the parent goes (its Deployment and caches are
 	// the garbage collector's, through their owner references).
 	if err := c.Delete(ctx, got); err != nil {

@@ -73,7 +73,7 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 	commit, err := r.Hub.Resolve(ctx, hfm.ModelID, hfm.CommitSHA, token)
 	var access *source.AccessError
 	switch {
-	case errors.As(err, &access) && hfm.TokenSecretRef != nil:
+	case errors.As(err, &access) && token != "":
 		return &problem{inferencev1.ReasonTokenSecretProblem, fmt.Sprintf(
 			"the token in Secret %s/%s cannot read %s: %v", m.owner.GetNamespace(), hfm.TokenSecretRef.Name, hfm.ModelID, err)}
 	case errors.As(err, &access):

@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -279,7 +280,7 @@ func (r *Reconciler) removeOldCaches(ctx context.Context, m *model, dep *appsv1.
 func (r *Reconciler) rolloutStatus(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, tmpl *corev1.PodTemplateSpec) (deadline time.Duration, err error) {
 	gen := m.owner.GetGeneration()
 	st.Replicas = dep.Status.Replicas
-	defer func() { st.DeploymentStatus = deploymentRollup(dep, st.State, r.Now()) }()
+	defer func() { st.DeploymentStatus = deploymentRollup(dep, st.State, st.DeploymentStatus, r.Now()) }()
 	if rolledOut(dep) && dep.Status.AvailableReplicas >= m.replicas {
 		st.State = inferencev1.DeploymentComplete
 		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
@@ -313,8 +314,9 @@ func (r *Reconciler) rolloutStatus(ctx context.Context, m *model, st *inferencev
 }
 
 // deploymentRollup is the Deployment in HyperPod's deploymentStatus shape: its status, and its
-// latest condition's reason and message.
-func deploymentRollup(dep *appsv1.Deployment, state inferencev1.DeploymentState, now time.Time) *inferencev1.DeploymentStatus {
+// latest condition's reason and message. lastUpdated moves only when something else does, so
+// that an unchanged Deployment costs no status write.
+func deploymentRollup(dep *appsv1.Deployment, state inferencev1.DeploymentState, prev *inferencev1.DeploymentStatus, now time.Time) *inferencev1.DeploymentStatus {
 	s := dep.Status
 	ds := &inferencev1.DeploymentStatus{
 		Name: dep.Name, LastUpdated: metav1.NewTime(now), DeploymentObjectOverallState: string(state),
@@ -337,6 +339,13 @@ func deploymentRollup(dep *appsv1.Deployment, state inferencev1.DeploymentState,
 	}
 	if latest != nil {
 		ds.Reason, ds.Message = latest.Reason, latest.Message
+	}
+	if prev != nil {
+		was := prev.DeepCopy()
+		was.LastUpdated = ds.LastUpdated
+		if equality.Semantic.DeepEqual(was, ds) {
+			ds.LastUpdated = prev.LastUpdated
+		}
 	}
 	return ds
 }
