@@ -62,6 +62,19 @@ testbin: ## Build the test binaries (kube-apiserver, etcd, kwok, versitygw, ...)
 test: verify lint testbin ## Check generated files and formatting, lint, then run every test: unit, integration (real kube-apiserver), e2e and architecture.
 	go test $(GO_TEST_FLAGS) ./...
 
+VERSION ?= $(shell git describe --tags --always --dirty)
+PLATFORMS ?= linux/amd64
+REGISTRY ?=
+
+.PHONY: images
+images: ## Build the controller and agent images, without a Docker daemon, into the OCI layout bin/images (VERSION, PLATFORMS).
+	go run ./hack/images --out bin/images --version $(VERSION) --platforms $(PLATFORMS)
+
+.PHONY: push
+push: ## Build the images and push them to REGISTRY (e.g. make push REGISTRY=ghcr.io/you); credentials from ~/.docker/config.json.
+	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make push REGISTRY=localhost:5000/prewarm"; exit 2; }
+	go run ./hack/images --out bin/images --version $(VERSION) --platforms $(PLATFORMS) --push $(REGISTRY)
+
 BENCH_FLAGS ?=
 
 .PHONY: bench

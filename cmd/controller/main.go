@@ -4,6 +4,10 @@
 package main
 
 import (
+	// Root certificates for images without a system store (the images are built FROM scratch);
+	// the system's are used where there are some.
+	_ "golang.org/x/crypto/x509roots/fallback"
+
 	"context"
 	"flag"
 	"fmt"

@@ -84,8 +84,15 @@ func RestConfig(kubeconfig string) (*rest.Config, error) {
 	return ctrl.GetConfig()
 }
 
-// Version is the module version this binary was built from, or "devel".
+// version is set at link time by image builds (-X), to the version the image is tagged with.
+var version string
+
+// Version is the version this binary was built as: the one an image build stamped, else the
+// module version, else "devel".
 func Version() string {
+	if version != "" {
+		return version
+	}
 	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
 		return info.Main.Version
 	}
