@@ -33,6 +33,7 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRDs into config/crd/bases and the 
 	go run ./hack/crdversions config/crd/bases/inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml config/crd/bases/inference.sagemaker.aws.amazon.com_jumpstartmodels.yaml
 	$(CONTROLLER_GEN) rbac:roleName=prewarm-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
 	$(CONTROLLER_GEN) rbac:roleName=prewarm-agent paths=./internal/agent/... output:rbac:artifacts:config=config/rbac/agent
+	go run ./hack/chart charts/prewarm
 
 .PHONY: fmt
 fmt: ## Run gofmt on the code.
@@ -44,10 +45,10 @@ vet: ## Run go vet.
 
 .PHONY: verify
 verify: $(CONTROLLER_GEN) ## Fail if generated files or go.mod are stale (regenerating them), or Go code is not gofmt'ed.
-	@state() { git status --porcelain -- api config go.mod go.sum; git diff -- api config go.mod go.sum | sha256sum; }; \
+	@state() { git status --porcelain -- api config charts go.mod go.sum; git diff -- api config charts go.mod go.sum | sha256sum; }; \
 	before="$$(state)"; \
 	$(MAKE) -s generate manifests >/dev/null; go mod tidy; \
-	test "$$before" = "$$(state)" || { echo "generated files or go.mod were stale; they are regenerated now: review and commit them"; git status --short -- api config go.mod go.sum; exit 1; }
+	test "$$before" = "$$(state)" || { echo "generated files or go.mod were stale; they are regenerated now: review and commit them"; git status --short -- api config charts go.mod go.sum; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed on:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 .PHONY: lint

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Builds, from the Go module proxy, the pinned binaries that prewarm's tests run for real:
-# kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok (with its "fast" stages)
-# and versitygw. Everything lands in one cache folder outside the work tree, keyed by version,
+# kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok (with its "fast" stages),
+# versitygw and helm. Everything lands in one cache folder outside the work tree, keyed by version,
 # so a second run (and every CI run on the same machine) only checks that the files are there.
 #
 #   hack/testbin.sh            build what is missing, print the folder
-#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw, rclone) if missing;
+#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw, helm, rclone) if missing;
 #                              rclone, for make bench only, is built only when named
 #   hack/testbin.sh --print    print the folder without building
 #
@@ -17,6 +17,7 @@ ETCD_VERSION=v3.7.0          # the etcd server that kubernetes $K8S_VERSION is b
 KWOK_VERSION=v0.8.0
 VERSITYGW_VERSION=v1.8.0
 RCLONE_VERSION=v1.76.0        # only for make bench: hack/testbin.sh rclone
+HELM_VERSION=v3.22.0          # the chart's tests: helm lint, helm template
 
 STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 root="${PREWARM_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/testbin}"
@@ -111,6 +112,14 @@ if want versitygw && [[ ! -x "$dir/versitygw" ]]; then
   mkdir -p "$m"
   (cd "$m" && go mod init prewarm.local/testbin-versitygw >/dev/null 2>&1 && go mod edit -require "github.com/versity/versitygw@$VERSITYGW_VERSION")
   build_in "$m" versitygw github.com/versity/versitygw/cmd/versitygw
+fi
+
+# --- helm (the chart's tests) ---------------------------------------------------------------------
+if want helm && [[ ! -x "$dir/helm-$HELM_VERSION" ]]; then
+  m="$scratch/helm"
+  mkdir -p "$m"
+  (cd "$m" && go mod init prewarm.local/testbin-helm >/dev/null 2>&1 && go mod edit -require "helm.sh/helm/v3@$HELM_VERSION")
+  build_in "$m" "helm-$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 fi
 
 # --- rclone (benchmark comparison only) -----------------------------------------------------------

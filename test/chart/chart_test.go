@@ -1,0 +1,302 @@
+// Package chart tests the Helm chart charts/prewarm with the helm binary hack/testbin.sh builds:
+// it lints, it renders, what it renders is accepted by a real API server under strict field
+// validation, and with its default values it installs what the kustomize manifests in config/
+// install.
+package chart
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+const namespace = "hyperpod-inference-system"
+
+// kubeVersion is the Kubernetes the chart is rendered for: the test API server's (a helm built
+// from source otherwise assumes an old default).
+const kubeVersion = "1.37.2"
+
+var (
+	server *testutil.APIServer
+	helm   string
+	root   string
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if root, err = testutil.ModuleRoot(); err == nil {
+		helm, err = helmBinary()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(testutil.RunWithAPIServer(m, &server))
+}
+
+// helmBinary is the helm hack/testbin.sh builds, at the version the script pins.
+func helmBinary() (string, error) {
+	dir, err := testutil.TestBinDir()
+	if err != nil {
+		return "", err
+	}
+	script, err := os.ReadFile(filepath.Join(root, "hack", "testbin.sh"))
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`(?m)^HELM_VERSION=(\S+)`).FindSubmatch(script)
+	if m == nil {
+		return "", errors.New("no HELM_VERSION in hack/testbin.sh")
+	}
+	path := filepath.Join(dir, "helm-"+string(m[1]))
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s is not built: run `make testbin` (hack/testbin.sh helm)", path)
+	}
+	return path, nil
+}
+
+func runHelm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(helm, args...)
+	cmd.Dir = root
+	// helm keeps caches and settings under these; none of the user's is read.
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), stderr.String())
+	}
+	return out.Bytes()
+}
+
+func TestChartLints(t *testing.T) {
+	runHelm(t, "lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm")
+	runHelm(t, "lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm", "--set", "serviceMonitor.enabled=true", "--set", "priorityClass.create=false")
+}
+
+// What the chart renders, with its defaults and with every option on, is accepted by the API
+// server under strict field validation (the CRDs are installed by the harness, from config/,
+// which hack/chart copies into the chart).
+func TestRenderedObjectsAreAccepted(t *testing.T) {
+	ctx := context.Background()
+	ns := &unstructured.Unstructured{}
+	ns.SetAPIVersion("v1")
+	ns.SetKind("Namespace")
+	ns.SetName(namespace)
+	if err := server.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"defaults", nil},
+		{"fsx, credentials and extra args", []string{"-f", writeValues(t, `
+config:
+  cacheRoots: [/opt/dlami/nvme, /mnt/k8s-disks/0]
+  fsx:
+    - {fileSystemId: fs-0123456789abcdef0, mountPath: /fsx}
+agent:
+  envFrom: [{secretRef: {name: prewarm-aws}}]
+  extraArgs: ["-v=1"]
+controller:
+  extraArgs: ["-v=1"]
+serviceAccount:
+  agent:
+    annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::123456789012:role/prewarm-agent"}
+image:
+  pullSecrets: [{name: registry}]
+`)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, tc.args...)
+			for _, u := range objs {
+				if err := server.Client.Create(ctx, u, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+					t.Errorf("%s %s: %v", u.GetKind(), u.GetName(), err)
+				}
+			}
+		})
+	}
+}
+
+// The agent mounts each cache root and FSx mount of the configuration, and nothing else of the
+// host; the pods restart when the configuration changes (its checksum is on their template).
+func TestAgentMountsFollowTheConfiguration(t *testing.T) {
+	objs := render(t, "--set", "config.cacheRoots={/opt/dlami/nvme,/mnt/disk1}", "--set", "config.fsx[0].fileSystemId=fs-0123456789abcdef0", "--set", "config.fsx[0].mountPath=/fsx")
+	ds := find(t, objs, "DaemonSet", "prewarm-agent")
+	vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+	var hostPaths []string
+	for _, v := range vols {
+		if p, ok, _ := unstructured.NestedString(v.(map[string]any), "hostPath", "path"); ok {
+			hostPaths = append(hostPaths, p)
+		}
+	}
+	if diff := cmp.Diff([]string{"/opt/dlami/nvme", "/mnt/disk1", "/fsx"}, hostPaths); diff != "" {
+		t.Errorf("host paths (-want +got):\n%s", diff)
+	}
+	sum := func(objs []*unstructured.Unstructured) string {
+		d := find(t, objs, "DaemonSet", "prewarm-agent")
+		s, _, _ := unstructured.NestedString(d.Object, "spec", "template", "metadata", "annotations", "prewarm.io/config-checksum")
+		return s
+	}
+	if a, b := sum(render(t)), sum(render(t, "--set", "config.agent.maxParallel=4")); a == "" || a == b {
+		t.Errorf("config checksum %q, then %q after a configuration change; want it to change", a, b)
+	}
+}
+
+// With its default values the chart installs what `kubectl apply -k config/default` installs:
+// the same objects, with the same content (labels aside, and the configuration compared as the
+// object it encodes). The CRDs, RBAC roles and catalog are generated from config/ by hack/chart;
+// this holds the hand-written templates to the same.
+func TestChartMatchesKustomize(t *testing.T) {
+	chart := map[string]*unstructured.Unstructured{}
+	for _, u := range render(t, "--include-crds") {
+		chart[key(u)] = normalize(t, u)
+	}
+	kustom := map[string]*unstructured.Unstructured{}
+	for _, u := range kustomizeObjects(t) {
+		if u.GetKind() == "Namespace" {
+			continue // helm install --create-namespace makes it
+		}
+		kustom[key(u)] = normalize(t, u)
+	}
+	if diff := cmp.Diff(sortedKeys(kustom), sortedKeys(chart)); diff != "" {
+		t.Errorf("objects (-kustomize +chart):\n%s", diff)
+	}
+	for k, want := range kustom {
+		got, ok := chart[k]
+		if !ok {
+			continue
+		}
+		if diff := cmp.Diff(want.Object, got.Object); diff != "" {
+			t.Errorf("%s (-kustomize +chart):\n%s", k, diff)
+		}
+	}
+}
+
+func render(t *testing.T, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out := runHelm(t, append([]string{"template", "prewarm", "charts/prewarm", "--namespace", namespace, "--kube-version", kubeVersion}, args...)...)
+	return decode(t, out)
+}
+
+func writeValues(t *testing.T, s string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func decode(t *testing.T, data []byte) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out
+			}
+			t.Fatal(err)
+		}
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
+}
+
+// kustomizeObjects are the objects config/default lists (its resources, in order: it has no
+// patches or generators).
+func kustomizeObjects(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, "config", "default", "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k map[string]any
+	if err := yaml.Unmarshal(data, &k); err != nil {
+		t.Fatal(err)
+	}
+	for field := range k {
+		if !slices.Contains([]string{"apiVersion", "kind", "resources"}, field) {
+			t.Fatalf("config/default/kustomization.yaml has %s; this test reads only its resources", field)
+		}
+	}
+	var out []*unstructured.Unstructured
+	for _, res := range k["resources"].([]any) {
+		raw, err := os.ReadFile(filepath.Join(root, "config", "default", res.(string)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, decode(t, raw)...)
+	}
+	return out
+}
+
+func key(u *unstructured.Unstructured) string {
+	return u.GetKind() + " " + u.GetNamespace() + "/" + u.GetName()
+}
+
+// normalize drops what the two installs may differ in by design: labels and annotations (Helm's
+// release labels, the configuration checksum), and the configuration's text (compared as the
+// object it encodes).
+func normalize(t *testing.T, u *unstructured.Unstructured) *unstructured.Unstructured {
+	t.Helper()
+	u = u.DeepCopy()
+	u.SetLabels(nil)
+	u.SetAnnotations(nil)
+	unstructured.RemoveNestedField(u.Object, "spec", "template", "metadata", "annotations")
+	if u.GetKind() == "ConfigMap" {
+		data, _, _ := unstructured.NestedStringMap(u.Object, "data")
+		parsed := map[string]any{}
+		for k, v := range data {
+			var obj any
+			if err := yaml.Unmarshal([]byte(v), &obj); err != nil {
+				t.Fatalf("%s: data %s: %v", key(u), k, err)
+			}
+			parsed[k] = obj
+		}
+		u.Object["data"] = parsed
+	}
+	return u
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, u := range objs {
+		if u.GetKind() == kind && u.GetName() == name {
+			return u
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+func sortedKeys(m map[string]*unstructured.Unstructured) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
