@@ -103,6 +103,9 @@ func TestHyperPodManifestsEndToEnd(t *testing.T) {
 		if u := condition(iec.Status.Conditions, inferencev1.ConditionUnsupported); u.Status != metav1.ConditionTrue || !strings.Contains(u.Message, "worker.requestLimits") {
 			t.Errorf("Unsupported %+v; want it to name worker.requestLimits", u)
 		}
+		if w := condition(iec.Status.Conditions, inferencev1.ConditionWeightsCacheReady); !strings.Contains(w.Message, "the parent's own volume") {
+			t.Errorf("WeightsCacheReady %+v; want it to say the volume is not cached", w)
+		}
 		e.eventually(30*time.Second, "the UnsupportedFields event", func() (bool, string) {
 			got := e.events("default", "InferenceEndpointConfig", "qwen-volume")
 			return slices.Contains(got, "UnsupportedFields"), fmt.Sprint(got)

@@ -152,7 +152,11 @@ func (r *Reconciler) weightsPhase(ctx context.Context, m *model, st *inferencev1
 	gen := m.owner.GetGeneration()
 	if m.weights == nil {
 		st.WeightsCacheStatus = nil
-		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "modelCacheConfig.weightsCache is not enabled; pods download the model")
+		why := "modelCacheConfig.weightsCache is not enabled; pods download the model"
+		if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume {
+			why = "the model is the parent's own volume (modelSourceType kubernetesVolume), mounted as it is: there is nothing to cache"
+		}
+		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, why)
 		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "no weights cache to wait for")
 		return nil, result, false, nil
 	}
