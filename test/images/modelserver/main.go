@@ -1,0 +1,142 @@
+// Command modelserver stands in for an inference server in the real-node tests: it reads every
+// file of the model under its mount, checks each against the source's listing (sizes and
+// SHA-256), and only then reports healthy on /health. /invocations answers with what it read.
+// A pod that serves is therefore a pod that saw the whole model, byte for byte.
+//
+//	modelserver --model /opt/ml/model --expect /etc/model/listing.json --listen :8000
+//
+// The listing is a JSON array of {"path", "size", "sha256"} (hex), paths relative to --model.
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// File is one entry of the listing.
+type File struct {
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// server is the model server's state: verifying, then verified or failed.
+type server struct {
+	mu     sync.Mutex
+	done   bool
+	err    error
+	files  int
+	bytes  int64
+	took   time.Duration
+	model  string
+	expect []File
+}
+
+func main() {
+	model := flag.String("model", "/opt/ml/model", "the model's directory")
+	expect := flag.String("expect", "", "the source's listing (JSON); required")
+	listen := flag.String("listen", ":8000", "address of /health and /invocations")
+	flag.Parse()
+	if *expect == "" {
+		log.Fatal("--expect is required")
+	}
+	b, err := os.ReadFile(*expect)
+	if err != nil {
+		log.Fatal(err)
+	}
+	s := &server{model: *model}
+	if err := json.Unmarshal(b, &s.expect); err != nil {
+		log.Fatalf("%s: %v", *expect, err)
+	}
+	go s.verify()
+	log.Fatal(http.ListenAndServe(*listen, s.routes()))
+}
+
+func (s *server) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", s.health)
+	mux.HandleFunc("/invocations", s.invoke)
+	return mux
+}
+
+// verify reads every expected file and checks its size and digest.
+func (s *server) verify() {
+	start := time.Now()
+	var files int
+	var total int64
+	err := func() error {
+		for _, f := range s.expect {
+			n, sum, err := digest(filepath.Join(s.model, filepath.FromSlash(f.Path)))
+			if err != nil {
+				return err
+			}
+			if n != f.Size {
+				return fmt.Errorf("%s: %d bytes, want %d", f.Path, n, f.Size)
+			}
+			if sum != f.SHA256 {
+				return fmt.Errorf("%s: sha256 %s, want %s", f.Path, sum, f.SHA256)
+			}
+			files++
+			total += n
+		}
+		return nil
+	}()
+	s.mu.Lock()
+	s.done, s.err, s.files, s.bytes, s.took = true, err, files, total, time.Since(start)
+	s.mu.Unlock()
+	if err != nil {
+		log.Printf("the model does not match its source: %v", err)
+		return
+	}
+	log.Printf("verified %d files, %d bytes, in %s", files, total, time.Since(start).Round(time.Millisecond))
+}
+
+func digest(path string) (int64, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	return n, hex.EncodeToString(h.Sum(nil)), err
+}
+
+func (s *server) health(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case !s.done:
+		http.Error(w, "reading the model", http.StatusServiceUnavailable)
+	case s.err != nil:
+		http.Error(w, s.err.Error(), http.StatusInternalServerError)
+	default:
+		fmt.Fprintf(w, "ok: %d files, %d bytes verified in %s\n", s.files, s.bytes, s.took.Round(time.Millisecond))
+	}
+}
+
+func (s *server) invoke(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.done || s.err != nil {
+		err := s.err
+		if err == nil {
+			err = errors.New("reading the model")
+		}
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"files": s.files, "bytes": s.bytes, "verifySeconds": s.took.Seconds()})
+}
