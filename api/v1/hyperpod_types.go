@@ -211,26 +211,12 @@ type CapturePayloadConfig struct {
 	MaxPayloadSizeKB *int32 `json:"maxPayloadSizeKB,omitempty"`
 }
 
-// ModelPodCapture is data capture in the model pods.
+// ModelPodCapture is data capture in the model pods: the endpoint's settings, and how captured
+// data is batched and bounded.
 type ModelPodCapture struct {
+	SageMakerEndpointCapture `json:",inline"`
 	// +optional
 	BufferConfig *CaptureBufferConfig `json:"bufferConfig,omitempty"`
-	// +optional
-	CaptureContentTypeHeader *CaptureContentTypeHeader `json:"captureContentTypeHeader,omitempty"`
-	// +kubebuilder:validation:MinItems=1
-	// +kubebuilder:validation:MaxItems=32
-	// +optional
-	CaptureOptions []CaptureOption `json:"captureOptions,omitempty"`
-	// +required
-	Enabled bool `json:"enabled"`
-	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=100
-	// +optional
-	InitialSamplingPercentage *int32 `json:"initialSamplingPercentage,omitempty"`
-	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9:/_-]*$`
-	// +kubebuilder:validation:MaxLength=2048
-	// +optional
-	KMSKeyID *string `json:"kmsKeyId,omitempty"`
 	// +optional
 	PayloadConfig *CapturePayloadConfig `json:"payloadConfig,omitempty"`
 }

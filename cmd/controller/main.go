@@ -45,7 +45,11 @@ func main() {
 
 // options are the controller's flags.
 type options struct {
-	cfg           controller.Config
+	cfg controller.Config
+	// gateTimeout, retention and agentImage override the configuration's.
+	gateTimeout   time.Duration
+	retention     time.Duration
+	agentImage    string
 	configFile    string
 	kubeconfig    string
 	metricsAddr   string
@@ -61,9 +65,9 @@ func parseFlags(args []string) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
 	fs.StringVar(&o.configFile, "config", "", "the operator configuration shared with the agents (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
-	fs.DurationVar(&o.cfg.GateTimeout, "gate-timeout", 0, "overrides controller.gateTimeout: longest a Deployment waits for its weights cache to settle")
-	fs.DurationVar(&o.cfg.Retention, "retention", 0, "overrides controller.retention: how long a cordoned, tainted or unreachable node keeps a cache its placement still selects")
-	fs.StringVar(&o.cfg.AgentImage, "agent-image", "", "overrides controller.agentImage: image of the agent (the inference pods' init container)")
+	fs.DurationVar(&o.gateTimeout, "gate-timeout", 0, "overrides controller.gateTimeout: longest a Deployment waits for its weights cache to settle")
+	fs.DurationVar(&o.retention, "retention", 0, "overrides controller.retention: how long a cordoned, tainted or unreachable node keeps a cache its placement still selects")
+	fs.StringVar(&o.agentImage, "agent-image", "", "overrides controller.agentImage: image of the agent (the inference pods' init container)")
 	fs.StringVar(&o.cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
 	fs.StringVar(&o.catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
@@ -92,6 +96,15 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if o.gateTimeout > 0 {
+		op.Controller.GateTimeout = o.gateTimeout.String()
+	}
+	if o.retention > 0 {
+		op.Controller.Retention = o.retention.String()
+	}
+	if o.agentImage != "" {
+		op.Controller.AgentImage = o.agentImage
+	}
 	o.cfg.Operator = op
 	o.cfg.Defaults()
 
@@ -106,7 +119,7 @@ func run() error {
 	if err := setupReconcilers(ctx, mgr, o); err != nil {
 		return err
 	}
-	log.Info("controller starting", "version", cli.Version(), "allowedRoots", o.cfg.CacheRoots, "gateTimeout", o.cfg.GateTimeout.String())
+	log.Info("controller starting", "version", cli.Version(), "allowedRoots", o.cfg.CacheRoots, "gateTimeout", o.cfg.GateTimeout().String())
 	return mgr.Start(ctx)
 }
 

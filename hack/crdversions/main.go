@@ -5,7 +5,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -67,12 +66,20 @@ func addAlpha(path string) error {
 	alpha.Schema.OpenAPIV3Schema.Properties["spec"] = spec
 	versions = append(versions, alpha)
 	crd.Spec.Versions = versions
-	out, err := yaml.Marshal(crd)
+	// controller-gen's layout: a document marker first, and no status.
+	b, err = json.Marshal(crd)
 	if err != nil {
 		return err
 	}
-	// controller-gen's layout: a document marker first, and no status.
-	out = bytes.Replace(out, []byte("status:\n  acceptedNames:\n    kind: \"\"\n    plural: \"\"\n  conditions: null\n  storedVersions: null\n"), nil, 1)
+	var obj map[string]any
+	if err := json.Unmarshal(b, &obj); err != nil {
+		return err
+	}
+	delete(obj, "status")
+	out, err := yaml.Marshal(obj)
+	if err != nil {
+		return err
+	}
 	return os.WriteFile(path, append([]byte("---\n"), out...), 0o644)
 }
 

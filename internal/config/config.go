@@ -185,6 +185,10 @@ func Default() Operator {
 	return o
 }
 
+// SetDefaults fills the fields of o that are not set with their defaults, as a configuration
+// file that leaves them out gets them.
+func (o *Operator) SetDefaults() { o.defaults() }
+
 func (o *Operator) defaults() {
 	o.Kind, o.APIVersion = Kind, APIVersion
 	if len(o.CacheRoots) == 0 {

@@ -18,39 +18,31 @@ import (
 )
 
 // Config is the cluster admin's configuration of prewarm's controller: the configuration it
-// shares with the agents, and its own settings.
+// shares with the agents (which holds the controller's own settings too), and where it runs.
 type Config struct {
 	config.Operator
-	// GateTimeout is the longest a Deployment waits for its weights cache to settle.
-	GateTimeout time.Duration
-	// AgentImage is the image of the agent, used as the inference pods' init container.
-	AgentImage string
 	// OperatorNamespace is where shared objects live.
 	OperatorNamespace string
-	// Retention is how long a node that a cache's placement still selects, but whose scheduling
-	// state keeps its pods off (cordoned, tainted, unreachable), keeps its copy of the cache.
-	Retention time.Duration
 }
 
-// Defaults fills the zero fields of c, from the operator configuration where it says.
+// Defaults fills the zero fields of c: the operator configuration's defaults, and the operator
+// namespace.
 func (c *Config) Defaults() {
-	if c.Kind == "" {
-		c.Operator = config.Default()
-	}
-	oc := c.Controller
-	if c.GateTimeout <= 0 {
-		c.GateTimeout = oc.GateTimeoutDuration()
-	}
-	if c.AgentImage == "" {
-		c.AgentImage = oc.AgentImage
-	}
+	c.SetDefaults()
 	if c.OperatorNamespace == "" {
 		c.OperatorNamespace = inferencev1.DefaultOperatorNamespace
 	}
-	if c.Retention <= 0 {
-		c.Retention = oc.RetentionDuration()
-	}
 }
+
+// GateTimeout is the longest a Deployment waits for its weights cache to settle.
+func (c *Config) GateTimeout() time.Duration { return c.Controller.GateTimeoutDuration() }
+
+// Retention is how long a node that a cache's placement still selects, but whose scheduling
+// state keeps its pods off (cordoned, tainted, unreachable), keeps its copy of the cache.
+func (c *Config) Retention() time.Duration { return c.Controller.RetentionDuration() }
+
+// AgentImage is the image of the agent, the inference pods' init container.
+func (c *Config) AgentImage() string { return c.Controller.AgentImage }
 
 // CacheSource returns the typed address of a model source, as the agents and the init container
 // read it. An FSx source must name a file system the configuration maps to a mount.

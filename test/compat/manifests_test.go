@@ -16,6 +16,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -127,11 +128,12 @@ func installPublished(t *testing.T, ctx context.Context, crd *apiextensionsv1.Cu
 	crd.Name = crd.Spec.Names.Plural + "." + publishedGroup
 	crd.Spec.Conversion = &apiextensionsv1.CustomResourceConversion{Strategy: apiextensionsv1.NoneConverter}
 	crd.Annotations = nil
-	c, err := client.New(server.Config, client.Options{})
-	if err != nil {
+	scheme := runtime.NewScheme()
+	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	if err := apiextensionsv1.AddToScheme(c.Scheme()); err != nil {
+	c, err := client.New(server.Config, client.Options{Scheme: scheme})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -45,7 +45,7 @@ func (r *Reconciler) daemonSet(c *inferencev1.InferenceImageCache) *appsv1.Daemo
 		AutomountServiceAccountToken:  ptr.To(false),
 		EnableServiceLinks:            ptr.To(false),
 		InitContainers: []corev1.Container{{
-			Name: "install-sleeper", Image: r.Config.AgentImage,
+			Name: "install-sleeper", Image: r.Config.AgentImage(),
 			Command:         []string{"/sleeper", "--install", sleeperPath},
 			Resources:       tiny,
 			SecurityContext: restricted,

@@ -130,6 +130,7 @@ type gateState struct {
 
 func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 	st := &c.Status
+	timeout := r.Config.GateTimeout()
 	if st.ObservedGeneration == c.Generation && c.Generation > 0 {
 		if st.TargetNodes == 0 {
 			return gateState{open: true, reason: inferencev1.ReasonNoTargetNodes,
@@ -160,21 +161,21 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 					st.ReadyNodes, st.TargetNodes, strings.Join(failed, "; "))}
 		}
 		waited := r.Now().Sub(c.CreationTimestamp.Time)
-		if waited >= r.Config.GateTimeout {
+		if waited >= timeout {
 			return gateState{open: true, reason: inferencev1.ReasonGateTimeout,
 				message: fmt.Sprintf("opened after the %s gate timeout with %d of %d target nodes ready; not settled: %s",
-					r.Config.GateTimeout, st.ReadyNodes, st.TargetNodes, controller.Summarize(unsettled, 5))}
+					timeout, st.ReadyNodes, st.TargetNodes, controller.Summarize(unsettled, 5))}
 		}
-		return gateState{reason: inferencev1.ReasonWaitingForCache, wait: r.Config.GateTimeout - waited,
+		return gateState{reason: inferencev1.ReasonWaitingForCache, wait: timeout - waited,
 			message: fmt.Sprintf("waiting for the weights cache on %d of %d target nodes: %s (opens at the latest in %s)",
-				len(unsettled), st.TargetNodes, controller.Summarize(unsettled, 5), (r.Config.GateTimeout - waited).Round(time.Second))}
+				len(unsettled), st.TargetNodes, controller.Summarize(unsettled, 5), (timeout - waited).Round(time.Second))}
 	}
 	waited := r.Now().Sub(c.CreationTimestamp.Time)
-	if waited >= r.Config.GateTimeout {
+	if waited >= timeout {
 		return gateState{open: true, reason: inferencev1.ReasonGateTimeout,
-			message: fmt.Sprintf("opened after the %s gate timeout; the weights cache has not reported", r.Config.GateTimeout)}
+			message: fmt.Sprintf("opened after the %s gate timeout; the weights cache has not reported", timeout)}
 	}
-	return gateState{reason: inferencev1.ReasonWaitingForCache, wait: r.Config.GateTimeout - waited,
+	return gateState{reason: inferencev1.ReasonWaitingForCache, wait: timeout - waited,
 		message: "waiting for the weights cache to report its target nodes"}
 }
 

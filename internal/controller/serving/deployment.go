@@ -118,7 +118,7 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 		cs.Revision = cache.Status.ResolvedRevision
 	}
 	prepare := corev1.Container{
-		Name: PrepareContainerName, Image: r.Config.AgentImage,
+		Name: PrepareContainerName, Image: r.Config.AgentImage(),
 		Args: []string{"prepare", "--dest=" + filepath.Join(WorkMountPath, modelSubPath)},
 		Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("256Mi")},

@@ -6,13 +6,11 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
 
@@ -34,29 +32,12 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 	hfm := m.source.HuggingFaceModel.DeepCopy()
 	m.source.HuggingFaceModel = hfm
 
-	token := ""
-	if ref := hfm.TokenSecretRef; ref != nil {
-		key := ref.Key
-		if key == "" {
-			key = "token"
-		}
-		where := fmt.Sprintf("Secret %s/%s (key %s)", m.owner.GetNamespace(), ref.Name, key)
-		sec := &corev1.Secret{}
-		err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: m.owner.GetNamespace(), Name: ref.Name}, sec)
-		optional := ptr.Deref(ref.Optional, false)
-		switch {
-		case optional && (apierrors.IsNotFound(err) || (err == nil && len(sec.Data[key]) == 0)):
-			// An optional token that is not there: the repository is read without one.
-		case apierrors.IsNotFound(err):
-			return &problem{inferencev1.ReasonTokenSecretProblem, fmt.Sprintf(
-				"%s, the Hugging Face token for %s, does not exist; create it: kubectl -n %s create secret generic %s --from-literal=%s=hf_...",
-				where, hfm.ModelID, m.owner.GetNamespace(), ref.Name, key)}
-		case err != nil:
-			return &problem{inferencev1.ReasonTokenSecretProblem, fmt.Sprintf("reading %s: %v", where, err)}
-		case len(sec.Data[key]) == 0:
-			return &problem{inferencev1.ReasonTokenSecretProblem, fmt.Sprintf("%s has no key %s holding a Hugging Face token for %s", where, key, hfm.ModelID)}
-		}
-		token = string(sec.Data[key])
+	token, missing, err := controller.HFToken(ctx, r.APIReader, m.owner.GetNamespace(), hfm.ModelID, hfm.TokenSecretRef)
+	switch {
+	case err != nil:
+		return &problem{inferencev1.ReasonTokenSecretProblem, err.Error()}
+	case missing != "":
+		return &problem{inferencev1.ReasonTokenSecretProblem, missing}
 	}
 
 	if hfm.CommitSHA == "" {

@@ -181,16 +181,7 @@ func fromJumpStart(j *inferencev1.JumpStartModel, e *catalog.Entry) *model {
 			ModelVolumeMount:    inferencev1.ModelVolumeMount{Name: "model-weights", MountPath: mount},
 		},
 	}
-	if c := s.ModelCacheConfig; c != nil {
-		if c.WeightsCache != nil && c.WeightsCache.Enabled {
-			w := *c.WeightsCache
-			if w.HostPath == "" {
-				w.HostPath = inferencev1.DefaultWeightsCacheHostPath
-			}
-			m.weights = &w
-		}
-		m.imageCache = c.ImageCache != nil && c.ImageCache.Enabled
-	}
+	m.weights, m.imageCache = caches(s.ModelCacheConfig)
 	m.unsupported = unsupportedFields(map[string]bool{
 		"sageMakerEndpoint":            s.SageMakerEndpoint != nil && ptr.Deref(s.SageMakerEndpoint.Name, "") != "",
 		"server.executionRole":         s.Server.ExecutionRole != "",

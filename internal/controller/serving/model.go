@@ -50,16 +50,13 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 	if s.NodeAffinity != nil {
 		m.preferred = s.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution
 	}
-	if s.ModelCacheConfig != nil && s.ModelCacheConfig.WeightsCache != nil && s.ModelCacheConfig.WeightsCache.Enabled &&
-		s.ModelSourceConfig.ModelSourceType != inferencev1.ModelSourceKubernetesVolume {
-		w := *s.ModelCacheConfig.WeightsCache
-		if w.HostPath == "" {
-			w.HostPath = inferencev1.DefaultWeightsCacheHostPath
-		}
-		m.weights = &w
-	}
-	if s.ModelCacheConfig != nil && s.ModelCacheConfig.ImageCache != nil {
-		m.imageCache = s.ModelCacheConfig.ImageCache.Enabled
+	// A volume source is mounted as it is: a weights cache asked for it is not made (and is
+	// named as unsupported below).
+	volume := s.ModelSourceConfig.ModelSourceType == inferencev1.ModelSourceKubernetesVolume
+	m.weights, m.imageCache = caches(s.ModelCacheConfig)
+	cacheAsked := m.weights != nil
+	if volume {
+		m.weights = nil
 	}
 	m.unsupported = unsupportedFields(map[string]bool{
 		"endpointName": s.EndpointName != "",
@@ -69,11 +66,26 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 		"modelSourceConfig.prefetchEnabled": ptr.Deref(s.ModelSourceConfig.PrefetchEnabled, false),
 		"worker.requestLimits":              s.Worker.RequestLimits != nil,
 		"pdSpec":                            s.PDSpec != nil,
-		"modelCacheConfig.weightsCache (modelSourceType kubernetesVolume is mounted as it is)": s.ModelCacheConfig != nil &&
-			s.ModelCacheConfig.WeightsCache != nil && s.ModelCacheConfig.WeightsCache.Enabled &&
-			s.ModelSourceConfig.ModelSourceType == inferencev1.ModelSourceKubernetesVolume,
+		"modelCacheConfig.weightsCache (modelSourceType kubernetesVolume is mounted as it is)": cacheAsked && volume,
 	}, &s.HyperPodFeatures)
 	return m
+}
+
+// caches is the weights cache a parent asks for (nil: none; its hostPath defaulted), and whether
+// it asks for an image cache.
+func caches(c *inferencev1.ModelCacheConfig) (*inferencev1.WeightsCacheConfig, bool) {
+	if c == nil {
+		return nil, false
+	}
+	var weights *inferencev1.WeightsCacheConfig
+	if c.WeightsCache != nil && c.WeightsCache.Enabled {
+		w := *c.WeightsCache
+		if w.HostPath == "" {
+			w.HostPath = inferencev1.DefaultWeightsCacheHostPath
+		}
+		weights = &w
+	}
+	return weights, c.ImageCache != nil && c.ImageCache.Enabled
 }
 
 // unsupportedFields names, sorted, the fields set that prewarm cannot honour: those in own, and

@@ -246,11 +246,11 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 		if err != nil {
 			since, t = now.UTC().Format(time.RFC3339), now
 		}
-		left := r.Config.Retention - now.Sub(t)
+		left := r.Config.Retention() - now.Sub(t)
 		if left <= 0 {
 			continue // kept long enough: withdrawn
 		}
-		p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention), why: why}
+		p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention()), why: why}
 		if p.requeue == 0 || left < p.requeue {
 			p.requeue = left
 		}

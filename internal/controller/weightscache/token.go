@@ -8,11 +8,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/credentials"
 )
 
@@ -72,22 +72,16 @@ func (r *Reconciler) hfToken(ctx context.Context, m *inferencev1.ModelDataCacheC
 	if h == nil || h.TokenSecretRef == nil || r.APIReader == nil {
 		return access{}, nil
 	}
-	key := h.TokenSecretRef.Key
-	if key == "" {
-		key = "token"
-	}
-	src := &corev1.Secret{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: h.TokenSecretRef.Name}, src)
+	token, missing, err := controller.HFToken(ctx, r.APIReader, m.Namespace, h.ModelID, h.TokenSecretRef)
 	switch {
-	case (apierrors.IsNotFound(err) || (err == nil && len(src.Data[key]) == 0)) && ptr.Deref(h.TokenSecretRef.Optional, false):
-		return access{}, nil // an optional token that is not there: the nodes download without one
-	case apierrors.IsNotFound(err) || (err == nil && len(src.Data[key]) == 0):
-		return access{tokenProblem: fmt.Sprintf("Secret %s/%s (key %s), the Hugging Face token, is missing; the nodes download without it",
-			m.Namespace, h.TokenSecretRef.Name, key)}, nil
 	case err != nil:
 		return access{}, err
+	case missing != "":
+		return access{tokenProblem: missing + "; the nodes download without it"}, nil
+	case token == "":
+		return access{}, nil // an optional token that is not there: the nodes download without one
 	}
-	return access{creds: credentials.Credentials{HFToken: string(src.Data[key])}}, nil
+	return access{creds: credentials.Credentials{HFToken: token}}, nil
 }
 
 // sealFor seals the cache's credentials to node's agent key; nil when there are none. Until the
