@@ -11,7 +11,7 @@ CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 GOLANGCI_LINT ?= $(LOCALBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
 # Test binaries (kube-apiserver, etcd, ...) are cached outside the work tree; see hack/testbin.sh.
-GO_TEST_FLAGS ?= -race -count=1
+GO_TEST_FLAGS ?= -race -count=1 -timeout=40m
 
 ##@ General
 
@@ -84,6 +84,10 @@ bench: ## Benchmark the download engine against rclone, the AWS CLI and transfer
 	@command -v aws >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null; } || \
 	  { echo "make bench needs the AWS CLI: apt-get install awscli"; exit 1; }
 	go run ./test/bench/s3bench $(BENCH_FLAGS)
+
+.PHONY: bench-nodes
+bench-nodes: testbin ## On real kubelet nodes: pod start warm vs cold, image cached vs not; writes the real-node section of docs/benchmarks.md.
+	PREWARM_REALNODE_REPORT=$(CURDIR)/docs/benchmarks.md go test ./test/realnode -run TestSeedOnRealNodes -count=1 -v -timeout 30m
 
 ##@ Build
 

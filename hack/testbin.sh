@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds, from the Go module proxy, the pinned binaries that prewarm's tests run for real:
-# kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok (with its "fast" stages),
-# versitygw and helm. Everything lands in one cache folder outside the work tree, keyed by version,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, kwok (with its "fast"
+# stages), versitygw and helm; and, as root on Debian, the container runtime the real-node tests
+# run their kubelets on (containerd, runc and the CNI plugins, from Debian's packages). Everything lands in one cache folder outside the work tree, keyed by version,
 # so a second run (and every CI run on the same machine) only checks that the files are there.
 #
 #   hack/testbin.sh            build what is missing, print the folder
-#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw, helm, rclone) if missing;
+#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw, helm, runtime, rclone)
+#                              if missing;
 #                              rclone, for make bench only, is built only when named
 #   hack/testbin.sh --print    print the folder without building
 #
@@ -38,12 +40,13 @@ export GOFLAGS="${GOFLAGS:-} -mod=mod -trimpath"
 export CGO_ENABLED=0
 log() { printf 'testbin: %s\n' "$*" >&2; }
 
-# build_in MODULE_DIR OUTPUT PACKAGE: go build inside a scratch module, atomically into $dir.
+# build_in MODULE_DIR OUTPUT PACKAGE [LDFLAGS]: go build inside a scratch module, atomically into
+# $dir.
 build_in() {
-  local mod=$1 out=$2 pkg=$3
+  local mod=$1 out=$2 pkg=$3 ldflags=${4:-}
   local start=$SECONDS
   log "building $out from $pkg"
-  (cd "$mod" && go build -ldflags="-s -w" -o "$dir/.$out.tmp" "$pkg")
+  (cd "$mod" && go build -ldflags="-s -w $ldflags" -o "$dir/.$out.tmp" "$pkg")
   mv -f "$dir/.$out.tmp" "$dir/$out"
   log "built $out in $((SECONDS - start))s"
 }
@@ -52,9 +55,13 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 # --- Kubernetes control plane ------------------------------------------------------------------
-k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler)
+k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 need_k8s=()
-for b in "${k8s_bins[@]}"; do [[ -x "$dir/$b" ]] || need_k8s+=("$b"); done
+for b in "${k8s_bins[@]}"; do
+  # Built without its version (older caches), a binary reports v0.0.0-master, which charts'
+  # kubeVersion checks refuse: rebuild it.
+  [[ -x "$dir/$b" ]] && "$dir/$b" --version 2>/dev/null | grep -qF "$K8S_VERSION" || need_k8s+=("$b")
+done
 if want k8s && ((${#need_k8s[@]})); then
   m="$scratch/k8s"
   mkdir -p "$m"
@@ -70,7 +77,10 @@ if want k8s && ((${#need_k8s[@]})); then
     go mod edit -require "k8s.io/kubernetes@$K8S_VERSION"
   )
   for b in "${need_k8s[@]}"; do
-    build_in "$m" "$b" "k8s.io/kubernetes/cmd/$b"
+    # The version a node reports (kubectl get nodes) is the kubelet's.
+    minor=${K8S_VERSION#v1.}
+    build_in "$m" "$b" "k8s.io/kubernetes/cmd/$b" "-X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
+      -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
   done
 fi
 
@@ -120,6 +130,26 @@ if want helm && [[ ! -x "$dir/helm-$HELM_VERSION" ]]; then
   mkdir -p "$m"
   (cd "$m" && go mod init prewarm.local/testbin-helm >/dev/null 2>&1 && go mod edit -require "helm.sh/helm/v3@$HELM_VERSION")
   build_in "$m" "helm-$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+fi
+
+# --- the container runtime of the real-node tests (Debian packages) ------------------------------
+# containerd, runc and the CNI plugins (bridge, host-local, loopback in /usr/lib/cni). Installed
+# only as root on a machine with apt-get; elsewhere the real-node tests skip, saying why.
+if want runtime; then
+  missing=()
+  command -v containerd >/dev/null || missing+=(containerd)
+  command -v runc >/dev/null || missing+=(runc)
+  [[ -x /usr/lib/cni/bridge || -x /opt/cni/bin/bridge ]] || missing+=(containernetworking-plugins)
+  command -v iptables >/dev/null || missing+=(iptables)
+  if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    log "installing ${missing[*]} (Debian packages) for the real-node tests"
+    start=$SECONDS
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    log "installed in $((SECONDS - start))s"
+  elif ((${#missing[@]})); then
+    log "not installing ${missing[*]} (needs root and apt-get): the real-node tests will skip"
+  fi
 fi
 
 # --- rclone (benchmark comparison only) -----------------------------------------------------------

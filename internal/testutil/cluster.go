@@ -292,12 +292,7 @@ func (c *Cluster) AddNode(ctx context.Context, name string, opts NodeOptions) (*
 		if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
 			return false, err
 		}
-		for _, cond := range node.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
+		return NodeReady(node), nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node %s not Ready: %w", name, errors.Join(err, c.CheckProcesses()))
@@ -327,4 +322,23 @@ func Eventually(ctx context.Context, timeout time.Duration, cond func() (bool, e
 		case <-tick.C:
 		}
 	}
+}
+
+// Until polls check every 100ms until it returns nil, or timeout passes; the error then carries
+// check's last answer (why the condition did not hold yet).
+func Until(ctx context.Context, timeout time.Duration, check func() error) error {
+	return Eventually(ctx, timeout, func() (bool, error) {
+		err := check()
+		return err == nil, err
+	})
+}
+
+// NodeReady reports whether the node's Ready condition is True.
+func NodeReady(node *corev1.Node) bool {
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }

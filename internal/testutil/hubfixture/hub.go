@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -56,11 +57,38 @@ type Hub struct {
 
 // Start runs the hub and its content host on loopback.
 func Start() *Hub {
-	h := &Hub{repos: map[string]*Repo{}, blobs: map[string][]byte{}, PageSize: 3}
-	h.cdn = httptest.NewServer(http.HandlerFunc(h.serveCDN))
-	h.hub = httptest.NewServer(http.HandlerFunc(h.serveHub))
-	h.URL, h.CDNURL = h.hub.URL, h.cdn.URL
+	h, err := StartOn("127.0.0.1")
+	if err != nil {
+		panic(err)
+	}
 	return h
+}
+
+// StartOn runs the hub and its content host on host (an IP address of this machine), for
+// clients in pods.
+func StartOn(host string) (*Hub, error) {
+	h := &Hub{repos: map[string]*Repo{}, blobs: map[string][]byte{}, PageSize: 3}
+	serve := func(f http.HandlerFunc) (*httptest.Server, error) {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, err
+		}
+		s := httptest.NewUnstartedServer(f)
+		s.Listener.Close()
+		s.Listener = l
+		s.Start()
+		return s, nil
+	}
+	var err error
+	if h.cdn, err = serve(h.serveCDN); err != nil {
+		return nil, err
+	}
+	if h.hub, err = serve(h.serveHub); err != nil {
+		h.cdn.Close()
+		return nil, err
+	}
+	h.URL, h.CDNURL = h.hub.URL, h.cdn.URL
+	return h, nil
 }
 
 // Close stops both servers.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -68,7 +69,11 @@ func BinDir() (string, error) {
 func Start(dir string) (*Server, error) { return StartLogged(dir, "") }
 
 // StartLogged is Start with versitygw's log at logPath (default: a file in the temp folder).
-func StartLogged(dir, logPath string) (*Server, error) {
+func StartLogged(dir, logPath string) (*Server, error) { return StartOn("127.0.0.1", dir, logPath) }
+
+// StartOn is StartLogged listening on host (an IP address of this machine) instead of loopback,
+// for clients in pods.
+func StartOn(host, dir, logPath string) (*Server, error) {
 	bin, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -82,11 +87,11 @@ func StartLogged(dir, logPath string) (*Server, error) {
 	}
 	var lastErr error
 	for range 3 { // the free port can be taken between probe and bind
-		port, err := freePort()
+		port, err := freePort(host)
 		if err != nil {
 			return nil, err
 		}
-		s, err := start(path, dir, port, logPath)
+		s, err := start(path, dir, host, port, logPath)
 		if err == nil {
 			return s, nil
 		}
@@ -95,12 +100,12 @@ func StartLogged(dir, logPath string) (*Server, error) {
 	return nil, lastErr
 }
 
-func start(bin, dir string, port int, logPath string) (*Server, error) {
+func start(bin, dir, host string, port int, logPath string) (*Server, error) {
 	if logPath == "" {
 		logPath = filepath.Join(os.TempDir(), fmt.Sprintf("versitygw-%d.log", port))
 	}
 	s := &Server{
-		Endpoint: fmt.Sprintf("http://127.0.0.1:%d", port),
+		Endpoint: "http://" + net.JoinHostPort(host, strconv.Itoa(port)),
 		Dir:      dir,
 		logPath:  logPath,
 		done:     make(chan struct{}),
@@ -110,7 +115,7 @@ func start(bin, dir string, port int, logPath string) (*Server, error) {
 		return nil, err
 	}
 	s.cmd = exec.Command(bin, "--access", AccessKey, "--secret", SecretKey, "--region", Region,
-		"--port", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "posix", dir)
+		"--port", net.JoinHostPort(host, strconv.Itoa(port)), "--quiet", "posix", dir)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
@@ -146,8 +151,8 @@ func start(bin, dir string, port int, logPath string) (*Server, error) {
 	}
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, err
 	}
@@ -175,9 +180,12 @@ func (s *Server) Stop() {
 // Restart stops the server and starts it again on the same port and data.
 func (s *Server) Restart() error {
 	s.Stop()
-	port := strings.TrimPrefix(s.Endpoint, "http://127.0.0.1:")
-	var p int
-	if _, err := fmt.Sscan(port, &p); err != nil {
+	host, port, err := net.SplitHostPort(strings.TrimPrefix(s.Endpoint, "http://"))
+	if err != nil {
+		return err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
 		return err
 	}
 	bin, err := BinDir()
@@ -186,7 +194,7 @@ func (s *Server) Restart() error {
 	}
 	var n *Server
 	for range 20 {
-		if n, err = start(filepath.Join(bin, "versitygw"), s.Dir, p, s.logPath); err == nil {
+		if n, err = start(filepath.Join(bin, "versitygw"), s.Dir, host, p, s.logPath); err == nil {
 			*s = *n
 			return nil
 		}

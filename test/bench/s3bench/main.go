@@ -195,7 +195,7 @@ func run(workDir string, shards, shardMiB, reps int, outPath string, connMBps fl
 	fmt.Println()
 	fmt.Println(report)
 	if outPath != "" {
-		return os.WriteFile(outPath, []byte(report), 0o644)
+		return os.WriteFile(outPath, []byte(report+keptSections(outPath)), 0o644)
 	}
 	return nil
 }
@@ -511,4 +511,25 @@ func secs(ss []sample) []float64 {
 		out = append(out, s.seconds)
 	}
 	return out
+}
+
+// keptSections returns the sections other benchmarks write into the same report (between
+// "<!-- NAME:begin" and "<!-- NAME:end -->" lines, e.g. make bench-nodes'), to keep them.
+func keptSections(path string) string {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var kept strings.Builder
+	text := string(old)
+	for {
+		i := strings.Index(text, "<!-- realnode:begin")
+		j := strings.Index(text, "<!-- realnode:end -->")
+		if i < 0 || j < i {
+			return kept.String()
+		}
+		end := j + len("<!-- realnode:end -->")
+		kept.WriteString("\n" + text[i:end] + "\n")
+		text = text[end:]
+	}
 }

@@ -3,9 +3,13 @@
 // SHA-256), and only then reports healthy on /health. /invocations answers with what it read.
 // A pod that serves is therefore a pod that saw the whole model, byte for byte.
 //
-//	modelserver --model /opt/ml/model --expect /etc/model/listing.json --listen :8000
+//	modelserver --model /opt/ml/model --port 8000 [--expect /etc/modelserver/listing.json]
 //
-// The listing is a JSON array of {"path", "size", "sha256"} (hex), paths relative to --model.
+// --model and --port are vLLM's flags, with vLLM's defaults, so that the image stands in for
+// vllm/vllm-openai under the arguments a JumpStart catalog entry passes. The listing is a JSON
+// array of {"path", "size", "sha256"} (hex), paths relative to --model; the test image carries
+// its model's listing at the default path. "modelserver --idle" only waits for SIGTERM (to time
+// a container's start on its own).
 package main
 
 import (
@@ -19,8 +23,10 @@ import (
 	"log"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -45,11 +51,15 @@ type server struct {
 
 func main() {
 	model := flag.String("model", "/opt/ml/model", "the model's directory")
-	expect := flag.String("expect", "", "the source's listing (JSON); required")
-	listen := flag.String("listen", ":8000", "address of /health and /invocations")
+	expect := flag.String("expect", "/etc/modelserver/listing.json", "the source's listing (JSON)")
+	port := flag.Int("port", 8000, "port of /health and /invocations")
+	idle := flag.Bool("idle", false, "do nothing until SIGTERM")
 	flag.Parse()
-	if *expect == "" {
-		log.Fatal("--expect is required")
+	if *idle {
+		stop := make(chan os.Signal, 1)
+		signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+		<-stop
+		return
 	}
 	b, err := os.ReadFile(*expect)
 	if err != nil {
@@ -60,7 +70,8 @@ func main() {
 		log.Fatalf("%s: %v", *expect, err)
 	}
 	go s.verify()
-	log.Fatal(http.ListenAndServe(*listen, s.routes()))
+	srv := &http.Server{Addr: fmt.Sprintf(":%d", *port), Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	log.Fatal(srv.ListenAndServe())
 }
 
 func (s *server) routes() *http.ServeMux {

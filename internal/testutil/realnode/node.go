@@ -1,0 +1,464 @@
+package realnode
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+// NodeOptions describe a node.
+type NodeOptions struct {
+	Name string
+	// InstanceType is the node.kubernetes.io/instance-type label, set by the kubelet.
+	InstanceType string
+	// GPUs is the nvidia.com/gpu capacity written into the node's status (no device plugin:
+	// the pods ask for GPUs and use none).
+	GPUs int64
+	// HostPaths are host directories the node has of its own (e.g. /opt/dlami/nvme, the
+	// weights' disk): in the node's mount namespace each is a folder of the node's directory.
+	HostPaths []string
+}
+
+// Node is a running node: its containerd and kubelet in a mount namespace of their own.
+type Node struct {
+	Name string
+	// IP is the node's InternalIP.
+	IP string
+	// Dir is the node's directory.
+	Dir string
+	// Socket is its containerd's CRI socket.
+	Socket string
+
+	bridge  string
+	cgroup  string
+	holder  *exec.Cmd
+	procs   []*testutil.Process
+	cluster *Cluster
+}
+
+// nodePaths are the host paths every node has of its own, besides NodeOptions.HostPaths.
+var nodePaths = []string{"/var/lib/kubelet", "/var/log", "/var/lib/cni", "/run/containerd"}
+
+// HostPath is where the node's path p (under one of its host paths) is on this machine.
+func (n *Node) HostPath(p string) string { return filepath.Join(n.Dir, "host", p) }
+
+// AddNode starts node number i (1-254): its mount namespace, containerd and kubelet; waits until
+// it is Ready and writes its GPU capacity.
+func (c *Cluster) AddNode(ctx context.Context, i int, o NodeOptions) (*Node, error) {
+	id := c.identity("system:node:" + o.Name)
+	if id.token == "" {
+		return nil, fmt.Errorf("node %s was not in Options.Nodes when the cluster started (it has no credentials)", o.Name)
+	}
+	suffix := make([]byte, 4)
+	if _, err := rand.Read(suffix); err != nil {
+		return nil, err
+	}
+	n := &Node{
+		Name: o.Name, IP: fmt.Sprintf("10.250.0.%d", i), Dir: filepath.Join(c.Dir, "nodes", o.Name),
+		bridge: fmt.Sprintf("pwbr%d", i), cgroup: fmt.Sprintf("/prewarm-%x-%s", suffix, o.Name), cluster: c,
+	}
+	n.Socket = filepath.Join(n.Dir, "containerd", "containerd.sock")
+	c.Nodes = append(c.Nodes, n)
+	if err := n.start(ctx, i, o, id); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (c *Cluster) identity(name string) identity {
+	for _, id := range c.ids {
+		if id.name == name {
+			return id
+		}
+	}
+	return identity{}
+}
+
+func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) error {
+	if err := run("ip", "addr", "add", n.IP+"/32", "dev", nodeBridge); err != nil {
+		return err
+	}
+	if err := n.makeCgroups(); err != nil {
+		return err
+	}
+	if err := n.makeMountNamespace(append(slicesClone(nodePaths), o.HostPaths...)); err != nil {
+		return err
+	}
+	if err := n.writeContainerdConfig(i); err != nil {
+		return err
+	}
+	if err := n.startInNamespace("containerd", "containerd", "--config", filepath.Join(n.Dir, "containerd", "config.toml")); err != nil {
+		return err
+	}
+	if err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
+		_, err := os.Stat(n.Socket)
+		return err == nil, errors.Join(err, n.check())
+	}); err != nil {
+		return fmt.Errorf("containerd: %w", err)
+	}
+	bin, err := testutil.TestBinDir()
+	if err != nil {
+		return err
+	}
+	kc := filepath.Join(n.Dir, "kubelet.kubeconfig")
+	if err := writeKubeconfig(kc, fmt.Sprintf("https://%s:%d", HostIP, apiPort), n.cluster.pki.path("ca.crt"), id); err != nil {
+		return err
+	}
+	conf, err := n.writeKubeletConfig(i)
+	if err != nil {
+		return err
+	}
+	if err := n.startInNamespace("kubelet", filepath.Join(bin, "kubelet"), "--config="+conf, "--kubeconfig="+kc,
+		"--cert-dir="+filepath.Join(n.Dir, "kubelet-pki"), "--hostname-override="+n.Name, "--node-ip="+n.IP,
+		"--node-labels="+inferencev1.InstanceTypeLabel+"="+o.InstanceType, "--v=1"); err != nil {
+		return err
+	}
+	return n.waitReady(ctx, o.GPUs)
+}
+
+// makeCgroups makes the node's cgroup root in every cgroup v1 hierarchy (the kubelet insists it
+// exists), with the root cpuset's CPUs and memory nodes.
+func (n *Node) makeCgroups() error {
+	entries, err := os.ReadDir("/sys/fs/cgroup")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.IsDir() || e.Name() == "unified" {
+			continue // symlinks (cpu -> cpu,cpuacct) and the controller-less cgroup2 mount
+		}
+		dir := filepath.Join("/sys/fs/cgroup", e.Name(), n.cgroup)
+		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+			return err
+		}
+		if e.Name() == "cpuset" {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuset", f))
+				if err != nil {
+					return err
+				}
+				if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// makeMountNamespace starts a process holding the node's mount namespace and bind-mounts, in it,
+// a folder of the node's directory onto each of paths.
+func (n *Node) makeMountNamespace(paths []string) error {
+	n.holder = exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "infinity")
+	n.holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := n.holder.Start(); err != nil {
+		return err
+	}
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return err
+	}
+	err = testutil.Eventually(context.Background(), 10*time.Second, func() (bool, error) {
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", n.holder.Process.Pid))
+		return err == nil && ns != self && n.holderRunsSleep(), err
+	})
+	if err != nil {
+		return fmt.Errorf("the node's mount namespace: %w", err)
+	}
+	for _, p := range paths {
+		src := n.HostPath(p)
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			return err
+		}
+		// The mount point must exist on the machine; it stays empty there.
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		if err := run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--bind", src, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// holderRunsSleep reports whether unshare has exec'ed sleep (after making the namespace).
+func (n *Node) holderRunsSleep() bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", n.holder.Process.Pid))
+	return err == nil && strings.TrimSpace(string(b)) == "sleep"
+}
+
+func (n *Node) mountNS() string { return fmt.Sprintf("/proc/%d/ns/mnt", n.holder.Process.Pid) }
+
+func (n *Node) startInNamespace(name, path string, args ...string) error {
+	p, err := testutil.StartProcess(n.cluster.LogDir, n.Name+"-"+name, "nsenter", append([]string{"--mount=" + n.mountNS(), "--", path}, args...)...)
+	if err != nil {
+		return err
+	}
+	n.procs = append(n.procs, p)
+	return nil
+}
+
+// writeContainerdConfig writes containerd's configuration, the registry mirrors and the CNI
+// network of node i (bridge pwbrI, pods in 10.244.I.0/24).
+func (n *Node) writeContainerdConfig(i int) error {
+	d := filepath.Join(n.Dir, "containerd")
+	c := n.cluster
+	files := map[string]string{
+		"config.toml": fmt.Sprintf(`version = 2
+root = "%[1]s/root"
+state = "%[1]s/state"
+[grpc]
+  address = "%[1]s/containerd.sock"
+[ttrpc]
+  address = ""
+[debug]
+  address = "%[1]s/debug.sock"
+[metrics]
+  address = ""
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "%[1]s/opt"
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "%[2]s/pause:3.10"
+    netns_mounts_under_state_dir = true
+    # Without CAP_SYS_RESOURCE (a VM's container) runc cannot lower oom_score_adj.
+    restrict_oom_score_adj = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "%[1]s/runc"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "%[3]s"
+      conf_dir = "%[1]s/net.d"
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = "%[1]s/certs.d"
+`, d, c.Registry, cniDir()),
+		"net.d/10-prewarm.conflist": fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "prewarm-%[1]s", "plugins": [{
+  "type": "bridge", "bridge": %[2]q, "isGateway": true, "isDefaultGateway": true, "ipMasq": false, "hairpinMode": true,
+  "ipam": {"type": "host-local", "dataDir": "%[3]s/ipam", "ranges": [[{"subnet": "10.244.%[4]d.0/24"}]]}}]}
+`, n.Name, n.bridge, d, i),
+		"certs.d/" + c.Registry + "/hosts.toml": fmt.Sprintf("server = \"http://%[1]s\"\n[host.\"http://%[1]s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", c.Registry),
+	}
+	for _, m := range c.opts.Mirrors {
+		upstream := "https://" + m
+		if m == "docker.io" {
+			upstream = "https://registry-1.docker.io"
+		}
+		files["certs.d/"+m+"/hosts.toml"] = fmt.Sprintf("server = %q\n[host.\"http://%s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", upstream, c.Registry)
+	}
+	for name, body := range files {
+		p := filepath.Join(d, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeKubeletConfig writes the kubelet's configuration for node i.
+func (n *Node) writeKubeletConfig(i int) (string, error) {
+	conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: %s
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: %s}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+cgroupRoot: %s
+# cgroup v1 (this kind of VM): kubelet 1.37 refuses it unless told otherwise.
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://%s
+clusterDomain: cluster.local
+serializeImagePulls: false
+# A shared machine's disk is not this node's alone: evict only when it is truly full.
+evictionHard: {memory.available: 50Mi, nodefs.available: 1%%, imagefs.available: 1%%, nodefs.inodesFree: 1%%}
+syncFrequency: 10s
+`, n.IP, 10300+i, n.cluster.pki.path("ca.crt"), n.cgroup, n.Socket)
+	p := filepath.Join(n.Dir, "kubelet-config.yaml")
+	return p, os.WriteFile(p, []byte(conf), 0o644)
+}
+
+// waitReady waits until the node is Ready, then writes its GPU capacity into its status.
+func (n *Node) waitReady(ctx context.Context, gpus int64) error {
+	c := n.cluster.Client
+	node := &corev1.Node{}
+	err := testutil.Eventually(ctx, 60*time.Second, func() (bool, error) {
+		if err := n.check(); err != nil {
+			return false, err
+		}
+		if err := c.Get(ctx, client.ObjectKey{Name: n.Name}, node); err != nil {
+			return false, err
+		}
+		return testutil.NodeReady(node), nil
+	})
+	if err != nil {
+		return fmt.Errorf("not Ready: %w", err)
+	}
+	if gpus == 0 {
+		return nil
+	}
+	q := *resource.NewQuantity(gpus, resource.DecimalSI)
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{
+		"capacity": map[string]any{"nvidia.com/gpu": q}, "allocatable": map[string]any{"nvidia.com/gpu": q},
+	}})
+	if err != nil {
+		return err
+	}
+	return c.Status().Patch(ctx, node, client.RawPatch(types.StrategicMergePatchType, patch))
+}
+
+// check returns an error when one of the node's processes has exited.
+func (n *Node) check() error {
+	var errs []error
+	for _, p := range n.procs {
+		if done, err := p.Exited(); done {
+			errs = append(errs, fmt.Errorf("%s exited (%w); log %s:\n%s", p.Name, err, p.LogPath, p.LogTail(3000)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stop stops the kubelet, removes every pod sandbox (stopping its containers and releasing its
+// network), stops containerd, kills what is left in the node's cgroups and the shims, and
+// removes the cgroups.
+func (n *Node) stop() error {
+	var errs []error
+	for i := len(n.procs) - 1; i >= 0; i-- {
+		p := n.procs[i]
+		if strings.HasSuffix(p.Name, "-kubelet") {
+			p.Stop(10 * time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			if err := n.removePods(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s: removing pods: %w", n.Name, err))
+			}
+			cancel()
+			continue
+		}
+		p.Stop(10 * time.Second)
+	}
+	n.killShims()
+	errs = append(errs, n.removeCgroups())
+	if n.holder != nil && n.holder.Process != nil {
+		_ = n.holder.Process.Kill()
+		_ = n.holder.Wait()
+	}
+	return errors.Join(errs...)
+}
+
+// killShims kills the containerd shims of this node's containerd (they outlive it).
+func (n *Node) killShims() {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.Contains(string(b), "containerd-shim") || !strings.Contains(string(b), n.Socket) {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(f, "/proc/%d/cmdline", &pid); err == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// removeCgroups kills every process left in the node's cgroups and removes them, deepest first.
+func (n *Node) removeCgroups() error {
+	entries, err := os.ReadDir("/sys/fs/cgroup")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue // symlinks; the kubelet also makes the root in the cgroup2 mount (unified)
+		}
+		root := filepath.Join("/sys/fs/cgroup", e.Name(), n.cgroup)
+		var dirs []string
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			killAll(dirs[i])
+			var err error
+			for range 50 { // the kernel frees a cgroup a moment after its last process exits
+				if err = os.Remove(dirs[i]); err == nil || os.IsNotExist(err) {
+					err = nil
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func killAll(cgroup string) {
+	b, err := os.ReadFile(filepath.Join(cgroup, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	for _, f := range strings.Fields(string(b)) {
+		var pid int
+		if _, err := fmt.Sscan(f, &pid); err == nil && pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+func slicesClone(s []string) []string { return append([]string(nil), s...) }
+
+func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// Throttle limits the traffic towards the node's pods (its pod bridge's egress: downloads by
+// the agent and the init containers) to bytesPerSec, with tc's token bucket filter; 0 removes
+// the limit. Image pulls, which containerd makes on the node itself, are not limited.
+func (n *Node) Throttle(bytesPerSec int64) error {
+	if bytesPerSec == 0 {
+		out, err := exec.Command("tc", "qdisc", "show", "dev", n.bridge).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "tbf") {
+			return err // no limit to remove
+		}
+		return run("tc", "qdisc", "del", "dev", n.bridge, "root")
+	}
+	return run("tc", "qdisc", "replace", "dev", n.bridge, "root", "tbf",
+		"rate", fmt.Sprintf("%dbit", bytesPerSec*8), "burst", "256kb", "latency", "500ms")
+}
