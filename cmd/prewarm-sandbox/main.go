@@ -5,15 +5,19 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/cli/kubectl"
 	"github.com/prewarm/prewarm/internal/sandbox"
+	"github.com/prewarm/prewarm/internal/testutil/realnode"
 )
 
 func defaultSandboxDir() string { return filepath.Join(os.TempDir(), "prewarm-sandbox") }
@@ -28,6 +32,7 @@ func newSandboxCommand() *cobra.Command {
 	var (
 		o         sandbox.Options
 		modelSize string
+		kindFlag  string
 	)
 	up := &cobra.Command{
 		Use:   "up",
@@ -49,6 +54,22 @@ Run it from a clone of prewarm after make build. It stays up for kubectl until C
 				return err
 			}
 			o.ModelSize, o.Out, o.Status = size, cmd.OutOrStdout(), kubectl.StatusAll
+			kind, why, err := sandbox.ResolveKind(kindFlag)
+			if err != nil {
+				return err
+			}
+			o.Kind = kind
+			if kind == sandbox.KindReal && !realnode.InNetns() {
+				// Real nodes live in a network namespace of their own: run again inside one.
+				fmt.Fprintf(cmd.OutOrStdout(), "nodes: %s\n", why)
+				os.Exit(realnode.Main(func() int { return 0 }))
+			}
+			if kind == sandbox.KindReal {
+				var upErr error
+				realnode.Main(func() int { upErr = sandbox.Up(cmd.Context(), o); return 0 })
+				return upErr
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "nodes: %s\n", why)
 			if o.BinDir == "" {
 				self, err := os.Executable()
 				if err != nil {
@@ -62,7 +83,8 @@ Run it from a clone of prewarm after make build. It stays up for kubectl until C
 	up.Flags().StringVar(&o.Dir, "dir", defaultSandboxDir(), "folder for everything the sandbox makes (removed when it stops)")
 	up.Flags().StringVar(&o.BinDir, "bin-dir", "", "folder with the controller and agent binaries (default: this binary's folder)")
 	up.Flags().StringVar(&modelSize, "model-size", "2GiB", "size of the generated model")
-	up.Flags().IntVar(&o.Nodes, "nodes", 4, "simulated nodes at the start: all ml.g5.24xlarge but one ml.g5.xlarge (2-5)")
+	up.Flags().IntVar(&o.Nodes, "nodes", 4, "kwok nodes at the start: all ml.g5.24xlarge but one ml.g5.xlarge (2-5; real nodes are always three)")
+	up.Flags().StringVar(&kindFlag, "nodes-kind", sandbox.KindAuto, "real (kubelets, containerd: pods run), kwok (simulated, for many nodes) or auto (real where the machine allows)")
 	up.Flags().BoolVar(&o.Exit, "exit", false, "stop after the measurement (for CI and scripts)")
 	up.Flags().DurationVar(&o.Interval, "interval", 2*time.Second, "time between two progress displays")
 
@@ -78,4 +100,8 @@ Run it from a clone of prewarm after make build. It stays up for kubectl until C
 	return cmd
 }
 
-func main() { cli.Main(newSandboxCommand()) }
+func main() {
+	// The status display's clients log nothing.
+	ctrllog.SetLogger(logr.Discard())
+	cli.Main(newSandboxCommand())
+}

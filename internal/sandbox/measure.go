@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -163,13 +164,21 @@ func (s *sandbox) printResults(results []PodResult) {
 		len(results), engine.HumanBytes(total), len(results), engine.HumanBytes(all), float64(all)/float64(max(total, 1)))
 }
 
+// table fetches an API path as a Table, from whichever cluster runs.
+func (s *sandbox) table(path string) (*metav1.Table, error) {
+	if s.real != nil {
+		return testutil.Table(s.real.C.Config, path)
+	}
+	return s.cluster.Table(path)
+}
+
 // printTables prints what the seed's two kubectl get commands print.
 func (s *sandbox) printTables() error {
 	for _, q := range []struct{ cmd, path string }{
 		{"kubectl get modeldatacacheconfig", "/apis/inference.sagemaker.aws.amazon.com/v1/namespaces/default/modeldatacacheconfigs"},
 		{"kubectl get inferenceimagecache -n " + opNS, "/apis/inference.sagemaker.aws.amazon.com/v1/namespaces/" + opNS + "/inferenceimagecaches"},
 	} {
-		tab, err := s.cluster.Table(q.path)
+		tab, err := s.table(q.path)
 		if err != nil {
 			return err
 		}

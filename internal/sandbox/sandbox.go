@@ -20,13 +20,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"sigs.k8s.io/yaml"
 
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
+	"github.com/prewarm/prewarm/internal/testutil/realseed"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -48,6 +47,8 @@ type Options struct {
 	Out io.Writer
 	// Interval is the time between two progress displays.
 	Interval time.Duration
+	// Kind is the kind of nodes (KindReal or KindKwok; see ResolveKind).
+	Kind string
 	// Status renders the parents' status (kubectl-prewarm status) from a kubeconfig, and says
 	// whether every parent is ready.
 	Status func(ctx context.Context, kubeconfig string) (text string, ready bool, err error)
@@ -75,6 +76,13 @@ type sandbox struct {
 	hub     *hubfixture.Hub
 	procs   []*testutil.Process
 	files   map[string]int64 // the model's files and sizes
+	real    *realseed.Env    // the real-node run (Kind real)
+}
+
+// step is one step of the sandbox.
+type step struct {
+	name string
+	run  func(context.Context) error
 }
 
 // Up runs the sandbox. It returns when ctx ends (Ctrl-C, or `sandbox down`), or, with Exit, after
@@ -98,7 +106,7 @@ func Up(ctx context.Context, o Options) (err error) {
 	if _, err := os.Stat(o.Dir); err == nil {
 		return fmt.Errorf("%s exists: is a sandbox running? stop it with `prewarm-sandbox down` (or remove the folder)", o.Dir)
 	}
-	for _, b := range []string{"controller", "agent"} {
+	for _, b := range []string{"controller", "agent"}[:binariesNeeded(o.Kind)] {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return fmt.Errorf("%s is not in %s: run `make build` (or pass --bin-dir)", b, o.BinDir)
 		}
@@ -127,16 +135,16 @@ func Up(ctx context.Context, o Options) (err error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go s.watchdog(ctx, cancel)
-	steps := []struct {
-		name string
-		run  func(context.Context) error
-	}{
+	steps := []step{
 		{"start the control plane and kwok nodes", s.startCluster},
 		{"start S3 with a generated model, and a Hugging Face Hub stand-in", s.startSources},
 		{"start the controller and one agent per node", s.startPrewarm},
 		{"apply the seed's two manifests unchanged", s.applySeed},
 		{"wait until both are ready", s.waitReady},
 		{"scale the endpoint to 5 replicas and measure each pod's weights", s.measure},
+	}
+	if o.Kind == KindReal {
+		steps = s.realSteps()
 	}
 	for i, st := range steps {
 		s.say("[%d/%d] %s", i+1, len(steps), st.name)
@@ -150,8 +158,7 @@ func Up(ctx context.Context, o Options) (err error) {
 	if o.Exit {
 		return nil
 	}
-	s.say("\nThe sandbox is up. Explore it:\n  export KUBECONFIG=%s\n  kubectl get modeldatacacheconfig\n  kubectl get inferenceimagecache -n %s\n  kubectl-prewarm status\n  kubectl-prewarm explain node %s\nStop it with Ctrl-C or `prewarm-sandbox down`.",
-		s.kubeconfig(), opNS, coldNode)
+	s.say("\nThe sandbox is up. %s\nStop it with Ctrl-C or `prewarm-sandbox down`.", s.explore())
 	<-ctx.Done()
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
@@ -188,6 +195,15 @@ func Down(dir string, out io.Writer) error {
 		}
 	}
 	return fmt.Errorf("the sandbox process %d did not stop within 2 minutes", pid)
+}
+
+// binariesNeeded is how many of the controller and agent binaries the kind runs from BinDir (real
+// nodes run them from the images).
+func binariesNeeded(kind string) int {
+	if kind == KindReal {
+		return 0
+	}
+	return 2
 }
 
 // warmNodes is how many ml.g5.24xlarge nodes there are at the start (each gets an agent).
@@ -238,6 +254,11 @@ func (s *sandbox) stop() {
 	}
 	if s.hub != nil {
 		s.hub.Close()
+	}
+	if s.real != nil {
+		if err := s.real.Stop(); err != nil {
+			s.say("stopping the real nodes: %v", err)
+		}
 	}
 }
 
@@ -385,25 +406,11 @@ func (s *sandbox) startPrewarm(context.Context) error {
 }
 
 func (s *sandbox) applySeed(ctx context.Context) error {
-	modRoot, err := testutil.ModuleRoot()
+	root, err := testutil.ModuleRoot()
 	if err != nil {
 		return err
 	}
-	for _, f := range []string{"inference-endpoint-config.yaml", "jumpstart-model.yaml"} {
-		data, err := os.ReadFile(filepath.Join(modRoot, "config", "samples", f))
-		if err != nil {
-			return err
-		}
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(data, &u.Object); err != nil {
-			return err
-		}
-		if err := s.cluster.Client.Create(ctx, u); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		s.say("  created %s %s/%s (config/samples/%s)", u.GetKind(), u.GetNamespace(), u.GetName(), f)
-	}
-	return nil
+	return realseed.CreateSeed(ctx, s.cluster.Client, root, func(format string, args ...any) { s.say("  "+format, args...) })
 }
 
 // runPrepare runs the pod's init container step, as the kubelet would, against the node's disk.

@@ -151,12 +151,15 @@ func (s *APIServer) KubeConfig() ([]byte, error) {
 func (s *APIServer) Stop() error { return s.env.Stop() }
 
 // Table fetches a list (an API path) as the server's Table, the form `kubectl get` prints.
-func (s *APIServer) Table(path string) (*metav1.Table, error) {
-	hc, err := rest.HTTPClientFor(s.Config)
+func (s *APIServer) Table(path string) (*metav1.Table, error) { return Table(s.Config, path) }
+
+// Table fetches a list (an API path) from the server cfg names as a Table.
+func Table(cfg *rest.Config, path string) (*metav1.Table, error) {
+	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(s.Config.Host, "/")+path, nil)
+	req, err := http.NewRequest(http.MethodGet, strings.TrimSuffix(cfg.Host, "/")+path, nil)
 	if err != nil {
 		return nil, err
 	}

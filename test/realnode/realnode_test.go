@@ -1,3 +1,6 @@
+// Package realnode runs prewarm as a user would, on real kubelet nodes (internal/testutil/realseed):
+// its images pushed to a loopback registry, its Helm chart installed, the seed's two manifests
+// applied unchanged, real pods started, downloads made by the chart's agent pods.
 package realnode
 
 import (
@@ -5,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +23,8 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/realnode"
+	"github.com/prewarm/prewarm/internal/testutil/realseed"
 )
 
 // TestSeedOnRealNodes is the seed's flow on real kubelets, in order: prewarm installed from its
@@ -37,40 +41,46 @@ func TestSeedOnRealNodes(t *testing.T) {
 	defer cancel()
 	e := setup(t, ctx, 1<<30+4<<20)
 	checkNonRoot(t, "/controller", "/agent")
-	rep := &report{}
+	rep := &realseed.Report{}
 
 	// The second node's downloads are slowed, so that its agent can be replaced mid-download.
-	if err := e.c.Node(warm2).Throttle(24 << 20); err != nil {
+	if err := e.C.Node(warm2).Throttle(24 << 20); err != nil {
 		t.Fatal(err)
 	}
-	e.applySeed(t, ctx)
+	if err := e.ApplySeed(ctx); err != nil {
+		t.Fatal(err)
+	}
 	iec := &inferencev1.InferenceEndpointConfig{}
 	key := client.ObjectKey{Namespace: "default", Name: "example-model"}
 	cache := e.weightsCache(t, ctx, key)
 	t.Run("agent pod replaced mid-download resumes", func(t *testing.T) {
 		e.replaceAgentMidDownload(t, ctx, warm2, cache)
 	})
-	if err := e.c.Node(warm2).Throttle(0); err != nil {
+	if err := e.C.Node(warm2).Throttle(0); err != nil {
 		t.Fatal(err)
 	}
 
 	t.Run("seed reaches DeploymentComplete with verified model servers", func(t *testing.T) {
-		e.waitComplete(t, ctx, key, iec, e.model)
+		e.waitComplete(t, ctx, key, iec, e.Model)
 		js := &inferencev1.JumpStartModel{}
-		e.waitComplete(t, ctx, client.ObjectKey{Namespace: "default", Name: "example-jumpstart-model"}, js, e.jsModel)
+		e.waitComplete(t, ctx, client.ObjectKey{Namespace: "default", Name: "example-jumpstart-model"}, js, e.JSModel)
 	})
 	if t.Failed() {
 		t.FailNow()
 	}
-	if err := e.c.Client.Get(ctx, key, iec); err != nil {
+	if err := e.C.Client.Get(ctx, key, iec); err != nil {
 		t.Fatal(err)
 	}
 	image := e.imageCacheName(t, iec)
 	t.Run("image cached on every target node against not cached", func(t *testing.T) {
-		e.imageStart(t, ctx, rep)
+		if err := e.MeasureImage(ctx, rep); err != nil {
+			t.Fatal(err)
+		}
 	})
 	t.Run("pod created to Ready on a warm node against a cold one", func(t *testing.T) {
-		e.weightsStart(t, ctx, key, rep)
+		if err := e.MeasureWeights(ctx, key, rep); err != nil {
+			t.Fatal(err)
+		}
 	})
 	t.Run("cached image survives image garbage collection", func(t *testing.T) {
 		e.imageGC(t, ctx)
@@ -78,7 +88,62 @@ func TestSeedOnRealNodes(t *testing.T) {
 	t.Run("deleting the parent removes files, labels and the image pin", func(t *testing.T) {
 		e.deleteParent(t, ctx, iec, cache, image)
 	})
-	rep.write(t)
+	var table strings.Builder
+	rep.Table(&table)
+	t.Logf("measured:\n%s", table.String())
+	if path := os.Getenv("PREWARM_REALNODE_REPORT"); path != "" && !t.Failed() {
+		if err := rep.WriteMarkdown(path, "make bench-nodes"); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("figures written to %s", path)
+	}
+}
+
+func TestMain(m *testing.M) { os.Exit(realnode.Main(m.Run)) }
+
+const (
+	opNS        = realseed.OpNS
+	cacheRoot   = realseed.CacheRoot
+	serverImage = realseed.ServerImage
+	warm1       = realseed.Warm1
+	warm2       = realseed.Warm2
+	cold        = realseed.Cold
+)
+
+// env is the run: the cluster with prewarm installed, and the sources.
+type env struct{ *realseed.Env }
+
+// setup starts the run, or skips where the machine cannot run real nodes, saying why.
+func setup(t *testing.T, ctx context.Context, modelSize int64) *env {
+	t.Helper()
+	if why := realnode.Unsupported(); why != "" {
+		t.Skip("no real nodes on this machine: " + why)
+	}
+	re, err := realseed.Start(ctx, realseed.Options{Dir: t.TempDir(), ModelSize: modelSize, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if dest := os.Getenv("PREWARM_KEEP_LOGS"); t.Failed() && dest != "" {
+			if err := re.KeepLogs(dest); err != nil {
+				t.Logf("keeping the logs: %v", err)
+			}
+		}
+		if err := re.Stop(); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
+	return &env{re}
+}
+
+// health waits until the pod's model server has read its model and returns what it says.
+func (e *env) health(t *testing.T, ctx context.Context, p *corev1.Pod) string {
+	t.Helper()
+	body, err := e.Health(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
 }
 
 // checkNonRoot checks that each named binary runs, in its container, as a non-root user: the
@@ -131,7 +196,7 @@ func (e *env) weightsCache(t *testing.T, ctx context.Context, key client.ObjectK
 	var cache *inferencev1.ModelDataCacheConfig
 	err := testutil.Eventually(ctx, time.Minute, func() (bool, error) {
 		var list inferencev1.ModelDataCacheConfigList
-		if err := e.c.Client.List(ctx, &list); err != nil {
+		if err := e.C.Client.List(ctx, &list); err != nil {
 			return false, err
 		}
 		for i := range list.Items {
@@ -153,7 +218,7 @@ func (e *env) weightsCache(t *testing.T, ctx context.Context, key client.ObjectK
 // nodeCache returns the node's status entry for the cache (nil if none).
 func (e *env) nodeCache(ctx context.Context, node string, uid string) (*prewarmv1alpha1.CacheStatus, error) {
 	nc := &prewarmv1alpha1.NodeCache{}
-	if err := e.c.Client.Get(ctx, client.ObjectKey{Name: node}, nc); err != nil {
+	if err := e.C.Client.Get(ctx, client.ObjectKey{Name: node}, nc); err != nil {
 		return nil, client.IgnoreNotFound(err)
 	}
 	for i := range nc.Status.Caches {
@@ -167,7 +232,7 @@ func (e *env) nodeCache(ctx context.Context, node string, uid string) (*prewarmv
 // agentPod returns the agent DaemonSet's pod on node.
 func (e *env) agentPod(ctx context.Context, node string) (*corev1.Pod, error) {
 	var pods corev1.PodList
-	if err := e.c.Client.List(ctx, &pods, client.InNamespace(opNS), client.MatchingLabels{"app.kubernetes.io/component": "agent"}); err != nil {
+	if err := e.C.Client.List(ctx, &pods, client.InNamespace(opNS), client.MatchingLabels{"app.kubernetes.io/component": "agent"}); err != nil {
 		return nil, err
 	}
 	for i := range pods.Items {
@@ -208,7 +273,7 @@ func (e *env) replaceAgentMidDownload(t *testing.T, ctx context.Context, node st
 	oldLogs := make(chan string, 1)
 	go func() { oldLogs <- e.followLogs(ctx, old) }()
 	deleted := time.Now()
-	if err := e.c.Client.Delete(ctx, old); err != nil {
+	if err := e.C.Client.Delete(ctx, old); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("deleted agent pod %s at %d of %d bytes (its last status)", old.Name, done, total)
@@ -222,7 +287,7 @@ func (e *env) replaceAgentMidDownload(t *testing.T, ctx context.Context, node st
 		return p.UID != old.UID && p.Status.Phase == corev1.PodRunning, nil
 	})
 	if err != nil {
-		t.Fatalf("no replacement agent pod: %v\n%s", err, e.podReport(ctx, opNS))
+		t.Fatalf("no replacement agent pod: %v\n%s", err, e.PodReport(ctx, opNS))
 	}
 	t.Logf("replacement %s running %s after the deletion", repl.Name, time.Since(deleted).Round(10*time.Millisecond))
 	select {
@@ -231,7 +296,7 @@ func (e *env) replaceAgentMidDownload(t *testing.T, ctx context.Context, node st
 	case <-time.After(10 * time.Second):
 		t.Log("the deleted pod's log did not end")
 	}
-	if err := e.c.Node(node).Throttle(0); err != nil {
+	if err := e.C.Node(node).Throttle(0); err != nil {
 		t.Fatal(err)
 	}
 	err = testutil.Eventually(ctx, 3*time.Minute, func() (bool, error) {
@@ -255,7 +320,7 @@ func (e *env) replaceAgentMidDownload(t *testing.T, ctx context.Context, node st
 
 // followLogs returns the pod's log once its container ends (or ctx does).
 func (e *env) followLogs(ctx context.Context, pod *corev1.Pod) string {
-	cs, err := kubernetes.NewForConfig(e.c.Config)
+	cs, err := kubernetes.NewForConfig(e.C.Config)
 	if err != nil {
 		return err.Error()
 	}
@@ -278,7 +343,7 @@ func lastLines(s string, n int) string {
 
 func (e *env) podLogs(t *testing.T, ctx context.Context, pod *corev1.Pod) string {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(e.c.Config)
+	cs, err := kubernetes.NewForConfig(e.C.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +380,7 @@ func logField(logs, msg, key string) (int64, bool) {
 
 // waitComplete waits until the parent is DeploymentComplete and its pods are Ready, then asks
 // each pod's model server whether it verified the whole model.
-func (e *env) waitComplete(t *testing.T, ctx context.Context, key client.ObjectKey, parent client.Object, model []fileSpec) {
+func (e *env) waitComplete(t *testing.T, ctx context.Context, key client.ObjectKey, parent client.Object, model []realseed.FileSpec) {
 	t.Helper()
 	status := func() *inferencev1.ParentStatus {
 		switch p := parent.(type) {
@@ -327,7 +392,7 @@ func (e *env) waitComplete(t *testing.T, ctx context.Context, key client.ObjectK
 		return nil
 	}
 	err := testutil.Until(ctx, 8*time.Minute, func() error {
-		if err := e.c.Client.Get(ctx, key, parent); err != nil {
+		if err := e.C.Client.Get(ctx, key, parent); err != nil {
 			return err
 		}
 		if st := status(); st.State != inferencev1.DeploymentComplete {
@@ -336,7 +401,7 @@ func (e *env) waitComplete(t *testing.T, ctx context.Context, key client.ObjectK
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("%v\n%s", err, e.podReport(ctx, "default"))
+		t.Fatalf("%v\n%s", err, e.PodReport(ctx, "default"))
 	}
 	pods := e.parentPods(t, ctx, parent)
 	var want int64
@@ -358,54 +423,22 @@ func (e *env) parentPods(t *testing.T, ctx context.Context, parent client.Object
 	var ready []corev1.Pod
 	err := testutil.Eventually(ctx, 3*time.Minute, func() (bool, error) {
 		var pods corev1.PodList
-		if err := e.c.Client.List(ctx, &pods, client.InNamespace(parent.GetNamespace()),
+		if err := e.C.Client.List(ctx, &pods, client.InNamespace(parent.GetNamespace()),
 			client.MatchingLabels{controller.EndpointLabel: string(parent.GetUID())}); err != nil {
 			return false, err
 		}
 		ready = ready[:0]
 		for _, p := range pods.Items {
-			if podReady(&p) {
+			if realseed.PodReady(&p) {
 				ready = append(ready, p)
 			}
 		}
 		return len(ready) > 0, nil
 	})
 	if err != nil {
-		t.Fatalf("no Ready pod of %s: %v\n%s", parent.GetName(), err, e.podReport(ctx, parent.GetNamespace()))
+		t.Fatalf("no Ready pod of %s: %v\n%s", parent.GetName(), err, e.PodReport(ctx, parent.GetNamespace()))
 	}
 	return ready
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-			return true
-		}
-	}
-	return false
-}
-
-// health waits until the pod's model server has finished reading its model and returns what
-// /health says.
-func (e *env) health(t *testing.T, ctx context.Context, p *corev1.Pod) string {
-	t.Helper()
-	port := p.Spec.Containers[0].Ports[0].ContainerPort
-	url := fmt.Sprintf("http://%s:%d/health", p.Status.PodIP, port)
-	var body string
-	err := testutil.Eventually(ctx, 2*time.Minute, func() (bool, error) {
-		resp, err := http.Get(url)
-		if err != nil {
-			return false, err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		body = string(b)
-		return resp.StatusCode != http.StatusServiceUnavailable, err
-	})
-	if err != nil {
-		t.Fatalf("%s: %v (last: %q)", url, err, body)
-	}
-	return body
 }
 
 func (e *env) imageCacheName(t *testing.T, iec *inferencev1.InferenceEndpointConfig) string {
@@ -419,13 +452,13 @@ func (e *env) imageCacheName(t *testing.T, iec *inferencev1.InferenceEndpointCon
 // deleteParent deletes the InferenceEndpointConfig and checks that its cache's files leave the
 // nodes' disks, its labels leave the nodes, and its image, unpinned, is collected like any other.
 func (e *env) deleteParent(t *testing.T, ctx context.Context, iec *inferencev1.InferenceEndpointConfig, cache *inferencev1.ModelDataCacheConfig, image string) {
-	if err := e.c.Client.Delete(ctx, iec); err != nil {
+	if err := e.C.Client.Delete(ctx, iec); err != nil {
 		t.Fatal(err)
 	}
 	uid := string(cache.UID)
 	dirs := []string{}
 	for _, n := range []string{warm1, warm2} {
-		dirs = append(dirs, e.c.Node(n).HostPath(prewarmv1alpha1.CacheDir(cacheRoot, uid)))
+		dirs = append(dirs, e.C.Node(n).HostPath(prewarmv1alpha1.CacheDir(cacheRoot, uid)))
 	}
 	for _, d := range dirs {
 		if _, err := os.Stat(d); err != nil {
@@ -433,7 +466,7 @@ func (e *env) deleteParent(t *testing.T, ctx context.Context, iec *inferencev1.I
 		}
 	}
 	err := testutil.Eventually(ctx, 3*time.Minute, func() (bool, error) {
-		err := e.c.Client.Get(ctx, client.ObjectKeyFromObject(iec), &inferencev1.InferenceEndpointConfig{})
+		err := e.C.Client.Get(ctx, client.ObjectKeyFromObject(iec), &inferencev1.InferenceEndpointConfig{})
 		if !apierrors.IsNotFound(err) {
 			return false, fmt.Errorf("the parent is still there (%w)", err)
 		}
@@ -443,7 +476,7 @@ func (e *env) deleteParent(t *testing.T, ctx context.Context, iec *inferencev1.I
 			}
 		}
 		var nodes corev1.NodeList
-		if err := e.c.Client.List(ctx, &nodes); err != nil {
+		if err := e.C.Client.List(ctx, &nodes); err != nil {
 			return false, err
 		}
 		for _, n := range nodes.Items {
@@ -462,17 +495,17 @@ func (e *env) deleteParent(t *testing.T, ctx context.Context, iec *inferencev1.I
 	// The image cache's pods are gone with it: the image is an unused image again.
 	err = testutil.Eventually(ctx, 3*time.Minute, func() (bool, error) {
 		var pods corev1.PodList
-		if err := e.c.Client.List(ctx, &pods, client.MatchingLabels{controller.ImageCacheLabel: image}); err != nil {
+		if err := e.C.Client.List(ctx, &pods, client.MatchingLabels{controller.ImageCacheLabel: image}); err != nil {
 			return false, err
 		}
 		if len(pods.Items) > 0 {
 			return false, fmt.Errorf("image cache pod %s is still there", pods.Items[0].Name)
 		}
-		removed, err := e.c.Node(warm1).PruneImages(ctx)
+		removed, err := e.C.Node(warm1).PruneImages(ctx)
 		if err != nil {
 			return false, err
 		}
-		if has, err := e.c.Node(warm1).HasImage(ctx, "docker.io/"+serverImage); err != nil || has {
+		if has, err := e.C.Node(warm1).HasImage(ctx, "docker.io/"+serverImage); err != nil || has {
 			return false, errors.Join(err, fmt.Errorf("%s still on %s after pruning (removed %v)", serverImage, warm1, removed))
 		}
 		return true, nil

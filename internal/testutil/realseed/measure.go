@@ -1,0 +1,304 @@
+package realseed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/pkg/engine"
+)
+
+// Report is what a run measured: pod starts, side by side.
+type Report struct {
+	Rows  []Row
+	Notes []string
+	// Model and Image describe what was measured.
+	Model, Image string
+}
+
+// Row is one measured pod start.
+type Row struct {
+	What, Node, Condition string
+	Took                  time.Duration
+	Detail                string
+}
+
+func (r *Report) ratio(what string, slow, fast time.Duration) {
+	r.Notes = append(r.Notes, fmt.Sprintf("%s: %.1f× (%s against %s)", what, slow.Seconds()/fast.Seconds(),
+		slow.Round(10*time.Millisecond), fast.Round(10*time.Millisecond)))
+}
+
+// Table writes the rows as an aligned table, and the ratios.
+func (r *Report) Table(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  POD\tNODE\tCREATED →\tTIME\tDETAIL")
+	for _, x := range r.Rows {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.2f s\t%s\n", x.What, x.Node, x.Condition, x.Took.Seconds(), x.Detail)
+	}
+	_ = tw.Flush()
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "  %s\n", n)
+	}
+}
+
+const (
+	beginMarker = "<!-- realnode:begin (make bench-nodes writes this section) -->"
+	endMarker   = "<!-- realnode:end -->"
+)
+
+// WriteMarkdown puts the figures into the file at path, between its real-node markers (replacing
+// what they held), or at its end.
+func (r *Report) WriteMarkdown(path, command string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n## Real nodes: pod start, warm against cold\n\n", beginMarker)
+	fmt.Fprintf(&b, "`%s` (%s, %d CPUs, load %s): three real kubelet nodes (containerd, runc, bridge CNI) on this machine, prewarm installed with its Helm chart from its own images, the seed's manifests unchanged. Times run from just before the pod's creation to the condition, polled every 100 ms. The model is %s from S3 (versitygw on the same machine); the image is %s from a loopback registry.\n\n",
+		command, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), loadAverage(), r.Model, r.Image)
+	b.WriteString("| Pod | Node | Created → | Time | Detail |\n|---|---|---|---|---|\n")
+	for _, x := range r.Rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %.2f s | %s |\n", x.What, x.Node, x.Condition, x.Took.Seconds(), x.Detail)
+	}
+	b.WriteString("\n")
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	fmt.Fprintf(&b, "\n%s\n", endMarker)
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	text := string(old)
+	if i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker); i >= 0 && j > i {
+		text = text[:i] + b.String() + strings.TrimPrefix(text[j+len(endMarker):], "\n")
+	} else {
+		text = strings.TrimRight(text, "\n") + "\n\n" + b.String()
+	}
+	return os.WriteFile(path, []byte(text), 0o644)
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// MeasureImage times a container of the seed's image starting on a node the image cache filled
+// against a node that has to pull the image.
+func (e *Env) MeasureImage(ctx context.Context, rep *Report) error {
+	ref := "docker.io/" + ServerImage
+	for _, n := range []string{Warm1, Warm2} {
+		if err := testutil.Eventually(ctx, 3*time.Minute, func() (bool, error) { return e.C.Node(n).HasImage(ctx, ref) }); err != nil {
+			return fmt.Errorf("the image cache did not pull %s on %s: %w", ref, n, err)
+		}
+	}
+	if has, err := e.C.Node(Cold).HasImage(ctx, ref); err != nil || has {
+		return errors.Join(err, fmt.Errorf("%s on %s before any pod needed it: the image cache reached a node it does not target", ref, Cold))
+	}
+	idle := func(name, node string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+			Spec: corev1.PodSpec{
+				NodeName: node, TerminationGracePeriodSeconds: ptr.To[int64](1),
+				Containers: []corev1.Container{{Name: "server", Image: ServerImage, Command: []string{"/modelserver", "--idle"}}},
+			},
+		}
+	}
+	cached, err := e.TimePod(ctx, idle("image-cached", Warm1), ContainerRunning)
+	if err != nil {
+		return err
+	}
+	rep.Rows = append(rep.Rows, Row{"image cached by the image cache", Warm1, "container running", cached, "no pull"})
+	coldPod := idle("image-cold", Cold)
+	pull, err := e.TimePod(ctx, coldPod, ContainerRunning)
+	if err != nil {
+		return err
+	}
+	rep.Rows = append(rep.Rows, Row{"image not cached", Cold, "container running", pull, e.pullEvent(ctx, coldPod)})
+	rep.ratio("image not cached against cached", pull, cached)
+	ims, err := e.C.Node(Cold).Images(ctx)
+	if err != nil {
+		return err
+	}
+	for _, im := range ims {
+		if slices.Contains(im.Tags, ref) {
+			rep.Image = fmt.Sprintf("%s, %s in 4 uncompressed layers, 3 of them 200 MiB of incompressible bytes", ServerImage, engine.HumanBytes(int64(im.Size)))
+		}
+	}
+	return e.DeletePods(ctx, "image-cached", "image-cold")
+}
+
+// MeasureWeights times the parent's own pod (its Deployment's template) on a node that holds the
+// weights cache against a node that does not, where the init container downloads the model, at
+// this machine's speed and with S3 at 120 MB/s. The image is present on both (MeasureImage ran
+// first), so the weights alone make the difference.
+func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Report) error {
+	dep := &appsv1.Deployment{}
+	if err := e.C.Client.Get(ctx, key, dep); err != nil {
+		return err
+	}
+	probe := func(name, node string) *corev1.Pod {
+		tmpl := dep.Spec.Template.DeepCopy()
+		// Not the Deployment's labels (its ReplicaSet would adopt the pod), and on the named
+		// node: the template's placement would keep it off the node that is not a target.
+		delete(tmpl.Labels, controller.EndpointLabel)
+		tmpl.Spec.NodeName, tmpl.Spec.Affinity = node, nil
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: name, Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec}
+	}
+	var results [3]time.Duration
+	for i, x := range []struct {
+		name, node, what string
+		rate             int64
+	}{
+		{"weights-warm", Warm1, "the seed's pod, weights cached on the node", 0},
+		{"weights-cold", Cold, "the seed's pod, no cache on the node", 0},
+		// The seed's own figure, 145 GB from S3 in 20+ minutes, is about 120 MB/s.
+		{"weights-cold-120mbs", Cold, "the seed's pod, no cache on the node, S3 at 120 MB/s", 120_000_000},
+	} {
+		if err := e.C.Node(x.node).Throttle(x.rate); err != nil {
+			return err
+		}
+		p := probe(x.name, x.node)
+		ready, err := e.TimePod(ctx, p, PodReady)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		body, err := e.Health(ctx, p)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(body, "verified") {
+			return fmt.Errorf("%s: /health %q", x.name, body)
+		}
+		served := ready + time.Since(start)
+		rep.Rows = append(rep.Rows, Row{x.what, x.node, "Ready", ready, "init container " + initTime(p)},
+			Row{x.what, x.node, "model verified by the server", served, strings.TrimSpace(strings.TrimPrefix(body, "ok: "))})
+		results[i] = ready
+	}
+	if err := e.C.Node(Cold).Throttle(0); err != nil {
+		return err
+	}
+	rep.ratio("pod created → Ready, cold node against warm node", results[1], results[0])
+	rep.ratio("pod created → Ready, cold node with S3 at 120 MB/s against warm node", results[2], results[0])
+	rep.Model = fmt.Sprintf("%s in %d files", engine.HumanBytes(ModelBytes(e.Model)), len(e.Model))
+	return e.DeletePods(ctx, "weights-warm", "weights-cold", "weights-cold-120mbs")
+}
+
+// Health waits until the pod's model server has finished reading its model and returns what
+// /health says.
+func (e *Env) Health(ctx context.Context, p *corev1.Pod) (string, error) {
+	port := p.Spec.Containers[0].Ports[0].ContainerPort
+	url := fmt.Sprintf("http://%s:%d/health", p.Status.PodIP, port)
+	var body string
+	err := testutil.Eventually(ctx, 2*time.Minute, func() (bool, error) {
+		resp, err := http.Get(url)
+		if err != nil {
+			return false, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode != http.StatusServiceUnavailable, err
+	})
+	if err != nil {
+		return "", fmt.Errorf("%s: %w (last: %q)", url, err, body)
+	}
+	return body, nil
+}
+
+// PodCondition is what TimePod waits for.
+type PodCondition func(*corev1.Pod) bool
+
+// ContainerRunning holds once the pod's first container runs.
+func ContainerRunning(p *corev1.Pod) bool {
+	return len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].State.Running != nil
+}
+
+// PodReady holds once the pod is Ready.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
+}
+
+// TimePod creates the pod and returns the time until cond holds; p is updated.
+func (e *Env) TimePod(ctx context.Context, p *corev1.Pod, cond PodCondition) (time.Duration, error) {
+	start := time.Now()
+	if err := e.C.Client.Create(ctx, p); err != nil {
+		return 0, err
+	}
+	var took time.Duration
+	err := testutil.Eventually(ctx, 5*time.Minute, func() (bool, error) {
+		if err := e.C.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+			return false, err
+		}
+		took = time.Since(start)
+		return cond(p), nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w\n%s", p.Name, err, e.PodReport(ctx, p.Namespace))
+	}
+	return took, nil
+}
+
+func initTime(p *corev1.Pod) string {
+	for _, s := range p.Status.InitContainerStatuses {
+		if x := s.State.Terminated; x != nil {
+			return fmt.Sprintf("%s ran %s", s.Name, x.FinishedAt.Sub(x.StartedAt.Time))
+		}
+	}
+	return "none"
+}
+
+// pullEvent is the kubelet's account of the pod's image pull.
+func (e *Env) pullEvent(ctx context.Context, p *corev1.Pod) string {
+	var events corev1.EventList
+	if err := e.C.Client.List(ctx, &events, client.InNamespace(p.Namespace), client.MatchingFields{"involvedObject.name": p.Name}); err != nil {
+		return err.Error()
+	}
+	for _, ev := range events.Items {
+		if ev.Reason == "Pulled" {
+			return "kubelet: " + ev.Message
+		}
+	}
+	return "no Pulled event"
+}
+
+// DeletePods deletes the pods of the default namespace and waits until they are gone.
+func (e *Env) DeletePods(ctx context.Context, names ...string) error {
+	for _, n := range names {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: n}}
+		if err := e.C.Client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		err := testutil.Eventually(ctx, 2*time.Minute, func() (bool, error) {
+			err := e.C.Client.Get(ctx, client.ObjectKeyFromObject(p), p)
+			return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+		})
+		if err != nil {
+			return fmt.Errorf("pod %s not gone: %w", n, err)
+		}
+	}
+	return nil
+}
