@@ -308,11 +308,11 @@ func (e *env) replaceAgentMidDownload(t *testing.T, ctx context.Context, node st
 	}
 	// The replacement's own account of its download: what it fetched this time.
 	logs := e.podLogs(t, ctx, repl)
-	fetched, ok := logField(logs, "cache ready", "fetched")
+	fetched, ok := logField(logs, uid, "cache ready", "fetched")
 	if !ok {
 		t.Fatalf("the replacement agent's log has no \"cache ready\" line with fetched=:\n%s", logs)
 	}
-	t.Logf("the replacement %s fetched %d of %d bytes (%d were kept from the deleted pod)", repl.Name, fetched, total, total-fetched)
+	t.Logf("the replacement %s fetched %d of the cache's %d bytes; %d were kept from the deleted pod", repl.Name, fetched, total, total-fetched)
 	if fetched <= 0 || fetched > total-done/2 {
 		t.Errorf("the replacement fetched %d bytes of %d; the deleted pod had %d: want it to keep most of them", fetched, total, done)
 	}
@@ -359,11 +359,11 @@ func (e *env) podLogs(t *testing.T, ctx context.Context, pod *corev1.Pod) string
 	return string(b)
 }
 
-// logField finds the first line holding msg and returns the integer of its field key (JSON or
-// key=value logs).
-func logField(logs, msg, key string) (int64, bool) {
+// logField finds the first line of the cache uid holding msg (the agent logs every cache's jobs
+// with its UID) and returns the integer of its field key (JSON or key=value logs).
+func logField(logs, uid, msg, key string) (int64, bool) {
 	for _, line := range strings.Split(logs, "\n") {
-		if !strings.Contains(line, msg) {
+		if !strings.Contains(line, msg) || !strings.Contains(line, uid) {
 			continue
 		}
 		for _, sep := range []string{`"` + key + `":`, key + "="} {
