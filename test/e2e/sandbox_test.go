@@ -19,7 +19,7 @@ func TestSandboxUpExit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	dir := filepath.Join(t.TempDir(), "sandbox")
-	cmd := exec.CommandContext(ctx, sandboxPath, "up", "--exit", "--model-size=32MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
+	cmd := exec.CommandContext(ctx, sandboxPath, "up", "--nodes-kind=kwok", "--exit", "--model-size=32MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("sandbox up --exit: %v\n%s", err, out)
@@ -86,7 +86,7 @@ func TestSandboxDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	dir := filepath.Join(t.TempDir(), "sandbox")
-	up := exec.CommandContext(ctx, sandboxPath, "up", "--model-size=8MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
+	up := exec.CommandContext(ctx, sandboxPath, "up", "--nodes-kind=kwok", "--model-size=8MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
 	var mu sync.Mutex
 	var out bytes.Buffer
 	up.Stdout = writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })
