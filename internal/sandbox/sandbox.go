@@ -106,7 +106,8 @@ func Up(ctx context.Context, o Options) (err error) {
 	if _, err := os.Stat(o.Dir); err == nil {
 		return fmt.Errorf("%s exists: is a sandbox running? stop it with `prewarm-sandbox down` (or remove the folder)", o.Dir)
 	}
-	for _, b := range []string{"controller", "agent"}[:binariesNeeded(o.Kind)] {
+	// Real nodes run the controller and agent from their images; kwok nodes from BinDir.
+	for _, b := range kwokBinaries(o.Kind) {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return fmt.Errorf("%s is not in %s: run `make build` (or pass --bin-dir)", b, o.BinDir)
 		}
@@ -197,13 +198,11 @@ func Down(dir string, out io.Writer) error {
 	return fmt.Errorf("the sandbox process %d did not stop within 2 minutes", pid)
 }
 
-// binariesNeeded is how many of the controller and agent binaries the kind runs from BinDir (real
-// nodes run them from the images).
-func binariesNeeded(kind string) int {
+func kwokBinaries(kind string) []string {
 	if kind == KindReal {
-		return 0
+		return nil
 	}
-	return 2
+	return []string{"controller", "agent"}
 }
 
 // warmNodes is how many ml.g5.24xlarge nodes there are at the start (each gets an agent).

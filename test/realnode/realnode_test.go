@@ -320,17 +320,26 @@ func (e *env) replaceAgentMidDownload(t *testing.T, ctx context.Context, node st
 
 // followLogs returns the pod's log once its container ends (or ctx does).
 func (e *env) followLogs(ctx context.Context, pod *corev1.Pod) string {
+	logs, err := e.logs(ctx, pod, true)
+	if err != nil {
+		return err.Error()
+	}
+	return logs
+}
+
+// logs reads the pod's log, to its container's end with follow.
+func (e *env) logs(ctx context.Context, pod *corev1.Pod, follow bool) (string, error) {
 	cs, err := kubernetes.NewForConfig(e.C.Config)
 	if err != nil {
-		return err.Error()
+		return "", err
 	}
-	rc, err := cs.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Follow: true}).Stream(ctx)
+	rc, err := cs.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Follow: follow}).Stream(ctx)
 	if err != nil {
-		return err.Error()
+		return "", fmt.Errorf("logs of %s: %w", pod.Name, err)
 	}
 	defer rc.Close()
-	b, _ := io.ReadAll(rc)
-	return string(b)
+	b, err := io.ReadAll(rc)
+	return string(b), err
 }
 
 func lastLines(s string, n int) string {
@@ -343,20 +352,11 @@ func lastLines(s string, n int) string {
 
 func (e *env) podLogs(t *testing.T, ctx context.Context, pod *corev1.Pod) string {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(e.C.Config)
+	logs, err := e.logs(ctx, pod, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := cs.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{}).Stream(ctx)
-	if err != nil {
-		t.Fatalf("logs of %s: %v", pod.Name, err)
-	}
-	defer rc.Close()
-	b, err := io.ReadAll(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
+	return logs
 }
 
 // logField finds the first line of the cache uid holding msg (the agent logs every cache's jobs

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -99,7 +100,7 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 	if err := n.makeCgroups(); err != nil {
 		return err
 	}
-	if err := n.makeMountNamespace(append(slicesClone(nodePaths), o.HostPaths...)); err != nil {
+	if err := n.makeMountNamespace(append(slices.Clone(nodePaths), o.HostPaths...)); err != nil {
 		return err
 	}
 	if err := n.writeContainerdConfig(i); err != nil {
@@ -443,8 +444,6 @@ func killAll(cgroup string) {
 		}
 	}
 }
-
-func slicesClone(s []string) []string { return append([]string(nil), s...) }
 
 func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
 
