@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,8 +18,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -38,6 +41,8 @@ type Agent struct {
 	// key opens the credentials the controller seals to this agent; it lives only in memory.
 	key *credentials.Key
 	sem chan struct{}
+	// urgent is the one extra download slot for caches a pod waits for.
+	urgent chan struct{}
 	// life is the agent's lifetime: the jobs run in it, and end when the manager stops (SIGTERM),
 	// with their journals synced, before the process exits.
 	life context.Context
@@ -53,6 +58,10 @@ type Agent struct {
 	metrics  *metrics
 	// verifyLimiter paces re-verification reads across all caches (nil: no cap).
 	verifyLimiter *rate.Limiter
+	// recorder records events on the pods whose model volume the node plugin serves (nil:
+	// none); events holds when each was last recorded, to pace them.
+	recorder events.EventRecorder
+	events   map[string]time.Time
 }
 
 // New returns an agent that reads and writes NodeCache objects through c. It makes the key pair
@@ -64,7 +73,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("making the agent's credentials key: %w", err)
 	}
 	a := &Agent{
-		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel),
+		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
 		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{}, dirty: make(chan struct{}, 1),
 		metrics: newMetrics(opts.Registerer),
 	}
@@ -77,9 +86,16 @@ func New(c client.Client, opts Options) (*Agent, error) {
 
 // The agent reads its own NodeCache and writes its status, and reads the pods on its node (to
 // keep the caches they use); nothing else.
-// +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch
+// +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// It reads its Node to make its NodeCache owned by it, when pods ask for a cache first.
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches/status,verbs=get;update;patch
+// As the node's CSI plugin, it records events on the pods whose model volume it serves.
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// SetRecorder makes the agent record events on the pods whose model volume it serves.
+func (a *Agent) SetRecorder(rec events.EventRecorder) { a.recorder = rec }
 
 // SetupWithManager runs the agent under mgr: reconciles on its NodeCache, and writes status.
 func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
@@ -157,7 +173,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		log.Info("starting cache", "cache", uid, "source", r.Source.String(), "root", r.Root)
 		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
 		jctx, cancel := context.WithCancel(a.life)
-		j := &job{a: a, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1)}
+		j := &job{a: a, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1), demanded: make(chan struct{})}
 		j.status = prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
 			Message: "waiting to start", LastTransitionTime: a.now()}
 		a.jobs[uid] = j
@@ -195,6 +211,10 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 		return
 	}
 	a.removing[uid] = true
+	ns := "" // unknown (a cache left from before the agent started): any pod naming it counts
+	if j != nil {
+		ns = j.req.Namespace
+	}
 	go func() {
 		log := ctrl.LoggerFrom(ctx).WithValues("cache", uid)
 		if j != nil {
@@ -202,7 +222,7 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 		}
 		// A cache a pod on this node still uses stays until no pod does.
 		for {
-			pod, err := a.podUsing(ctx, uid)
+			pod, err := a.podUsing(ctx, uid, ns)
 			if err == nil && pod == "" {
 				break
 			}
@@ -248,8 +268,10 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 }
 
 // podUsing returns a pod on this node (namespace/name) that mounts cache uid and has not
-// finished, or "".
-func (a *Agent) podUsing(ctx context.Context, uid string) (string, error) {
+// finished, or "": through prewarm's CSI volume (only a pod of the cache's namespace ns, when
+// known, can have it mounted: another namespace's pod naming the cache keeps nothing), or a
+// hostPath of its directory (pods made before the CSI volume).
+func (a *Agent) podUsing(ctx context.Context, uid, ns string) (string, error) {
 	pods := &corev1.PodList{}
 	if err := a.client.List(ctx, pods); err != nil { // the cache holds this node's pods only (CacheOptions)
 		return "", err
@@ -266,9 +288,76 @@ func (a *Agent) podUsing(ctx context.Context, uid string) (string, error) {
 			if v.HostPath != nil && dirs[filepath.Clean(v.HostPath.Path)] {
 				return p.Namespace + "/" + p.Name, nil
 			}
+			if v.CSI != nil && v.CSI.Driver == prewarmv1alpha1.CSIDriverName && v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheUID] == uid &&
+				(ns == "" || p.Namespace == ns) {
+				return p.Namespace + "/" + p.Name, nil
+			}
 		}
 	}
 	return "", nil
+}
+
+// EnsureNodeCache makes node's NodeCache if it is missing, with no spec (the controller's
+// server-side applies own every entry of it) and owned by the Node, as the controller makes it:
+// it goes with the node. A node that no longer exists gets none. An agent may make only its own
+// node's (the chart's admission policy).
+func EnsureNodeCache(ctx context.Context, c client.Client, node string) error {
+	n := &corev1.Node{}
+	if err := c.Get(ctx, types.NamespacedName{Name: node}, n); err != nil {
+		return fmt.Errorf("reading node %s to make its NodeCache: %w", node, err)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": prewarmv1alpha1.GroupVersion.String(), "kind": "NodeCache",
+		"metadata": map[string]any{"name": node, "ownerReferences": []any{map[string]any{
+			"apiVersion": "v1", "kind": "Node", "name": node, "uid": string(n.UID),
+		}}},
+	}}
+	return client.IgnoreAlreadyExists(c.Create(ctx, u))
+}
+
+// demands lists the caches that the node's pods (not finished) ask for through prewarm's CSI
+// volume, by namespace: the controller makes the node a target of each, for pods of the cache's
+// namespace, so that a pod on a node that was not asked for its cache still gets it.
+func (a *Agent) demands(ctx context.Context) ([]prewarmv1alpha1.CacheDemand, error) {
+	pods := &corev1.PodList{}
+	if err := a.client.List(ctx, pods); err != nil {
+		return nil, err
+	}
+	count := map[prewarmv1alpha1.CacheDemand]int32{}
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != a.opts.NodeName || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.CSI == nil || v.CSI.Driver != prewarmv1alpha1.CSIDriverName {
+				continue
+			}
+			if uid := v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheUID]; uidPattern.MatchString(uid) {
+				count[prewarmv1alpha1.CacheDemand{UID: uid, Namespace: p.Namespace}]++
+			}
+		}
+	}
+	out := make([]prewarmv1alpha1.CacheDemand, 0, len(count))
+	for d, n := range count {
+		d.Pods = n
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(x, y prewarmv1alpha1.CacheDemand) int {
+		return cmp.Or(strings.Compare(x.UID, y.UID), strings.Compare(x.Namespace, y.Namespace))
+	})
+	if len(out) > prewarmv1alpha1.MaxDemands {
+		out = out[:prewarmv1alpha1.MaxDemands]
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, nil
+}
+
+// ClientOptions are the manager client options an agent needs: its Node is read from the API
+// server when needed (rarely), not through a cache of every node.
+func ClientOptions() client.Options {
+	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Node{}}}}
 }
 
 // CacheOptions are the manager cache options an agent needs: its own NodeCache and the pods on
@@ -456,15 +545,20 @@ func (w statusWriter) Start(ctx context.Context) error {
 		a.mu.Lock()
 		seen := a.seen
 		a.mu.Unlock()
-		if !seen {
-			continue
+		demands, err := a.demands(ctx)
+		if err != nil {
+			log.Error(err, "listing the node's pods for their caches")
+		}
+		if !seen && len(demands) == 0 {
+			continue // nothing to say before the NodeCache is read
 		}
 		st := a.status()
+		st.Demands = demands
 		a.metrics.observe(st)
 		if !pending && sameStatus(st, last) && a.opts.Now().Sub(lastWrite) < a.opts.HeartbeatInterval {
 			continue
 		}
-		if err := a.writeStatus(ctx, st); err != nil {
+		if err := a.writeStatus(ctx, st, seen); err != nil {
 			log.Error(err, "writing NodeCache status")
 			continue
 		}
@@ -475,19 +569,35 @@ func (w statusWriter) Start(ctx context.Context) error {
 // sameStatus compares two statuses, ignoring the heartbeat and the roots' free bytes (which
 // move with every write).
 func sameStatus(x, y prewarmv1alpha1.NodeCacheStatus) bool {
-	return slices.EqualFunc(x.Caches, y.Caches, func(p, q prewarmv1alpha1.CacheStatus) bool {
+	return slices.Equal(x.Demands, y.Demands) && slices.EqualFunc(x.Caches, y.Caches, func(p, q prewarmv1alpha1.CacheStatus) bool {
 		return p.UID == q.UID && p.State == q.State && p.BytesDone == q.BytesDone && p.BytesTotal == q.BytesTotal &&
 			p.BytesPerSecond == q.BytesPerSecond && p.Reason == q.Reason && p.Message == q.Message && p.Revision == q.Revision
 	})
 }
 
-func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheStatus) error {
+// writeStatus writes st to the node's NodeCache. Before the agent has read it (seen false), it
+// only makes a missing NodeCache to carry the pods' demands.
+func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheStatus, seen bool) error {
 	nc := &prewarmv1alpha1.NodeCache{}
-	if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, nc); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
+	err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, nc)
+	if err == nil && !seen {
+		return nil // read soon (the agent's reconcile): its status is written then
+	}
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			return err
 		}
-		return err
+		if len(st.Demands) == 0 {
+			return nil // the controller has asked nothing of this node, and no pod asks for a cache
+		}
+		// Pods here ask for caches the controller has not asked this node for: the agent makes
+		// its NodeCache to say so.
+		if err := EnsureNodeCache(ctx, a.client, a.opts.NodeName); err != nil {
+			return err
+		}
+		if err := a.client.Get(ctx, types.NamespacedName{Name: a.opts.NodeName}, nc); err != nil {
+			return err
+		}
 	}
 	orig := nc.DeepCopy()
 	nc.Status = st

@@ -39,11 +39,12 @@ func startAPI(t *testing.T) (context.Context, *testutil.APIServer) {
 }
 
 // runAgent runs an agent for node under its own manager until the test ends.
-func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, o agent.Options) {
+func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, o agent.Options) *agent.Agent {
 	t.Helper()
 	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
 		Scheme:     testutil.Scheme(),
 		Cache:      agent.CacheOptions(node),
+		Client:     agent.ClientOptions(),
 		Metrics:    metricsserver.Options{BindAddress: "0"},
 		Logger:     logr.Discard(),
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)}, // one agent per test in this process
@@ -59,6 +60,7 @@ func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node s
 	if err := a.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
+	a.SetRecorder(mgr.GetEventRecorder("prewarm-agent"))
 	mctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
@@ -68,6 +70,7 @@ func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node s
 			t.Error(err)
 		}
 	})
+	return a
 }
 
 // watchStatus returns a reader of one cache's status in node's NodeCache, and a wait that fails

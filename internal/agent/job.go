@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,6 +33,14 @@ type job struct {
 	latest prewarmv1alpha1.CacheRequest
 	// changed wakes the job when latest changes (new credentials, a pin, a retention).
 	changed chan struct{}
+	// demanded is closed when a pod on the node waits for the cache (fill on a miss).
+	demanded   chan struct{}
+	demandOnce sync.Once
+	// credsDigest is the digest of the credentials the origin last accepted, at credsAt
+	// (guarded by a.mu).
+	credsChecked bool
+	credsDigest  string
+	credsAt      time.Time
 }
 
 // current returns the request as it is now.
@@ -189,7 +198,7 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		// When the repair is not done, the source changed since: the whole model is fetched
 		// again, into a new copy.
 		return j.repair(ctx, model, damaged)
-	case errors.Is(err, os.ErrNotExist) && j.retained():
+	case errors.Is(err, os.ErrNotExist) && j.retained() && !j.isDemanded():
 		// Not a current target: keep what is here, fetch nothing new.
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.BytesDone, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonNotTarget, 0, 0
@@ -231,6 +240,11 @@ func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 		j.fail(reason, msg)
 		return wait, false
 	}
+	digest := "" // the download listed the source with these credentials
+	if c := j.current().Credentials; c != nil {
+		digest = c.Digest
+	}
+	j.credentialsAccepted(digest)
 	log.Info("cache ready", "bytes", res.Bytes, "fetched", res.Fetched, "duration", res.Duration.String())
 	return j.settle(ctx, model, "published")
 }
@@ -254,12 +268,11 @@ func (j *job) settle(ctx context.Context, model, what string) (time.Duration, bo
 // download runs fn with an engine that reports into the job's status and the cache's source,
 // once one of the node's download slots is free.
 func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
-	select {
-	case j.a.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	release, err := j.slot(ctx)
+	if err != nil {
+		return err
 	}
-	defer func() { <-j.a.sem }()
+	defer release()
 	src, closeSrc, err := j.openSource(ctx)
 	if err != nil {
 		return err
@@ -282,6 +295,32 @@ func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Sourc
 		ctrl.LoggerFrom(ctx).Info("links that lead out of the model's directory were skipped", "links", fs.Skipped())
 	}
 	return err
+}
+
+// slot waits for one of the node's download slots. A cache a pod waits for (fill on a miss)
+// may also take the node's one extra slot for such caches, so it does not queue behind caches
+// no pod waits for.
+func (j *job) slot(ctx context.Context) (func(), error) {
+	sem, urgent := j.a.sem, j.a.urgent
+	for {
+		if j.isDemanded() {
+			select {
+			case sem <- struct{}{}:
+				return func() { <-sem }, nil
+			case urgent <- struct{}{}:
+				return func() { <-urgent }, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		select {
+		case sem <- struct{}{}:
+			return func() { <-sem }, nil
+		case <-j.demanded:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // openSource opens the cache's source. File sources are opened inside their allowed root, so

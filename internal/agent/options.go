@@ -52,6 +52,11 @@ type Options struct {
 	Engine []engine.Option
 	// Registerer, when set, receives the agent's and the engine's metrics.
 	Registerer prometheus.Registerer
+	// MountWait is the most time a mount waits for its cache before answering that it is not
+	// ready yet.
+	MountWait time.Duration
+	// EventInterval is the least time between two events of one reason on one pod.
+	EventInterval time.Duration
 	// Version is reported in the NodeCache status.
 	Version string
 	// Now is the clock.
@@ -83,6 +88,12 @@ func (o *Options) Defaults() {
 	}
 	if o.MaxRetryInterval <= 0 {
 		o.MaxRetryInterval = 5 * time.Minute
+	}
+	if o.MountWait <= 0 {
+		o.MountWait = 90 * time.Second
+	}
+	if o.EventInterval <= 0 {
+		o.EventInterval = 10 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now

@@ -195,6 +195,26 @@ type CacheStatus struct {
 	LastVerifiedTime *metav1.Time `json:"lastVerifiedTime,omitempty"`
 }
 
+// CacheDemand says that pods on the node, of one namespace, ask for a cache through prewarm's
+// CSI volume.
+type CacheDemand struct {
+	// uid is the cache the pods' model volume names.
+	// +required
+	// +kubebuilder:validation:MaxLength=36
+	UID string `json:"uid"`
+	// namespace is the pods' namespace. The controller makes the node a target of the cache
+	// only when it is the cache's own.
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace"`
+	// pods is how many of the node's pods of that namespace ask for it.
+	// +optional
+	Pods int32 `json:"pods,omitempty"`
+}
+
+// MaxDemands is the most demands one NodeCache status reports.
+const MaxDemands = 64
+
 // NodeCacheStatus is what the node's agent reports.
 type NodeCacheStatus struct {
 	// credentialsKey is the agent's public key (HPKE DHKEM(X25519), base64), made when the agent
@@ -221,6 +241,13 @@ type NodeCacheStatus struct {
 	// +listMapKey=uid
 	// +kubebuilder:validation:MaxItems=512
 	Caches []CacheStatus `json:"caches,omitempty"`
+	// demands are the caches that pods on the node ask for through prewarm's CSI volume: the
+	// controller makes the node a target of each (fill on a miss), for pods of the cache's
+	// own namespace.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Demands []CacheDemand `json:"demands,omitempty"`
 }
 
 // +kubebuilder:object:root=true

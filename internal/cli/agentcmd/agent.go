@@ -13,9 +13,11 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/csi"
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
@@ -32,6 +34,7 @@ type agentFlags struct {
 	metricsAddr string
 	probeAddr   string
 	verbosity   int
+	csi         csi.Options
 }
 
 // NewAgentCommand returns the command tree of the agent binary.
@@ -66,6 +69,10 @@ the allowed roots.`,
 	f.StringVar(&af.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
 	f.StringVar(&af.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
 	f.IntVarP(&af.verbosity, "v", "v", 0, "log verbosity")
+	f.StringVar(&af.csi.Endpoint, "csi-endpoint", "", "serve prewarm's CSI node plugin on this Unix socket (e.g. /var/lib/kubelet/plugins/"+prewarmv1alpha1.CSIDriverName+"/csi.sock; empty: no node plugin)")
+	f.StringVar(&af.csi.Registration, "csi-registration", "", "register the node plugin with the kubelet through this socket in its plugins_registry directory (empty: do not register)")
+	f.DurationVar(&opts.MountWait, "mount-wait", 90*time.Second, "how long the node plugin waits for a cache before telling the kubelet to call again (under the kubelet's 2m limit)")
+	f.StringVar(&af.csi.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory; the node plugin mounts only under its pods directory")
 	af.eng.Register(cmd)
 	cmd.AddCommand(newPrepareCommand())
 	return cmd
@@ -95,6 +102,7 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.New(),
 		Cache:                  agent.CacheOptions(opts.NodeName),
+		Client:                 agent.ClientOptions(),
 		Metrics:                metricsserver.Options{BindAddress: af.metricsAddr},
 		HealthProbeBindAddress: af.probeAddr,
 		Logger:                 log.WithValues("node", opts.NodeName),
@@ -111,6 +119,13 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	}
 	if err := a.SetupWithManager(mgr); err != nil {
 		return err
+	}
+	if af.csi.Endpoint != "" {
+		a.SetRecorder(mgr.GetEventRecorder("prewarm-agent"))
+		af.csi.NodeName, af.csi.Version, af.csi.Log = opts.NodeName, opts.Version, log.WithName("csi")
+		if err := mgr.Add(csi.New(af.csi, a)); err != nil {
+			return err
+		}
 	}
 	log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.CacheRoots, "version", opts.Version)
 	return mgr.Start(cmd.Context())

@@ -1,0 +1,14 @@
+package v1alpha1
+
+// prewarm's CSI driver: the node agent serves each pod the one weights cache it asks for, as a
+// read-only CSI ephemeral volume.
+const (
+	// CSIDriverName is the name of prewarm's CSI driver (its CSIDriver object, and the driver of
+	// the inference pods' model volume).
+	CSIDriverName = "csi.prewarm.io"
+	// VolumeAttributeCacheUID is the volume attribute naming the cache a volume mounts: the
+	// ModelDataCacheConfig's UID. The pod's namespace must be the cache's.
+	VolumeAttributeCacheUID = "cacheUID"
+	// VolumeAttributeCacheName is the cache's name, for people reading the pod (the UID decides).
+	VolumeAttributeCacheName = "cacheName"
+)

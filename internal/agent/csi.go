@@ -1,0 +1,255 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// Reasons of the events the agent records on pods whose model volume it serves.
+const (
+	EventCacheMounted = "CacheMounted"
+	EventCacheFilling = "CacheFilling"
+	EventCacheRefused = "CacheRefused"
+	EventCacheWaiting = "CacheWaiting"
+)
+
+// MountRequest is what a kubelet asks of the node plugin for one pod's model volume.
+type MountRequest struct {
+	// CacheUID is the cache the volume names (its volume attribute).
+	CacheUID string
+	// Pod is the pod, from the pod info the kubelet passes (podInfoOnMount).
+	PodNamespace, PodName string
+	PodUID                types.UID
+}
+
+// CredentialCheckInterval is how long a check of a namespace's credentials against the origin
+// holds for mounts: a revoked token stops new mounts at the latest this much later.
+const CredentialCheckInterval = 10 * time.Minute
+
+// ModelToMount returns the directory of the verified model that req may mount, or a gRPC
+// status error saying why not (yet). A cache that the node holds for the pod's namespace but
+// has not finished is downloaded now, ahead of the others (fill on a miss); a cache the node
+// was not asked for is reported as the pod's demand, and the controller asks the node for it
+// when the pod's namespace is the cache's. ModelToMount waits for either for up to MountWait
+// (less than the kubelet's own two-minute limit on the call), then answers Unavailable with the
+// progress: the kubelet calls again, and the pod never sees a partial cache.
+func (a *Agent) ModelToMount(ctx context.Context, req MountRequest) (string, error) {
+	wait := a.opts.MountWait
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(dl)-5*time.Second)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		dir, again, err := a.modelToMount(ctx, req)
+		if !again || !time.Now().Before(deadline) {
+			return dir, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// modelToMount is one look at whether req may mount its model; again says the answer may
+// change by itself soon (a download, the controller's request).
+func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string, again bool, err error) {
+	if !uidPattern.MatchString(req.CacheUID) {
+		return "", false, a.refuse(req, codes.InvalidArgument, fmt.Sprintf("volume attribute %s=%q is not a cache UID", prewarmv1alpha1.VolumeAttributeCacheUID, req.CacheUID))
+	}
+	if req.PodNamespace == "" {
+		return "", false, a.refuse(req, codes.InvalidArgument, "no pod namespace in the volume context: the CSIDriver must have podInfoOnMount: true")
+	}
+	a.mu.Lock()
+	j, ok := a.jobs[req.CacheUID]
+	removing := a.removing[req.CacheUID]
+	a.mu.Unlock()
+	if !ok {
+		if removing {
+			return "", true, a.refuse(req, codes.Unavailable, fmt.Sprintf("cache %s is being removed from node %s; it is fetched again if the controller asks for it", req.CacheUID, a.opts.NodeName))
+		}
+		// Either a cache this node is not a target of yet (the agent reports the pod's demand;
+		// the controller then asks the node for it, if the pod's namespace is the cache's), or
+		// no cache at all: the agent cannot tell whose it is, so it mounts nothing.
+		return "", true, a.refuse(req, codes.NotFound, fmt.Sprintf(
+			"node %s has not been asked to hold cache %s: waiting for the controller, which asks for it when namespace %s has that cache", a.opts.NodeName, req.CacheUID, req.PodNamespace))
+	}
+	r := j.current()
+	if r.Namespace != req.PodNamespace {
+		return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("cache %s belongs to namespace %s; pods of namespace %s may not mount it", req.CacheUID, r.Namespace, req.PodNamespace))
+	}
+	st := j.snapshot()
+	if st.State != inferencev1.CacheReady {
+		return "", st.State != inferencev1.CacheFailed || !prewarmv1alpha1.Terminal(st.Reason), a.fill(req, j, st)
+	}
+	if err := j.checkCredentials(ctx); err != nil {
+		if errors.Is(err, source.ErrAccessDenied) {
+			if r.Credentials == nil {
+				return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf(
+					"namespace %s has no working token for %s, and the origin refuses to read it without one: %v", r.Namespace, r.Source, err))
+			}
+			return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("the origin refused namespace %s's own credentials for %s: %v", r.Namespace, r.Source, err))
+		}
+		return "", false, a.refuse(req, codes.Unavailable, fmt.Sprintf("checking namespace %s's credentials for %s with the origin: %v", r.Namespace, r.Source, err))
+	}
+	cacheDir, err := a.opts.ensureCacheDir(r.Root, r.UID)
+	if err != nil {
+		return "", false, a.refuse(req, codes.FailedPrecondition, err.Error())
+	}
+	return filepath.Join(cacheDir, prewarmv1alpha1.ModelSubdir), false, nil
+}
+
+// fill asks the cache's job to download now and answers why the pod waits.
+func (a *Agent) fill(req MountRequest, j *job, st prewarmv1alpha1.CacheStatus) error {
+	if st.State == inferencev1.CacheFailed && prewarmv1alpha1.Terminal(st.Reason) {
+		return a.refuse(req, codes.FailedPrecondition, fmt.Sprintf("node %s cannot hold cache %s: %s: %s", a.opts.NodeName, req.CacheUID, st.Reason, st.Message))
+	}
+	if j.demand() {
+		ctrl.Log.WithName("csi").Info("a pod waits for the cache: downloading it now", "cache", req.CacheUID, "pod", req.PodNamespace+"/"+req.PodName)
+	}
+	msg := fmt.Sprintf("waiting for node %s to hold cache %s: %s", a.opts.NodeName, req.CacheUID, progressOf(st))
+	a.event(req, corev1.EventTypeNormal, EventCacheFilling, msg)
+	return status.Error(codes.Unavailable, msg)
+}
+
+func progressOf(st prewarmv1alpha1.CacheStatus) string {
+	s := string(st.State)
+	if st.Reason != "" {
+		s += " (" + st.Reason + ")"
+	}
+	if st.BytesTotal > 0 && st.State != inferencev1.CacheReady {
+		s += fmt.Sprintf(", %d%%: %s of %s", st.BytesDone*100/st.BytesTotal, engine.HumanBytes(st.BytesDone), engine.HumanBytes(st.BytesTotal))
+	}
+	if st.Message != "" {
+		s += "; " + st.Message
+	}
+	return s
+}
+
+// refuse records why a pod's model volume is not mounted, and returns it as a gRPC status.
+func (a *Agent) refuse(req MountRequest, code codes.Code, msg string) error {
+	typ, reason := corev1.EventTypeWarning, EventCacheRefused
+	if code == codes.Unavailable || code == codes.NotFound {
+		typ, reason = corev1.EventTypeNormal, EventCacheWaiting
+	}
+	a.event(req, typ, reason, msg)
+	return status.Error(code, msg)
+}
+
+// Mounted records that req's model volume is mounted.
+func (a *Agent) Mounted(req MountRequest, target string) {
+	a.event(req, corev1.EventTypeNormal, EventCacheMounted, fmt.Sprintf("cache %s mounted read-only from node %s's disk", req.CacheUID, a.opts.NodeName))
+	ctrl.Log.WithName("csi").Info("mounted cache", "cache", req.CacheUID, "pod", req.PodNamespace+"/"+req.PodName, "target", target)
+}
+
+// event records an event on the pod, at most once per EventInterval for the same reason (the
+// kubelet retries a mount every few seconds).
+func (a *Agent) event(req MountRequest, typ, reason, msg string) {
+	if a.recorder == nil || req.PodName == "" || req.PodNamespace == "" {
+		return
+	}
+	key := string(req.PodUID) + "/" + req.CacheUID + "/" + reason
+	now := a.opts.Now()
+	a.mu.Lock()
+	last, seen := a.events[key]
+	if seen && now.Sub(last) < a.opts.EventInterval && reason != EventCacheMounted {
+		a.mu.Unlock()
+		return
+	}
+	a.events[key] = now
+	for k, t := range a.events {
+		if now.Sub(t) > time.Hour {
+			delete(a.events, k)
+		}
+	}
+	a.mu.Unlock()
+	pod := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: req.PodNamespace, Name: req.PodName, UID: req.PodUID},
+	}
+	a.recorder.Eventf(pod, nil, typ, reason, "Mount", "%s", msg)
+}
+
+// demand makes the job download now, ahead of the caches no pod waits for, even on a node that
+// is no longer a target. It reports whether this is the first demand.
+func (j *job) demand() bool {
+	first := false
+	j.demandOnce.Do(func() {
+		first = true
+		close(j.demanded)
+		select {
+		case j.changed <- struct{}{}: // out of a retry wait
+		default:
+		}
+	})
+	return first
+}
+
+func (j *job) isDemanded() bool {
+	select {
+	case <-j.demanded:
+		return true
+	default:
+		return false
+	}
+}
+
+// checkCredentials checks, at most once per CredentialCheckInterval, that the origin lets the
+// cache's namespace read the source: with the credentials the cache is read with (the
+// namespace's own token or keys), or, for a Hugging Face source read without any, anonymously
+// (a gated repository refuses that). The bytes on the node's disk serve every pod of the cache,
+// but a pod mounts them only while its namespace is entitled to the source: a token revoked (or
+// removed) stops new mounts. An S3 or FSx source read with prewarm's own identity, which the
+// operator configuration allows for the namespace, needs no check.
+func (j *job) checkCredentials(ctx context.Context) error {
+	r := j.current()
+	digest := ""
+	switch {
+	case r.Credentials != nil:
+		digest = r.Credentials.Digest
+	case r.Source.Type != inferencev1.ModelSourceHuggingFace:
+		return nil
+	}
+	j.a.mu.Lock()
+	ok := j.credsChecked && j.credsDigest == digest && j.a.opts.Now().Sub(j.credsAt) < CredentialCheckInterval
+	j.a.mu.Unlock()
+	if ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	src, closeSrc, err := j.openSource(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeSrc()
+	if _, err := src.List(ctx); err != nil {
+		return err
+	}
+	j.credentialsAccepted(digest)
+	return nil
+}
+
+// credentialsAccepted records that the origin accepted the credentials of this digest ("":
+// none).
+func (j *job) credentialsAccepted(digest string) {
+	j.a.mu.Lock()
+	j.credsChecked, j.credsDigest, j.credsAt = true, digest, j.a.opts.Now()
+	j.a.mu.Unlock()
+}
