@@ -149,8 +149,31 @@ func TestAgentMountsFollowTheConfiguration(t *testing.T) {
 			hostPaths = append(hostPaths, p)
 		}
 	}
-	if diff := cmp.Diff([]string{"/opt/dlami/nvme", "/mnt/disk1", "/fsx"}, hostPaths); diff != "" {
+	// The kubelet's directories of the CSI node plugin (the pods' volumes, its socket, the
+	// registration socket), then the cache roots and FSx mounts of the configuration.
+	want := []string{"/var/lib/kubelet/pods", "/var/lib/kubelet/plugins/csi.prewarm.io", "/var/lib/kubelet/plugins_registry", "/opt/dlami/nvme", "/mnt/disk1", "/fsx"}
+	if diff := cmp.Diff(want, hostPaths); diff != "" {
 		t.Errorf("host paths (-want +got):\n%s", diff)
+	}
+	// Only the pods' volume directory propagates mounts back to the node.
+	ctrs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	mounts, _, _ := unstructured.NestedSlice(ctrs[0].(map[string]any), "volumeMounts")
+	for _, m := range mounts {
+		mm := m.(map[string]any)
+		prop, _ := mm["mountPropagation"].(string)
+		if (prop == "Bidirectional") != (mm["mountPath"] == "/var/lib/kubelet/pods") {
+			t.Errorf("mount %v: propagation %q; want Bidirectional on /var/lib/kubelet/pods only", mm["mountPath"], prop)
+		}
+	}
+	// A kubelet with another --root-dir: every kubelet path and flag follows.
+	moved := find(t, render(t, "--set", "agent.csi.kubeletDir=/data/kubelet"), "DaemonSet", "prewarm-agent")
+	ctrs, _, _ = unstructured.NestedSlice(moved.Object, "spec", "template", "spec", "containers")
+	args, _, _ := unstructured.NestedStringSlice(ctrs[0].(map[string]any), "args")
+	for _, a := range []string{"--kubelet-dir=/data/kubelet", "--csi-endpoint=/data/kubelet/plugins/csi.prewarm.io/csi.sock",
+		"--csi-registration=/data/kubelet/plugins_registry/csi.prewarm.io-reg.sock"} {
+		if !slices.Contains(args, a) {
+			t.Errorf("agent args %v lack %s", args, a)
+		}
 	}
 	sum := func(objs []*unstructured.Unstructured) string {
 		d := find(t, objs, "DaemonSet", "prewarm-agent")

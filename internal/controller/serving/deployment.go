@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -24,10 +26,6 @@ import (
 
 // Paths inside inference pods.
 const (
-	// CacheMountPath is where the node's directory of this one cache (<hostPath>/prewarm/<uid>)
-	// is mounted, read-only, in the init container and the inference container alike, so links
-	// resolve in both. A pod sees its own cache only, never another one on the node.
-	CacheMountPath = "/var/lib/prewarm/cache"
 	// WorkMountPath is where the init container sees the model volume (an emptyDir).
 	WorkMountPath = "/var/lib/prewarm/model"
 	// modelSubPath is the directory of the model volume the inference container mounts.
@@ -36,8 +34,9 @@ const (
 	PrepareContainerName = "prewarm-prepare"
 	// WorkerContainerName is the name of the inference container.
 	WorkerContainerName = "worker"
-	cacheVolumeName     = "prewarm-cache"
 	fsxVolumeName       = "prewarm-fsx"
+	// cacheVolumeName is reserved: the name of the cache volume of earlier pod templates.
+	cacheVolumeName = "prewarm-cache"
 )
 
 // selector is the label set that selects a parent's pods.
@@ -73,6 +72,14 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 	if cache != nil {
 		annotations[controller.WeightsCacheAnnotation] = cache.Name
 	}
+	if m.restricted {
+		// The namespace enforces the restricted Pod Security level: the pods ask for what it
+		// requires (the image must run as a non-root user).
+		spec.SecurityContext = &corev1.PodSecurityContext{
+			RunAsNonRoot: ptr.To(true), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		}
+		worker.SecurityContext = restrictedContainer()
+	}
 	spec.Containers = []corev1.Container{worker}
 	spec.Affinity = affinity(m, cache, image)
 	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations}, Spec: spec}, nil
@@ -101,21 +108,28 @@ func mountModelVolume(m *model, worker *corev1.Container) {
 	})
 }
 
-// prepareModel adds the init container that makes the model appear in the pod: linked from
-// the node's cache when the node holds it, downloaded from the source when not.
+// prepareModel makes the model appear in the pod. With a weights cache, the model volume is
+// prewarm's CSI ephemeral volume: the node's agent mounts that one verified cache, read-only,
+// for pods of the cache's namespace, downloading it first on a node that does not hold it yet
+// (fill on a miss). Without one, an init container downloads the model into an emptyDir.
 func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheConfig, worker *corev1.Container, spec *corev1.PodSpec) error {
 	modelVolume := m.worker.ModelVolumeMount.Name
-	src := m.source
 	if cache != nil {
-		src = cache.Spec.ModelSourceConfig // the cache's own source: warm and cold pods read the same model
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{
+			CSI: &corev1.CSIVolumeSource{
+				Driver: prewarmv1alpha1.CSIDriverName, ReadOnly: ptr.To(true),
+				VolumeAttributes: map[string]string{
+					prewarmv1alpha1.VolumeAttributeCacheUID:  string(cache.UID),
+					prewarmv1alpha1.VolumeAttributeCacheName: cache.Name,
+				},
+			},
+		}})
+		worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), ReadOnly: true})
+		return nil
 	}
-	cs, err := r.Config.CacheSource(src)
+	cs, err := r.Config.CacheSource(m.source)
 	if err != nil {
 		return err
-	}
-	if cache != nil && cs.Type != inferencev1.ModelSourceHuggingFace && cache.Status.ResolvedRevision != "" {
-		// A cold pod reads exactly what the warm nodes hold, or fails saying the source changed.
-		cs.Revision = cache.Status.ResolvedRevision
 	}
 	prepare := corev1.Container{
 		Name: PrepareContainerName, Image: r.Config.AgentImage(),
@@ -126,24 +140,33 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 		},
 		VolumeMounts: []corev1.VolumeMount{{Name: modelVolume, MountPath: WorkMountPath}},
 	}
-	if err := r.prepareSource(m, cs, src, &prepare, spec); err != nil {
+	if m.restricted {
+		prepare.SecurityContext = restrictedContainer()
+	}
+	if err := r.prepareSource(m, cs, m.source, &prepare, spec); err != nil {
 		return err
 	}
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), SubPath: modelSubPath, ReadOnly: true})
-	if cache != nil {
-		prepare.Args = append(prepare.Args, "--cache-dir="+filepath.Join(CacheMountPath, prewarmv1alpha1.ModelSubdir))
-		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: cacheVolumeName, VolumeSource: corev1.VolumeSource{
-			HostPath: &corev1.HostPathVolumeSource{
-				Path: prewarmv1alpha1.CacheDir(cache.Spec.HostPath, string(cache.UID)), Type: ptr.To(corev1.HostPathDirectoryOrCreate),
-			},
-		}})
-		mount := corev1.VolumeMount{Name: cacheVolumeName, MountPath: CacheMountPath, ReadOnly: true}
-		prepare.VolumeMounts = append(prepare.VolumeMounts, mount)
-		worker.VolumeMounts = append(worker.VolumeMounts, mount)
-	}
 	spec.InitContainers = append(spec.InitContainers, prepare)
 	return nil
+}
+
+// restrictedNamespace reports whether namespace ns enforces the restricted Pod Security level.
+func (r *Reconciler) restrictedNamespace(ctx context.Context, ns string) (bool, error) {
+	n := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: ns}, n); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return n.Labels[podSecurityLevelLabel] == "restricted", nil
+}
+
+// restrictedContainer is what the restricted Pod Security level asks of a container.
+func restrictedContainer() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
 }
 
 // affinity is the placement's required terms, and preferences (never requirements): first for

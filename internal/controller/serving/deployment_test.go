@@ -6,15 +6,17 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
+
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/catalog"
 	"github.com/prewarm/prewarm/internal/config"
@@ -89,37 +91,26 @@ func TestPodTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := tmpl.Spec
-	if len(spec.InitContainers) != 1 {
-		t.Fatalf("init containers = %d, want 1", len(spec.InitContainers))
+	// With a cache, the model volume is prewarm's CSI ephemeral volume naming this one cache;
+	// nothing else is added: no init container, no host path (so the restricted and baseline
+	// Pod Security levels admit the pods).
+	if len(spec.InitContainers) != 0 {
+		t.Errorf("init containers = %+v, want none: the node plugin serves the model", spec.InitContainers)
 	}
-	prep := spec.InitContainers[0]
-	for _, want := range []string{"prepare", "--cache-dir=/var/lib/prewarm/cache/model", "--s3-bucket=example-bucket", "--s3-prefix=models/m",
-		"--region=us-west-2", "--s3-endpoint=http://s3.local", "--s3-path-style", "--dest=/var/lib/prewarm/model/model"} {
-		if !slices.Contains(prep.Args, want) {
-			t.Errorf("prepare args %v lack %s", prep.Args, want)
-		}
+	if len(spec.Volumes) != 1 {
+		t.Fatalf("volumes = %+v, want the model volume only", spec.Volumes)
 	}
-	// The pods mount their own cache's directory and no other host path: a pod of another
-	// namespace's parent on the same node cannot see this cache, nor this pod another's.
-	var hostPaths []string
-	for _, v := range spec.Volumes {
-		if v.HostPath != nil {
-			hostPaths = append(hostPaths, v.HostPath.Path)
-		}
-	}
-	if !slices.Equal(hostPaths, []string{"/opt/dlami/nvme/prewarm/cafe-1"}) {
-		t.Errorf("host paths mounted = %v, want only the cache's own /opt/dlami/nvme/prewarm/cafe-1", hostPaths)
+	v := spec.Volumes[0]
+	if v.Name != "model-weights" || v.CSI == nil || v.CSI.Driver != prewarmv1alpha1.CSIDriverName || v.CSI.ReadOnly == nil || !*v.CSI.ReadOnly ||
+		v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheUID] != "cafe-1" || v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheName] != "m-cache" {
+		t.Errorf("model volume = %+v, want a read-only %s volume of cache cafe-1", v, prewarmv1alpha1.CSIDriverName)
 	}
 	worker := spec.Containers[0]
-	for _, vm := range append(worker.VolumeMounts, prep.VolumeMounts...) {
-		if vm.MountPath == CacheMountPath && !vm.ReadOnly {
-			t.Errorf("the cache root is mounted writable: %+v", vm)
-		}
+	if !equality.Semantic.DeepEqual(worker.VolumeMounts, []corev1.VolumeMount{{Name: "model-weights", MountPath: "/opt/ml/model", ReadOnly: true}}) {
+		t.Errorf("worker mounts %+v; want the model volume, read-only, at /opt/ml/model", worker.VolumeMounts)
 	}
-	if !slices.ContainsFunc(worker.VolumeMounts, func(vm corev1.VolumeMount) bool {
-		return vm.Name == "model-weights" && vm.MountPath == "/opt/ml/model" && vm.SubPath == "model" && vm.ReadOnly
-	}) {
-		t.Errorf("worker mounts %+v; want the model volume at /opt/ml/model", worker.VolumeMounts)
+	if spec.SecurityContext != nil || worker.SecurityContext != nil {
+		t.Errorf("security contexts %+v %+v in a namespace that enforces no level; want the parent's (none)", spec.SecurityContext, worker.SecurityContext)
 	}
 	if tmpl.Labels[controller.EndpointLabel] != "0000-parent" || tmpl.Annotations[controller.WeightsCacheAnnotation] != "m-cache" {
 		t.Errorf("labels %v annotations %v", tmpl.Labels, tmpl.Annotations)
@@ -129,42 +120,55 @@ func TestPodTemplate(t *testing.T) {
 		t.Errorf("preferred affinity = %+v", pref)
 	}
 
-	// Once the cache is pinned to a content revision, a cold pod reads exactly that.
-	pinnedCache := cache.DeepCopy()
-	pinnedCache.Status.ResolvedRevision = "sha256:0123"
-	tmpl, err = r.podTemplate(m, pinnedCache, nil)
+	// In a namespace that enforces the restricted level, the pods ask for what it requires.
+	restricted := *m
+	restricted.restricted = true
+	tmpl, err = r.podTemplate(&restricted, cache, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if args := tmpl.Spec.InitContainers[0].Args; !slices.Contains(args, "--content-revision=sha256:0123") {
-		t.Errorf("prepare args %v; want the pinned content revision", args)
+	if psc, sc := tmpl.Spec.SecurityContext, tmpl.Spec.Containers[0].SecurityContext; psc == nil || !*psc.RunAsNonRoot ||
+		psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || sc == nil || *sc.AllowPrivilegeEscalation ||
+		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("security contexts %+v %+v; want what the restricted level requires", psc, sc)
 	}
 
-	// A key prefix is bytes: what means something in a URI reaches the init container as is.
-	hostile := cache.DeepCopy()
-	hostile.Spec.ModelSourceConfig.ModelLocation = "/team/a#b?c=%41 é/"
-	tmpl, err = r.podTemplate(m, hostile, nil)
+	// Without a cache, an init container downloads the model: a key prefix is bytes, what
+	// means something in a URI reaches it as is.
+	hostile := *m
+	hostile.source.ModelLocation = "/team/a#b?c=%41 é/"
+	tmpl, err = r.podTemplate(&hostile, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if args := tmpl.Spec.InitContainers[0].Args; !slices.Contains(args, "--s3-prefix=team/a#b?c=%41 é") {
-		t.Errorf("prepare args %v; want the prefix byte for byte", args)
+	prep := tmpl.Spec.InitContainers[0]
+	for _, want := range []string{"prepare", "--s3-bucket=example-bucket", "--s3-prefix=team/a#b?c=%41 é",
+		"--region=us-west-2", "--s3-endpoint=http://s3.local", "--s3-path-style", "--dest=/var/lib/prewarm/model/model"} {
+		if !slices.Contains(prep.Args, want) {
+			t.Errorf("prepare args %v lack %s", prep.Args, want)
+		}
+	}
+	if !slices.ContainsFunc(tmpl.Spec.Containers[0].VolumeMounts, func(vm corev1.VolumeMount) bool {
+		return vm.Name == "model-weights" && vm.MountPath == "/opt/ml/model" && vm.SubPath == "model" && vm.ReadOnly
+	}) {
+		t.Errorf("worker mounts %+v; want the downloaded model at /opt/ml/model", tmpl.Spec.Containers[0].VolumeMounts)
 	}
 
-	// FSx: the file system's own mount, read-only, and nothing when it is not configured.
-	fsx := cache.DeepCopy()
-	fsx.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx, ModelLocation: "llama",
+	// FSx without a cache: the file system's own mount, read-only, and nothing when it is not
+	// configured.
+	fsx := *m
+	fsx.source = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx, ModelLocation: "llama",
 		FSxStorage: &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef1"}}
-	if _, err := r.podTemplate(m, fsx, nil); err == nil || !strings.Contains(err.Error(), "fs-0123456789abcdef1 is not in prewarm's configuration") {
+	if _, err := r.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "fs-0123456789abcdef1 is not in prewarm's configuration") {
 		t.Errorf("an FSx file system the configuration does not map: %v; want it refused, saying how to configure it", err)
 	}
 	withFSx := *r
 	withFSx.Config.FSx = []config.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx/a"}, {FileSystemID: "fs-0123456789abcdef1", MountPath: "/fsx/b"}}
-	if _, err := withFSx.podTemplate(m, fsx, nil); err == nil || !strings.Contains(err.Error(), "for namespace ns") {
+	if _, err := withFSx.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "for namespace ns") {
 		t.Errorf("an FSx source no sourceAccess rule allows for the namespace: %v; want it refused", err)
 	}
 	withFSx.Config.SourceAccess = []config.SourceRule{{Namespaces: []string{"ns"}, FSx: &config.FSxRule{FileSystemID: "fs-0123456789abcdef1"}}}
-	tmpl, err = withFSx.podTemplate(m, fsx, nil)
+	tmpl, err = withFSx.podTemplate(&fsx, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,8 @@ type model struct {
 	// maxDeployTime is how long a rollout may take before the parent reports it failed.
 	maxDeployTime time.Duration
 	unsupported   []string
+	// restricted is true when the parent's namespace enforces the restricted Pod Security level.
+	restricted bool
 }
 
 func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {

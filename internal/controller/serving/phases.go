@@ -89,6 +89,9 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 		return result, nil
 	}
 
+	if m.restricted, err = r.restrictedNamespace(ctx, m.owner.GetNamespace()); err != nil {
+		return result, err
+	}
 	tmpl, err := r.podTemplate(m, use, imageCache)
 	if err != nil {
 		return result, &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}

@@ -85,6 +85,9 @@ func (r *Reconciler) cachesOfNode(ctx context.Context, o client.Object) []reconc
 	for _, c := range nc.Status.Caches {
 		uids[c.UID] = true
 	}
+	for _, d := range nc.Status.Demands {
+		uids[d.UID] = true
+	}
 	var reqs []reconcile.Request
 	for uid := range uids {
 		list := &inferencev1.ModelDataCacheConfigList{}
@@ -230,6 +233,12 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 	for i := range nodes {
 		n := &nodes[i]
 		if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
+			if demanded(byNode[n.Name], m) {
+				// Pods of the cache's namespace on this node ask for it (their CSI volume),
+				// though the placement does not select it: the node holds it for them while
+				// they are there.
+				p.targets = append(p.targets, n)
+			}
 			continue
 		}
 		ok, why := placement.Admits(m.Spec.Placement, n)
@@ -256,6 +265,17 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 		}
 	}
 	return p, nil
+}
+
+// demanded reports whether pods of m's namespace on nc's node ask for m through prewarm's CSI
+// volume. Pods of another namespace naming m make nothing happen (their mount is refused).
+func demanded(nc *prewarmv1alpha1.NodeCache, m *inferencev1.ModelDataCacheConfig) bool {
+	if nc == nil {
+		return false
+	}
+	return slices.ContainsFunc(nc.Status.Demands, func(d prewarmv1alpha1.CacheDemand) bool {
+		return d.UID == string(m.UID) && d.Namespace == m.Namespace
+	})
 }
 
 // ask asks each target node for the cache and each retained node to keep it, and withdraws the

@@ -1,0 +1,99 @@
+package integration
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+// A node the placement does not select becomes a target of a cache while pods of the cache's
+// namespace there ask for it through prewarm's CSI volume (its agent reports their demand), so
+// that they get their model; a demand from pods of another namespace makes nothing happen; when
+// the pods are gone, the request is withdrawn.
+func TestPodsDemandMakesTheirNodeATarget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := server.Client
+	rc := newReconcilers(t, ctx, "dm-operator", "dm", "dm-other")
+	const itype, otherType = "ml.dm-suite.xlarge", "ml.dm-other.xlarge"
+	upNode(t, ctx, "dm-a", itype)
+	upNode(t, ctx, "dm-x", otherType)
+	parent := testutil.MakeInferenceEndpointConfig("dm", "served").Obj()
+	parent.Spec.InstanceType = itype
+	if err := c.Create(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	m := testutil.MakeModelDataCacheConfig("dm", "served-cache")
+	madeBy(m, parent)
+	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{itype}}
+	if err := c.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	uid := string(m.UID)
+	asked := func(node string) bool {
+		t.Helper()
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := c.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+			return false
+		}
+		return slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid })
+	}
+	demand := func(node string, d ...prewarmv1alpha1.CacheDemand) {
+		t.Helper()
+		reportCaches(t, ctx, node, &metav1.Time{Time: time.Now()})
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := c.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+			t.Fatal(err)
+		}
+		nc.Status.Demands = d
+		if err := c.Status().Update(ctx, nc); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	got := rc.cache(t, ctx, m)
+	if !asked("dm-a") || asked("dm-x") || got.Status.TargetNodes != 1 {
+		t.Fatalf("before any demand: dm-a asked %v, dm-x asked %v, targets %d; want only dm-a", asked("dm-a"), asked("dm-x"), got.Status.TargetNodes)
+	}
+	// The agent of dm-x makes its NodeCache, with no spec, to report the demand.
+	if err := agent.EnsureNodeCache(ctx, c, "dm-x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.EnsureNodeCache(ctx, c, "dm-x"); err != nil {
+		t.Fatalf("a second time: %v", err)
+	}
+	made := &prewarmv1alpha1.NodeCache{}
+	if err := c.Get(ctx, types.NamespacedName{Name: "dm-x"}, made); err != nil || len(made.OwnerReferences) != 1 || made.OwnerReferences[0].Kind != "Node" {
+		t.Errorf("the agent's NodeCache: %v, owners %+v; want it owned by its Node (it goes with the node)", err, made.OwnerReferences)
+	}
+	// An agent still running for a node that was deleted does not bring its NodeCache back.
+	if err := agent.EnsureNodeCache(ctx, c, "dm-gone"); err == nil {
+		t.Error("a NodeCache was made for a node that does not exist")
+	}
+	if err := c.Get(ctx, types.NamespacedName{Name: "dm-gone"}, &prewarmv1alpha1.NodeCache{}); !apierrors.IsNotFound(err) {
+		t.Errorf("NodeCache of a node that does not exist: %v, want none", err)
+	}
+
+	demand("dm-x", prewarmv1alpha1.CacheDemand{UID: uid, Namespace: "dm-other", Pods: 3})
+	if rc.cache(t, ctx, m); asked("dm-x") {
+		t.Error("pods of another namespace made dm-x a target of the cache")
+	}
+	demand("dm-x", prewarmv1alpha1.CacheDemand{UID: uid, Namespace: "dm", Pods: 2})
+	if got = rc.cache(t, ctx, m); !asked("dm-x") || got.Status.TargetNodes != 2 {
+		t.Errorf("pods of the cache's namespace on dm-x: asked %v, targets %d; want dm-x asked, 2 targets", asked("dm-x"), got.Status.TargetNodes)
+	}
+	demand("dm-x")
+	if rc.cache(t, ctx, m); asked("dm-x") {
+		t.Error("the request stayed on dm-x after its pods went")
+	}
+}
