@@ -2,15 +2,16 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +22,8 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/csikubelet"
+	"github.com/prewarm/prewarm/internal/testutil/realseed"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -56,27 +59,43 @@ func indent(text string) string {
 // PodResult is one inference pod's measured start.
 type PodResult struct {
 	Pod, Node string
-	Warm      bool
-	Seconds   float64
-	S3Bytes   int64
+	// Warm says the node held the cache when the pods' volumes were asked for.
+	Warm    bool
+	Seconds float64
 }
 
 // measure scales the endpoint to 5 (as an HPA would) after a new node without the cache joins,
-// runs each pod's init container step against its node's disk and prints what it took.
+// then asks every pod's model volume of its node's agent at once, as the kubelets would (kwok's
+// do not call CSI drivers), and prints how long each took and what S3 served.
 func (s *sandbox) measure(ctx context.Context) error {
 	c := s.cluster.Client
+	if os.Geteuid() != 0 {
+		s.say("\n  not root: the agents' CSI node plugin cannot mount, so the pods' volumes are not measured")
+		return s.printTables()
+	}
+	proxy, err := shaper.Start(s.s3.Endpoint, shaper.Options{}) // counts the bytes S3 serves the new node
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
 	// Room for the pods the warm nodes cannot take (each pod asks for 4 GPUs, each node has 4).
 	if err := s.addNode(ctx, coldNode, "ml.g5.24xlarge", int64(4*(replicas-s.warmNodes()))); err != nil {
 		return err
 	}
-	s.say("  node %s joined (ml.g5.24xlarge, no cache yet: its agent has not started)", coldNode)
+	conf := filepath.Join(s.o.Dir, "config-"+coldNode+".yaml")
+	op := s.op
+	op.S3.Endpoint = proxy.URL
+	if err := op.Write(conf); err != nil {
+		return err
+	}
+	s.say("  node %s joined (ml.g5.24xlarge, no cache yet)", coldNode)
 	iec := &inferencev1.InferenceEndpointConfig{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model"}, iec); err != nil {
 		return err
 	}
 	// As an autoscaler does: read the scale, set it, and again if the object changed meanwhile
 	// (the controller writes the status).
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		scale := &autoscalingv1.Scale{}
 		if err := c.SubResource("scale").Get(ctx, iec, scale); err != nil {
 			return err
@@ -106,62 +125,116 @@ func (s *sandbox) measure(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("waiting for %d running pods: %w", replicas, err)
 	}
-	dep := &appsv1.Deployment{}
-	if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model"}, dep); err != nil {
+	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Spec.NodeName+a.Name, b.Spec.NodeName+b.Name) })
+	warm := map[string]bool{}
+	for _, p := range pods {
+		warm[p.Spec.NodeName] = s.holds(ctx, p.Spec.NodeName, realseed.CacheUIDOf(&corev1.PodTemplateSpec{Spec: p.Spec}))
+	}
+	// The new node's agent (a DaemonSet pod) comes up as its inference pods do.
+	if err := s.startAgent(coldNode, conf); err != nil {
 		return err
 	}
-	cache := &inferencev1.ModelDataCacheConfig{}
-	if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: dep.Spec.Template.Annotations["prewarm.io/weights-cache"]}, cache); err != nil {
-		return err
-	}
-
-	proxy, err := shaper.Start(s.s3.Endpoint, shaper.Options{}) // counts the bytes S3 serves
+	s.say("  %s's agent started with its pods; it reads S3 through a byte counter", coldNode)
+	results, err := s.mountAll(ctx, pods, warm)
 	if err != nil {
 		return err
 	}
-	defer proxy.Close()
-	slices.SortFunc(pods, func(a, b corev1.Pod) int { return strings.Compare(a.Spec.NodeName+a.Name, b.Spec.NodeName+b.Name) })
-	var results []PodResult
-	for _, p := range pods {
-		cacheDir := prewarmv1alpha1.ModelDir(filepath.Join(s.o.Dir, "nodes", p.Spec.NodeName, root), string(cache.UID))
-		dest := filepath.Join(s.o.Dir, "pods", p.Name, "model")
-		if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
-			return err
-		}
-		before := proxy.Served.Load()
-		start := time.Now()
-		out, err := s.runPrepare(ctx, cacheDir, dest, proxy.URL)
-		if err != nil {
-			return fmt.Errorf("agent prepare for pod %s on %s: %w\n%s", p.Name, p.Spec.NodeName, err, out)
-		}
-		results = append(results, PodResult{Pod: p.Name, Node: p.Spec.NodeName, Warm: strings.Contains(out, "warm:"),
-			Seconds: time.Since(start).Seconds(), S3Bytes: proxy.Served.Load() - before})
-		if err := os.RemoveAll(dest); err != nil { // a cold pod's copy is not needed after it is measured
-			return err
-		}
+	s.printResults(results, proxy.Served.Load())
+	if err := s.waitAllReady(ctx); err != nil {
+		return err
 	}
-	s.printResults(results)
 	return s.printTables()
 }
 
-func (s *sandbox) printResults(results []PodResult) {
-	size := s.modelBytes()
-	s.say("\n  Each pod's init container (agent prepare), run against its node's disk, model %s:\n", engine.HumanBytes(size))
-	tw := tabwriter.NewWriter(s.o.Out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  POD\tNODE\tNODE CACHE\tWEIGHTS READY AFTER\tREAD FROM S3")
-	var total int64
-	for _, r := range results {
-		word := "cold"
-		if r.Warm {
-			word = "warm"
+// waitAllReady waits until the seed's caches count every target node ready: their status follows
+// the nodes' reports within a moment, and the tables printed next should show the new node.
+func (s *sandbox) waitAllReady(ctx context.Context) error {
+	return testutil.Until(ctx, time.Minute, func() error {
+		for _, name := range []string{"example-model-cache", "example-jumpstart-model-cache"} {
+			m := &inferencev1.ModelDataCacheConfig{}
+			if err := s.cluster.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: name}, m); err != nil {
+				return err
+			}
+			if m.Status.ReadyNodes != m.Status.TargetNodes {
+				return fmt.Errorf("%s: %d of %d nodes ready", name, m.Status.ReadyNodes, m.Status.TargetNodes)
+			}
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.3f s\t%s\n", r.Pod, r.Node, word, r.Seconds, engine.HumanBytes(r.S3Bytes))
-		total += r.S3Bytes
+		return nil
+	})
+}
+
+// mountAll asks, at once, for every pod's model volume of its node's agent, waiting while it
+// says to, and checks that each volume shows the whole model; then it unmounts them. warm says
+// which nodes held the cache before.
+func (s *sandbox) mountAll(ctx context.Context, pods []corev1.Pod, warm map[string]bool) ([]PodResult, error) {
+	results := make([]PodResult, len(pods))
+	errs := make([]error, len(pods))
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range pods {
+		wg.Go(func() {
+			p := &pods[i]
+			k, err := csikubelet.New(s.kubeletDir(p.Spec.NodeName))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer k.Close()
+			target, answers, err := k.Mount(ctx, p, 5*time.Minute)
+			if err != nil {
+				errs[i] = fmt.Errorf("pod %s on %s: %w (answers %v)", p.Name, p.Spec.NodeName, err, answers)
+				return
+			}
+			results[i] = PodResult{Pod: p.Name, Node: p.Spec.NodeName, Warm: warm[p.Spec.NodeName], Seconds: time.Since(start).Seconds()}
+			errs[i] = s.checkModel(target)
+			if err := k.Unmount(ctx, p, target); err != nil && errs[i] == nil {
+				errs[i] = err
+			}
+		})
+	}
+	wg.Wait()
+	return results, errors.Join(errs...)
+}
+
+// holds reports whether node's agent reports cache uid Ready.
+func (s *sandbox) holds(ctx context.Context, node, uid string) bool {
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := s.cluster.Client.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+		return false
+	}
+	return slices.ContainsFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid && c.State == inferencev1.CacheReady })
+}
+
+// checkModel checks that a mounted volume holds every file of the model, at its size.
+func (s *sandbox) checkModel(dir string) error {
+	for name, size := range s.files {
+		info, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		if info.Size() != size {
+			return fmt.Errorf("%s: %d bytes through the volume, want %d", name, info.Size(), size)
+		}
+	}
+	return nil
+}
+
+func (s *sandbox) printResults(results []PodResult, s3Bytes int64) {
+	size := s.modelBytes()
+	s.say("\n  Each pod's model volume, served by its node's agent (prewarm's CSI node plugin), all asked at once, model %s:\n", engine.HumanBytes(size))
+	tw := tabwriter.NewWriter(s.o.Out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  POD\tNODE\tNODE CACHE\tWEIGHTS READY AFTER")
+	cold := 0
+	for _, r := range results {
+		word := "warm"
+		if !r.Warm {
+			word, cold = "cold", cold+1
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.3f s\n", r.Pod, r.Node, word, r.Seconds)
 	}
 	_ = tw.Flush()
-	all := int64(len(results)) * size
-	s.say("\n  Read from S3 for %d pods: %s; %d cold pods would have read %s (%.1fx more).",
-		len(results), engine.HumanBytes(total), len(results), engine.HumanBytes(all), float64(all)/float64(max(total, 1)))
+	s.say("\n  Read from S3 for %d pods: %s, one download for the %d cold pods on %s; had each cold pod read the model itself: %s.",
+		len(results), engine.HumanBytes(s3Bytes), cold, coldNode, engine.HumanBytes(int64(cold)*size))
 }
 
 // table fetches an API path as a Table, from whichever cluster runs.

@@ -73,7 +73,12 @@ func (s *sandbox) measureReal(ctx context.Context) error {
 	if err := s.real.MeasureImage(ctx, rep); err != nil {
 		return err
 	}
-	if err := s.real.MeasureWeights(ctx, client.ObjectKey{Namespace: "default", Name: "example-model"}, rep); err != nil {
+	key := client.ObjectKey{Namespace: "default", Name: "example-model"}
+	if err := s.real.MeasureWeights(ctx, key, rep); err != nil {
+		return err
+	}
+	// Cold pods started together share the one download their node's agent makes for them.
+	if _, err := s.real.MeasureSharedFill(ctx, key, 3, rep); err != nil {
 		return err
 	}
 	s.say("\n  Real pods, created → condition (model %s; image %s):\n", rep.Model, rep.Image)

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/csikubelet"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/internal/testutil/realseed"
@@ -77,6 +77,7 @@ type sandbox struct {
 	procs   []*testutil.Process
 	files   map[string]int64 // the model's files and sizes
 	real    *realseed.Env    // the real-node run (Kind real)
+	op      config.Operator  // the operator configuration of the kwok run
 }
 
 // step is one step of the sandbox.
@@ -356,6 +357,20 @@ func (s *sandbox) writeCatalog(ctx context.Context, commit string) error {
 		Data: map[string][]byte{"token": []byte(hubToken)}})
 }
 
+// startAgent starts node n's agent with the configuration conf. It serves prewarm's CSI node
+// plugin under the node's kubelet directory, which the sandbox drives as the kubelet would.
+func (s *sandbox) startAgent(n, conf string) error {
+	return s.start("agent-"+n, "agent", append([]string{"--node-name=" + n, "--kubeconfig=" + s.kubeconfig(),
+		"--host-prefix=" + filepath.Join(s.o.Dir, "nodes", n), "--config=" + conf, "--reserve=0",
+		"--status-interval=500ms", "--metrics-bind-address=0", "--health-probe-bind-address=0"},
+		csikubelet.AgentArgs(s.kubeletDir(n), 5*time.Second)...)...)
+}
+
+// kubeletDir is node n's kubelet directory.
+func (s *sandbox) kubeletDir(n string) string {
+	return filepath.Join(s.o.Dir, "nodes", n, "var/lib/kubelet")
+}
+
 func (s *sandbox) start(name, bin string, args ...string) error {
 	p, err := testutil.StartProcess(s.logs, name, filepath.Join(s.o.BinDir, bin), args...)
 	if err != nil {
@@ -393,10 +408,9 @@ func (s *sandbox) startPrewarm(context.Context) error {
 	for i := 1; i <= s.warmNodes(); i++ {
 		nodes = append(nodes, fmt.Sprintf("g5-%d", i))
 	}
+	s.op = op
 	for _, n := range nodes {
-		if err := s.start("agent-"+n, "agent", "--node-name="+n, "--kubeconfig="+s.kubeconfig(),
-			"--host-prefix="+filepath.Join(s.o.Dir, "nodes", n), "--config="+conf, "--reserve=0",
-			"--status-interval=500ms", "--metrics-bind-address=0", "--health-probe-bind-address=0"); err != nil {
+		if err := s.startAgent(n, conf); err != nil {
 			return err
 		}
 	}
@@ -410,12 +424,4 @@ func (s *sandbox) applySeed(ctx context.Context) error {
 		return err
 	}
 	return realseed.CreateSeed(ctx, s.cluster.Client, root, func(format string, args ...any) { s.say("  "+format, args...) })
-}
-
-// runPrepare runs the pod's init container step, as the kubelet would, against the node's disk.
-func (s *sandbox) runPrepare(ctx context.Context, cacheDir, dest, endpoint string) (string, error) {
-	cmd := exec.CommandContext(ctx, filepath.Join(s.o.BinDir, "agent"), "prepare", "--cache-dir="+cacheDir, "--dest="+dest,
-		"--s3-bucket="+bucket, "--s3-prefix="+prefix, "--region=us-west-2", "--s3-endpoint="+endpoint, "--s3-path-style")
-	out, err := cmd.CombinedOutput()
-	return string(out), err
 }

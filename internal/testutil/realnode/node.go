@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -194,6 +195,11 @@ func (n *Node) makeMountNamespace(paths []string) error {
 			return err
 		}
 		if err := run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--bind", src, p); err != nil {
+			return err
+		}
+		// Shared, as a node's mounts are: a CSI plugin's mounts under /var/lib/kubelet/pods
+		// (Bidirectional propagation) then reach the kubelet and the pods.
+		if err := run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--make-rshared", p); err != nil {
 			return err
 		}
 	}
@@ -460,4 +466,29 @@ func (n *Node) Throttle(bytesPerSec int64) error {
 	}
 	return run("tc", "qdisc", "replace", "dev", n.bridge, "root", "tbf",
 		"rate", fmt.Sprintf("%dbit", bytesPerSec*8), "burst", "256kb", "latency", "500ms")
+}
+
+// CountFrom starts counting the bytes the node's pods receive from TCP port on the control
+// plane's address (an iptables counter on the node's pod bridge). read returns the count so
+// far; stop removes the counter.
+func (n *Node) CountFrom(port int) (read func() (int64, error), stop func() error, err error) {
+	comment := fmt.Sprintf("prewarm-count-%s-%d-%d", n.Name, port, time.Now().UnixNano())
+	rule := []string{"OUTPUT", "-o", n.bridge, "-p", "tcp", "-s", HostIP, "--sport", strconv.Itoa(port), "-m", "comment", "--comment", comment}
+	if err := run(append([]string{"iptables", "-w", "-I"}, rule...)...); err != nil {
+		return nil, nil, err
+	}
+	read = func() (int64, error) {
+		out, err := exec.Command("iptables", "-w", "-L", "OUTPUT", "-n", "-v", "-x").CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("iptables -L: %w: %s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 2 && strings.Contains(line, comment) {
+				return strconv.ParseInt(f[1], 10, 64)
+			}
+		}
+		return 0, fmt.Errorf("counter %s not found", comment)
+	}
+	stop = func() error { return run(append([]string{"iptables", "-w", "-D"}, rule...)...) }
+	return read, stop, nil
 }

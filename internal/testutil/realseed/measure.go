@@ -6,20 +6,26 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -68,7 +74,7 @@ const (
 func (r *Report) WriteMarkdown(path, command string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Real nodes: pod start, warm against cold\n\n", beginMarker)
-	fmt.Fprintf(&b, "`%s` (%s, %d CPUs, load %s): three real kubelet nodes (containerd, runc, bridge CNI) on this machine, prewarm installed with its Helm chart from its own images, the seed's manifests unchanged. Times run from just before the pod's creation to the condition, polled every 100 ms. The model is %s from S3 (versitygw on the same machine); the image is %s from a loopback registry.\n\n",
+	fmt.Fprintf(&b, "`%s` (%s, %d CPUs, load %s): three real kubelet nodes (containerd, runc, bridge CNI) on this machine, prewarm installed with its Helm chart from its own images, the seed's manifests unchanged. *The seed's pod* is its Deployment's pod template, pinned to the node and without its GPU request (the run's parents hold the nodes' GPUs; the stand-in server uses none); its model volume is prewarm's CSI volume. Times run from just before the pod's creation to the condition, polled every 100 ms. The model is %s from S3 (versitygw on the same machine); the image is %s from a loopback registry.\n\n",
 		command, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), loadAverage(), r.Model, r.Image)
 	b.WriteString("| Pod | Node | Created → | Time | Detail |\n|---|---|---|---|---|\n")
 	for _, x := range r.Rows {
@@ -146,22 +152,16 @@ func (e *Env) MeasureImage(ctx context.Context, rep *Report) error {
 }
 
 // MeasureWeights times the parent's own pod (its Deployment's template) on a node that holds the
-// weights cache against a node that does not, where the init container downloads the model, at
-// this machine's speed and with S3 at 120 MB/s. The image is present on both (MeasureImage ran
-// first), so the weights alone make the difference.
+// weights cache against a node that does not, where the node's agent downloads the cache for the
+// pod's model volume (fill on a miss), at this machine's speed and with S3 at 120 MB/s. The image
+// is present on both (MeasureImage ran first), so the weights alone make the difference. After
+// each cold pod, the cache leaves the cold node again (no pod there asks for it any more).
 func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Report) error {
 	dep := &appsv1.Deployment{}
 	if err := e.C.Client.Get(ctx, key, dep); err != nil {
 		return err
 	}
-	probe := func(name, node string) *corev1.Pod {
-		tmpl := dep.Spec.Template.DeepCopy()
-		// Not the Deployment's labels (its ReplicaSet would adopt the pod), and on the named
-		// node: the template's placement would keep it off the node that is not a target.
-		delete(tmpl.Labels, controller.EndpointLabel)
-		tmpl.Spec.NodeName, tmpl.Spec.Affinity = node, nil
-		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: name, Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec}
-	}
+	probe := func(name, node string) *corev1.Pod { return ProbePod(dep, name, node) }
 	var results [3]time.Duration
 	for i, x := range []struct {
 		name, node, what string
@@ -189,9 +189,17 @@ func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Rep
 			return fmt.Errorf("%s: /health %q", x.name, body)
 		}
 		served := ready + time.Since(start)
-		rep.Rows = append(rep.Rows, Row{x.what, x.node, "Ready", ready, "init container " + initTime(p)},
+		rep.Rows = append(rep.Rows, Row{x.what, x.node, "Ready", ready, e.mountEvent(ctx, p)},
 			Row{x.what, x.node, "model verified by the server", served, strings.TrimSpace(strings.TrimPrefix(body, "ok: "))})
 		results[i] = ready
+		if x.node == Cold {
+			if err := e.DeletePods(ctx, x.name); err != nil {
+				return err
+			}
+			if err := e.WaitCacheGone(ctx, Cold, CacheUIDOf(&dep.Spec.Template)); err != nil {
+				return err
+			}
+		}
 	}
 	if err := e.C.Node(Cold).Throttle(0); err != nil {
 		return err
@@ -199,7 +207,106 @@ func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Rep
 	rep.ratio("pod created → Ready, cold node against warm node", results[1], results[0])
 	rep.ratio("pod created → Ready, cold node with S3 at 120 MB/s against warm node", results[2], results[0])
 	rep.Model = fmt.Sprintf("%s in %d files", engine.HumanBytes(ModelBytes(e.Model)), len(e.Model))
-	return e.DeletePods(ctx, "weights-warm", "weights-cold", "weights-cold-120mbs")
+	return e.DeletePods(ctx, "weights-warm")
+}
+
+// MeasureSharedFill starts n copies of the parent's pod together on the cold node, which does
+// not hold the cache: its agent downloads the cache once for all of them (fill on a miss). It
+// reports the time until every pod is Ready and the bytes the node received from S3 against the
+// model's size, checks that every pod's server verified the whole model and that the node is
+// labelled warm, then deletes the pods and waits until the cache has left the node again. It
+// returns the bytes received from S3.
+func (e *Env) MeasureSharedFill(ctx context.Context, key client.ObjectKey, n int, rep *Report) (int64, error) {
+	dep := &appsv1.Deployment{}
+	if err := e.C.Client.Get(ctx, key, dep); err != nil {
+		return 0, err
+	}
+	uid := CacheUIDOf(&dep.Spec.Template)
+	port, err := portOf(e.S3.Endpoint)
+	if err != nil {
+		return 0, err
+	}
+	read, stop, err := e.C.Node(Cold).CountFrom(port)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = stop() }()
+	var pods []*corev1.Pod
+	var names []string
+	start := time.Now()
+	for i := range n {
+		p := ProbePod(dep, fmt.Sprintf("shared-fill-%d", i), Cold)
+		if err := e.C.Client.Create(ctx, p); err != nil {
+			return 0, err
+		}
+		pods, names = append(pods, p), append(names, p.Name)
+	}
+	err = testutil.Until(ctx, 5*time.Minute, func() error {
+		for _, p := range pods {
+			if err := e.C.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+				return err
+			}
+			if !PodReady(p) {
+				return fmt.Errorf("%s is not Ready", p.Name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("%w\n%s", err, e.PodReport(ctx, key.Namespace))
+	}
+	took := time.Since(start)
+	got, err := read()
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range pods {
+		body, err := e.Health(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		if !strings.Contains(body, "verified") {
+			return 0, fmt.Errorf("%s: /health %q", p.Name, body)
+		}
+	}
+	node := &corev1.Node{}
+	if err := e.C.Client.Get(ctx, client.ObjectKey{Name: Cold}, node); err != nil {
+		return 0, err
+	}
+	if node.Labels[inferencev1.WeightsCacheReadyLabel(uid)] != inferencev1.LabelTrue {
+		return 0, fmt.Errorf("%s holds cache %s for its pods but is not labelled %s", Cold, uid, inferencev1.WeightsCacheReadyLabel(uid))
+	}
+	size := ModelBytes(e.Model)
+	rep.Rows = append(rep.Rows, Row{fmt.Sprintf("%d of the seed's pods together, no cache on the node", n), Cold, "all Ready", took,
+		fmt.Sprintf("one fill for all: %s from S3 for a %s model (%.2f×)", engine.HumanBytes(got), engine.HumanBytes(size), float64(got)/float64(size))})
+	if err := e.DeletePods(ctx, names...); err != nil {
+		return got, err
+	}
+	return got, e.WaitCacheGone(ctx, Cold, uid)
+}
+
+// ProbePod is a pod of the Deployment's template, named name, on node: not with the Deployment's
+// selector labels (its ReplicaSet would adopt it), without the template's placement (which would
+// keep it off a node that is no target), and without the GPUs the template asks for (the parents
+// of a run take the nodes' GPUs; the stand-in server uses none).
+func ProbePod(dep *appsv1.Deployment, name, node string) *corev1.Pod {
+	tmpl := dep.Spec.Template.DeepCopy()
+	delete(tmpl.Labels, controller.EndpointLabel)
+	tmpl.Spec.NodeName, tmpl.Spec.Affinity = node, nil
+	for c := range tmpl.Spec.Containers {
+		delete(tmpl.Spec.Containers[c].Resources.Limits, "nvidia.com/gpu")
+		delete(tmpl.Spec.Containers[c].Resources.Requests, "nvidia.com/gpu")
+	}
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: dep.Namespace, Name: name, Labels: tmpl.Labels, Annotations: tmpl.Annotations}, Spec: tmpl.Spec}
+}
+
+// portOf is the port of an http URL.
+func portOf(endpoint string) (int, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(u.Port())
 }
 
 // Health waits until the pod's model server has finished reading its model and returns what
@@ -262,13 +369,68 @@ func (e *Env) TimePod(ctx context.Context, p *corev1.Pod, cond PodCondition) (ti
 	return took, nil
 }
 
-func initTime(p *corev1.Pod) string {
-	for _, s := range p.Status.InitContainerStatuses {
-		if x := s.State.Terminated; x != nil {
-			return fmt.Sprintf("%s ran %s", s.Name, x.FinishedAt.Sub(x.StartedAt.Time))
+// mountEvent is how the pod's model volume was served: the agent's events on the pod.
+func (e *Env) mountEvent(ctx context.Context, p *corev1.Pod) string {
+	var list eventsv1.EventList
+	if err := e.C.Client.List(ctx, &list, client.InNamespace(p.Namespace)); err != nil {
+		return err.Error()
+	}
+	waits := 0
+	mounted := ""
+	for _, ev := range list.Items {
+		if ev.Regarding.UID != p.UID {
+			continue
+		}
+		switch ev.Reason {
+		case agent.EventCacheFilling, agent.EventCacheWaiting:
+			waits++
+		case agent.EventCacheMounted:
+			mounted = ev.Note
 		}
 	}
-	return "none"
+	if mounted == "" {
+		return "no CacheMounted event"
+	}
+	if waits == 0 {
+		return "agent: " + mounted
+	}
+	return fmt.Sprintf("agent: %s, after %d waiting events", mounted, waits)
+}
+
+// CacheUIDOf is the cache a pod template's prewarm volume names.
+func CacheUIDOf(t *corev1.PodTemplateSpec) string {
+	for _, v := range t.Spec.Volumes {
+		if v.CSI != nil && v.CSI.Driver == prewarmv1alpha1.CSIDriverName {
+			return v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheUID]
+		}
+	}
+	return ""
+}
+
+// WaitCacheGone waits until node neither is asked for cache uid nor reports it, and its
+// directory is gone from the node's disk.
+func (e *Env) WaitCacheGone(ctx context.Context, node, uid string) error {
+	dir := e.C.Node(node).HostPath(prewarmv1alpha1.CacheDir(CacheRoot, uid))
+	return testutil.Until(ctx, 3*time.Minute, func() error {
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := e.C.Client.Get(ctx, client.ObjectKey{Name: node}, nc); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+		for _, r := range nc.Spec.Caches {
+			if r.UID == uid {
+				return fmt.Errorf("%s is still asked for cache %s", node, uid)
+			}
+		}
+		for _, c := range nc.Status.Caches {
+			if c.UID == uid {
+				return fmt.Errorf("%s still reports cache %s: %s %s", node, uid, c.State, c.Message)
+			}
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			return fmt.Errorf("%s is still on %s's disk (%w)", dir, node, err)
+		}
+		return nil
+	})
 }
 
 // pullEvent is the kubelet's account of the pod's image pull.

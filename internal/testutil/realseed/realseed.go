@@ -19,6 +19,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -41,6 +42,15 @@ const (
 	Version   = "v0.0.0-realnode"
 	llamaRepo = "meta-llama/Llama-3.1-8B-Instruct"
 	hubToken  = "hf_realnode"
+	// GatedRepo is the gated repository on the Hub stand-in (the JumpStart model's); only the
+	// seed namespace's token is granted.
+	GatedRepo = llamaRepo
+	// AgentConcurrency and AgentPartSize are the agents' engine settings in the run: a download
+	// stopped at any moment loses at most AgentConcurrency parts in flight.
+	AgentConcurrency = 16
+	AgentPartSize    = 16 << 20
+	// HubToken is the token the Hub stand-in grants GatedRepo to.
+	HubToken = hubToken
 	// ServerImage is the seed's image: the stand-in model server, large.
 	ServerImage = "vllm/vllm-openai:latest"
 	// CatalogImage is the test catalog's JumpStart image.
@@ -68,6 +78,8 @@ type Env struct {
 	Root, Dir string
 	// Model and JSModel are the two parents' models, file by file.
 	Model, JSModel []FileSpec
+	// HubCommit is the commit of GatedRepo.
+	HubCommit string
 
 	logf func(format string, args ...any)
 }
@@ -132,6 +144,7 @@ func (e *Env) start(ctx context.Context, modelSize int64) error {
 	}
 	e.logf("s3://%s/%s: %d files, %d bytes, at %s", Bucket, Prefix, len(e.Model), ModelBytes(e.Model), e.S3.Endpoint)
 	commit := e.putHubModel()
+	e.HubCommit = commit
 	if err := e.pushImages(); err != nil {
 		return err
 	}
@@ -271,12 +284,30 @@ func (e *Env) pushImages() error {
 		if err != nil {
 			return err
 		}
+		if im.entrypoint == "/modelserver" {
+			// The model server runs as a non-root user, as the restricted Pod Security level
+			// requires (vLLM's own image runs as root; its users there rebuild it).
+			if img, err = asUser(img, "65532"); err != nil {
+				return err
+			}
+		}
 		if err := e.C.Push(im.ref, img); err != nil {
 			return fmt.Errorf("pushing %s: %w", im.ref, err)
 		}
 	}
 	e.logf("test images (%s standing in for the seed's, %s, pause) pushed in %s", ServerImage, CatalogImage, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// asUser sets the image's user.
+func asUser(img v1.Image, user string) (v1.Image, error) {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.Config.User = user
+	return mutate.ConfigFile(img, cf)
 }
 
 // serverLayer is the model server and its model's listing, where it reads it by default.
@@ -310,7 +341,7 @@ func (e *Env) values() map[string]any {
 			// The seed's bucket is read with the agents' own identity, for every namespace.
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: Bucket}}},
 			Controller:   config.Controller{GateTimeout: "10m"},
-			Agent:        config.Agent{Reserve: "1Gi", MaxParallel: 2, Concurrency: 16, PartSize: "16Mi"},
+			Agent:        config.Agent{Reserve: "1Gi", MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: "16Mi"},
 		},
 	}
 }

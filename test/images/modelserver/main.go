@@ -47,6 +47,10 @@ type server struct {
 	took   time.Duration
 	model  string
 	expect []File
+	// others are the entries under the model's directory that its listing does not name;
+	// writable says whether a file could be made there.
+	others   []string
+	writable bool
 }
 
 func main() {
@@ -103,14 +107,48 @@ func (s *server) verify() {
 		}
 		return nil
 	}()
+	others := s.unlisted()
+	probe := filepath.Join(s.model, ".modelserver-write-probe")
+	f, werr := os.Create(probe)
+	if werr == nil {
+		f.Close()
+		os.Remove(probe)
+	}
 	s.mu.Lock()
 	s.done, s.err, s.files, s.bytes, s.took = true, err, files, total, time.Since(start)
+	s.others, s.writable = others, werr == nil
 	s.mu.Unlock()
 	if err != nil {
 		log.Printf("the model does not match its source: %v", err)
 		return
 	}
 	log.Printf("verified %d files, %d bytes, in %s", files, total, time.Since(start).Round(time.Millisecond))
+}
+
+// unlisted returns the files and directories under the model's directory that the listing
+// does not name (nor lead to).
+func (s *server) unlisted() []string {
+	named := map[string]bool{}
+	for _, f := range s.expect {
+		for p := f.Path; p != "." && p != "/"; p = filepath.Dir(p) {
+			named[p] = true
+		}
+	}
+	var out []string
+	_ = filepath.WalkDir(s.model, func(path string, d os.DirEntry, err error) error {
+		rel, _ := filepath.Rel(s.model, path)
+		if err != nil || rel == "." {
+			return nil
+		}
+		if !named[filepath.ToSlash(rel)] {
+			out = append(out, filepath.ToSlash(rel))
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+		}
+		return nil
+	})
+	return out
 }
 
 func digest(path string) (int64, string, error) {
@@ -133,7 +171,12 @@ func (s *server) health(w http.ResponseWriter, _ *http.Request) {
 	case s.err != nil:
 		http.Error(w, s.err.Error(), http.StatusInternalServerError)
 	default:
-		fmt.Fprintf(w, "ok: %d files, %d bytes verified in %s\n", s.files, s.bytes, s.took.Round(time.Millisecond))
+		access := "read-only"
+		if s.writable {
+			access = "writable"
+		}
+		fmt.Fprintf(w, "ok: %d files, %d bytes verified in %s; %d other entries %v; %s\n",
+			s.files, s.bytes, s.took.Round(time.Millisecond), len(s.others), s.others, access)
 	}
 }
 
