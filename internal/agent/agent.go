@@ -272,29 +272,35 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 // known, can have it mounted: another namespace's pod naming the cache keeps nothing), or a
 // hostPath of its directory (pods made before the CSI volume).
 func (a *Agent) podUsing(ctx context.Context, uid, ns string) (string, error) {
-	pods := &corev1.PodList{}
-	if err := a.client.List(ctx, pods); err != nil { // the cache holds this node's pods only (CacheOptions)
+	pods, err := a.activePods(ctx)
+	if err != nil {
 		return "", err
 	}
 	dirs := map[string]bool{}
 	for _, root := range a.opts.Config.CacheRoots {
 		dirs[prewarmv1alpha1.CacheDir(root, uid)] = true
 	}
-	for _, p := range pods.Items {
-		if p.Spec.NodeName != a.opts.NodeName || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
+	for _, p := range pods {
 		for _, v := range p.Spec.Volumes {
-			if v.HostPath != nil && dirs[filepath.Clean(v.HostPath.Path)] {
-				return p.Namespace + "/" + p.Name, nil
-			}
-			if v.CSI != nil && v.CSI.Driver == prewarmv1alpha1.CSIDriverName && v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheUID] == uid &&
-				(ns == "" || p.Namespace == ns) {
+			if (v.HostPath != nil && dirs[filepath.Clean(v.HostPath.Path)]) ||
+				(prewarmv1alpha1.VolumeCacheUID(v) == uid && (ns == "" || p.Namespace == ns)) {
 				return p.Namespace + "/" + p.Name, nil
 			}
 		}
 	}
 	return "", nil
+}
+
+// activePods lists the pods on this node that have not finished (from the agent's cache,
+// which holds this node's pods only: CacheOptions).
+func (a *Agent) activePods(ctx context.Context) ([]corev1.Pod, error) {
+	pods := &corev1.PodList{}
+	if err := a.client.List(ctx, pods); err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool {
+		return p.Spec.NodeName != a.opts.NodeName || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+	}), nil
 }
 
 // EnsureNodeCache makes node's NodeCache if it is missing, with no spec (the controller's
@@ -319,20 +325,14 @@ func EnsureNodeCache(ctx context.Context, c client.Client, node string) error {
 // volume, by namespace: the controller makes the node a target of each, for pods of the cache's
 // namespace, so that a pod on a node that was not asked for its cache still gets it.
 func (a *Agent) demands(ctx context.Context) ([]prewarmv1alpha1.CacheDemand, error) {
-	pods := &corev1.PodList{}
-	if err := a.client.List(ctx, pods); err != nil {
+	pods, err := a.activePods(ctx)
+	if err != nil {
 		return nil, err
 	}
 	count := map[prewarmv1alpha1.CacheDemand]int32{}
-	for _, p := range pods.Items {
-		if p.Spec.NodeName != a.opts.NodeName || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
+	for _, p := range pods {
 		for _, v := range p.Spec.Volumes {
-			if v.CSI == nil || v.CSI.Driver != prewarmv1alpha1.CSIDriverName {
-				continue
-			}
-			if uid := v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheUID]; uidPattern.MatchString(uid) {
+			if uid := prewarmv1alpha1.VolumeCacheUID(v); uidPattern.MatchString(uid) {
 				count[prewarmv1alpha1.CacheDemand{UID: uid, Namespace: p.Namespace}]++
 			}
 		}

@@ -326,17 +326,7 @@ func (e *env) waitEvent(t *testing.T, ctx context.Context, p *corev1.Pod, reason
 
 func (e *env) deletePod(t *testing.T, ctx context.Context, p *corev1.Pod) {
 	t.Helper()
-	if err := e.C.Client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
-		t.Fatal(err)
-	}
-	err := testutil.Until(ctx, 2*time.Minute, func() error {
-		err := e.C.Client.Get(ctx, client.ObjectKeyFromObject(p), &corev1.Pod{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("pod %s/%s not gone (%w)", p.Namespace, p.Name, err)
-	})
-	if err != nil {
+	if err := e.DeletePods(ctx, p.Namespace, p.Name); err != nil {
 		t.Fatal(err)
 	}
 }

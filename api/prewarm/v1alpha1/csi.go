@@ -1,5 +1,7 @@
 package v1alpha1
 
+import corev1 "k8s.io/api/core/v1"
+
 // prewarm's CSI driver: the node agent serves each pod the one weights cache it asks for, as a
 // read-only CSI ephemeral volume.
 const (
@@ -12,3 +14,11 @@ const (
 	// VolumeAttributeCacheName is the cache's name, for people reading the pod (the UID decides).
 	VolumeAttributeCacheName = "cacheName"
 )
+
+// VolumeCacheUID returns the cache a pod volume names, when it is prewarm's CSI volume, or "".
+func VolumeCacheUID(v corev1.Volume) string {
+	if v.CSI == nil || v.CSI.Driver != CSIDriverName {
+		return ""
+	}
+	return v.CSI.VolumeAttributes[VolumeAttributeCacheUID]
+}

@@ -148,7 +148,7 @@ func (e *Env) MeasureImage(ctx context.Context, rep *Report) error {
 			rep.Image = fmt.Sprintf("%s, %s in 4 uncompressed layers, 3 of them 200 MiB of incompressible bytes", ServerImage, engine.HumanBytes(int64(im.Size)))
 		}
 	}
-	return e.DeletePods(ctx, "image-cached", "image-cold")
+	return e.DeletePods(ctx, "default", "image-cached", "image-cold")
 }
 
 // MeasureWeights times the parent's own pod (its Deployment's template) on a node that holds the
@@ -193,7 +193,7 @@ func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Rep
 			Row{x.what, x.node, "model verified by the server", served, strings.TrimSpace(strings.TrimPrefix(body, "ok: "))})
 		results[i] = ready
 		if x.node == Cold {
-			if err := e.DeletePods(ctx, x.name); err != nil {
+			if err := e.DeletePods(ctx, key.Namespace, x.name); err != nil {
 				return err
 			}
 			if err := e.WaitCacheGone(ctx, Cold, CacheUIDOf(&dep.Spec.Template)); err != nil {
@@ -207,7 +207,7 @@ func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Rep
 	rep.ratio("pod created → Ready, cold node against warm node", results[1], results[0])
 	rep.ratio("pod created → Ready, cold node with S3 at 120 MB/s against warm node", results[2], results[0])
 	rep.Model = fmt.Sprintf("%s in %d files", engine.HumanBytes(ModelBytes(e.Model)), len(e.Model))
-	return e.DeletePods(ctx, "weights-warm")
+	return e.DeletePods(ctx, key.Namespace, "weights-warm")
 }
 
 // MeasureSharedFill starts n copies of the parent's pod together on the cold node, which does
@@ -279,7 +279,7 @@ func (e *Env) MeasureSharedFill(ctx context.Context, key client.ObjectKey, n int
 	size := ModelBytes(e.Model)
 	rep.Rows = append(rep.Rows, Row{fmt.Sprintf("%d of the seed's pods together, no cache on the node", n), Cold, "all Ready", took,
 		fmt.Sprintf("one fill for all: %s from S3 for a %s model (%.2f×)", engine.HumanBytes(got), engine.HumanBytes(size), float64(got)/float64(size))})
-	if err := e.DeletePods(ctx, names...); err != nil {
+	if err := e.DeletePods(ctx, key.Namespace, names...); err != nil {
 		return got, err
 	}
 	return got, e.WaitCacheGone(ctx, Cold, uid)
@@ -400,8 +400,8 @@ func (e *Env) mountEvent(ctx context.Context, p *corev1.Pod) string {
 // CacheUIDOf is the cache a pod template's prewarm volume names.
 func CacheUIDOf(t *corev1.PodTemplateSpec) string {
 	for _, v := range t.Spec.Volumes {
-		if v.CSI != nil && v.CSI.Driver == prewarmv1alpha1.CSIDriverName {
-			return v.CSI.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCacheUID]
+		if uid := prewarmv1alpha1.VolumeCacheUID(v); uid != "" {
+			return uid
 		}
 	}
 	return ""
@@ -447,10 +447,10 @@ func (e *Env) pullEvent(ctx context.Context, p *corev1.Pod) string {
 	return "no Pulled event"
 }
 
-// DeletePods deletes the pods of the default namespace and waits until they are gone.
-func (e *Env) DeletePods(ctx context.Context, names ...string) error {
+// DeletePods deletes the pods of namespace ns and waits until they are gone.
+func (e *Env) DeletePods(ctx context.Context, ns string, names ...string) error {
 	for _, n := range names {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: n}}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n}}
 		if err := e.C.Client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
 			return err
 		}
@@ -459,7 +459,7 @@ func (e *Env) DeletePods(ctx context.Context, names ...string) error {
 			return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 		})
 		if err != nil {
-			return fmt.Errorf("pod %s not gone: %w", n, err)
+			return fmt.Errorf("pod %s/%s not gone: %w", ns, n, err)
 		}
 	}
 	return nil
