@@ -70,15 +70,20 @@ type InferenceImageCacheStatus struct {
 	// targetNodes is the number of nodes that should hold it.
 	// +optional
 	TargetNodes int32 `json:"targetNodes"`
+	// failedNodes is the number of target nodes that cannot pull it.
+	// +optional
+	FailedNodes int32 `json:"failedNodes,omitempty"`
 	// imageDigest is the digest the nodes resolved the image to.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
 	ImageDigest string `json:"imageDigest,omitempty"`
-	// nodes is each target node's copy.
+	// nodes are the target nodes' copies, at most MaxStatusNodes of them: those that cannot
+	// pull the image first, then those pulling, then those that hold it. Every node's own
+	// state is its pod of the cache's DaemonSet.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
-	// +kubebuilder:validation:MaxItems=5000
+	// +kubebuilder:validation:MaxItems=100
 	Nodes []NodeImageStatus `json:"nodes,omitempty"`
 	// conditions say what is true of the cache and why.
 	// +optional

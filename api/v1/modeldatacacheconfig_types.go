@@ -78,6 +78,16 @@ type ModelDataCacheConfigStatus struct {
 	// readyNodes is the number of nodes that hold it, verified.
 	// +optional
 	ReadyNodes int32 `json:"readyNodes"`
+	// downloadingNodes is the number of target nodes downloading it.
+	// +optional
+	DownloadingNodes int32 `json:"downloadingNodes,omitempty"`
+	// failedNodes is the number of target nodes whose copy failed.
+	// +optional
+	FailedNodes int32 `json:"failedNodes,omitempty"`
+	// settledNodes is the number of target nodes that hold the cache or failed for a reason
+	// waiting will not fix: the Deployment gate opens when it reaches targetNodes.
+	// +optional
+	SettledNodes int32 `json:"settledNodes,omitempty"`
 	// resolvedRevision pins the source: the commit of a Hugging Face repository, or the content
 	// revision (a digest of every file's path, size and ETag/version) the first node holds of an
 	// S3 or FSx source. Every node and every cold pod then reads exactly that.
@@ -87,11 +97,14 @@ type ModelDataCacheConfigStatus struct {
 	// totalBytes is the size of the model.
 	// +optional
 	TotalBytes int64 `json:"totalBytes,omitempty"`
-	// nodes is each target node's copy (at most MaxStatusNodes; the ones not Ready first).
+	// nodes are the target nodes' copies, at most MaxStatusNodes of them: those that need
+	// attention first (failed, then the slowest downloads, then waiting), then retained ones,
+	// then Ready ones. Every node's own report is its NodeCache's status (kubectl prewarm
+	// status lists them all).
 	// +optional
 	// +listType=map
 	// +listMapKey=name
-	// +kubebuilder:validation:MaxItems=5000
+	// +kubebuilder:validation:MaxItems=100
 	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
 	// conditions say what is true of the cache and why.
 	// +optional
@@ -132,6 +145,7 @@ type ModelDataCacheConfigList struct {
 	Items           []ModelDataCacheConfig `json:"items"`
 }
 
-// MaxStatusNodes is the most nodes a cache's status lists (status.nodes' maxItems). Beyond it the
-// status lists the nodes that are not Ready first, and the Ready condition says how many it left out.
-const MaxStatusNodes = 5000
+// MaxStatusNodes is the most nodes a cache's status lists (status.nodes' maxItems), so that the
+// object stays small (well under 256 KiB) on any fleet. Beyond it the status lists the nodes that
+// need attention first, and the counts and the Ready condition cover every node.
+const MaxStatusNodes = 100

@@ -190,5 +190,5 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := (&serving.JumpStartReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr)
+	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(ctx, mgr)
 }

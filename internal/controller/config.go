@@ -3,14 +3,9 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -108,17 +103,3 @@ const (
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
-
-// SetNodeLabel puts (value "true") or removes a cache-ready label on a node, when it differs.
-func SetNodeLabel(ctx context.Context, c client.Client, n *corev1.Node, key string, want bool) error {
-	_, has := n.Labels[key]
-	if has == want {
-		return nil
-	}
-	value := "null"
-	if want {
-		value = fmt.Sprintf("%q", inferencev1.LabelTrue)
-	}
-	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%s}}}`, key, value)
-	return client.IgnoreNotFound(c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)))
-}

@@ -27,9 +27,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prewarm_weights_cache_ready_nodes", Help: "Nodes that hold a weights cache, verified.",
 		}, []string{"namespace", "cache"}),
 		cacheNodeState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "prewarm_weights_cache_node_state",
-			Help: "1 for the state a target node's copy of a weights cache is in (Pending, Downloading, Ready, Failed).",
-		}, []string{"namespace", "cache", "node", "state"}),
+			Name: "prewarm_weights_cache_nodes",
+			Help: "Target nodes of a weights cache by the state of their copy (Pending, Downloading, Ready, Failed); each node's own state is its agent's prewarm_agent_* metrics.",
+		}, []string{"namespace", "cache", "state"}),
 		imageTarget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_image_cache_target_nodes", Help: "Nodes that should hold an image.",
 		}, []string{"cache"}),
@@ -66,8 +66,13 @@ func (m *Metrics) WeightsCache(c *inferencev1.ModelDataCacheConfig, deleted bool
 	}
 	m.cacheTarget.With(labels).Set(float64(c.Status.TargetNodes))
 	m.cacheReady.With(labels).Set(float64(c.Status.ReadyNodes))
-	for _, n := range c.Status.Nodes {
-		m.cacheNodeState.WithLabelValues(c.Namespace, c.Name, n.Name, string(n.State)).Set(1)
+	st := c.Status
+	pending := st.TargetNodes - st.ReadyNodes - st.DownloadingNodes - st.FailedNodes
+	for state, n := range map[inferencev1.CacheState]int32{
+		inferencev1.CacheReady: st.ReadyNodes, inferencev1.CacheDownloading: st.DownloadingNodes,
+		inferencev1.CacheFailed: st.FailedNodes, inferencev1.CachePending: max(pending, 0),
+	} {
+		m.cacheNodeState.WithLabelValues(c.Namespace, c.Name, string(state)).Set(float64(n))
 	}
 }
 

@@ -3,14 +3,16 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -47,9 +49,10 @@ func EnqueueAll(c client.Client, newList func() client.ObjectList, keep func(cli
 	})
 }
 
-// NodePlacementChanged lets through the node events that can change which caches target a node
-// or what it is labelled with: creation, deletion, and updates of labels, taints or
-// schedulability. The kubelet's status updates, every few seconds on every node, do not count.
+// NodePlacementChanged lets through the node events that can change which caches target a node:
+// creation, deletion, and updates of labels, taints or schedulability. The kubelet's status
+// updates, every few seconds on every node, do not count, nor do prewarm's own cache-ready
+// labels (written by the reconcilers this would wake).
 var NodePlacementChanged = predicate.Funcs{
 	UpdateFunc: func(e event.UpdateEvent) bool {
 		before, ok1 := e.ObjectOld.(*corev1.Node)
@@ -57,10 +60,20 @@ var NodePlacementChanged = predicate.Funcs{
 		if !ok1 || !ok2 {
 			return true
 		}
-		return !equality.Semantic.DeepEqual(before.Labels, after.Labels) ||
+		return !maps.EqualFunc(withoutCacheLabels(before.Labels), withoutCacheLabels(after.Labels), func(a, b string) bool { return a == b }) ||
 			!slices.EqualFunc(before.Spec.Taints, after.Spec.Taints, func(a, b corev1.Taint) bool { return a.MatchTaint(&b) && a.Value == b.Value }) ||
 			before.Spec.Unschedulable != after.Spec.Unschedulable
 	},
+}
+
+func withoutCacheLabels(labels map[string]string) map[string]string {
+	out := make(map[string]string, len(labels))
+	for k, v := range labels {
+		if !IsCacheLabel(k) {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // Event records an Event about obj when rec is set (the reconcilers' tests run without one).
@@ -76,4 +89,39 @@ func Summarize(items []string, n int) string {
 		return strings.Join(items, ", ")
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(items[:n], ", "), len(items)-n)
+}
+
+// Coalesce delays the reconciles h asks for by d: the events of that time on one object's
+// dependents (the pods of an image cache, the status writes of a cache) then cost one reconcile,
+// however many there were. The work queue keeps one entry per object.
+func Coalesce(h handler.EventHandler, d time.Duration) handler.EventHandler {
+	return coalesced{h: h, d: d}
+}
+
+type coalesced struct {
+	h handler.EventHandler
+	d time.Duration
+}
+
+type delayedQueue struct {
+	workqueue.TypedRateLimitingInterface[reconcile.Request]
+	d time.Duration
+}
+
+func (q delayedQueue) Add(item reconcile.Request) { q.AddAfter(item, q.d) }
+
+func (c coalesced) Create(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.h.Create(ctx, e, delayedQueue{q, c.d})
+}
+
+func (c coalesced) Update(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.h.Update(ctx, e, delayedQueue{q, c.d})
+}
+
+func (c coalesced) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.h.Delete(ctx, e, delayedQueue{q, c.d})
+}
+
+func (c coalesced) Generic(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+	c.h.Generic(ctx, e, delayedQueue{q, c.d})
 }

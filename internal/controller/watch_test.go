@@ -21,6 +21,8 @@ func TestNodePlacementChanged(t *testing.T) {
 			n.ResourceVersion = "2"
 		}), false},
 		{"a label", change(func(n *corev1.Node) { n.Labels["b"] = "2" }), true},
+		{"a weights cache's own label", change(func(n *corev1.Node) { n.Labels["inference.sagemaker.aws.amazon.com/weights-cache-ready.u"] = "true" }), false},
+		{"an image cache's own label", change(func(n *corev1.Node) { n.Labels["inference.sagemaker.aws.amazon.com/image-cache-ready.u"] = "true" }), false},
 		{"a taint lifted", change(func(n *corev1.Node) {}), true},
 		{"cordoned", change(func(n *corev1.Node) { n.Spec.Unschedulable = true }), true},
 	}

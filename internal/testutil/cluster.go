@@ -76,6 +76,9 @@ func StartProcessEnv(logDir, name, path string, env []string, args ...string) (*
 	return p, nil
 }
 
+// Pid is the process's id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Exited reports whether the process has ended, and how.
 func (p *Process) Exited() (bool, error) {
 	select {
@@ -130,6 +133,9 @@ type ClusterOptions struct {
 	// LogDir, when set, is where the processes' logs go (kept after Stop); default a temporary
 	// folder removed by Stop.
 	LogDir string
+	// ControlPlaneQPS, when set, is the client QPS of kube-controller-manager and kube-scheduler
+	// (burst twice that), as large clusters set them; their defaults are 20 and 50.
+	ControlPlaneQPS int
 }
 
 // StartCluster starts the API server, kube-controller-manager (deployment, replicaset,
@@ -201,6 +207,11 @@ func (c *Cluster) start(opts ClusterOptions) error {
 			"--node-lease-duration-seconds=40",
 			"--server-address=127.0.0.1:0",
 		}},
+	}
+	if q := opts.ControlPlaneQPS; q > 0 {
+		for i := range specs[:2] {
+			specs[i].args = append(specs[i].args, fmt.Sprintf("--kube-api-qps=%d", q), fmt.Sprintf("--kube-api-burst=%d", 2*q))
+		}
 	}
 	for _, s := range specs {
 		p, err := StartProcess(c.LogDir, s.name, filepath.Join(bin, s.name), s.args...)

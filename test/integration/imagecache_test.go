@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
@@ -30,7 +31,7 @@ func TestImageCacheLifecycle(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "images-operator", "images")
-	r := &imagecache.Reconciler{Client: c, Config: rc.cfg, Now: time.Now}
+	r := &imagecache.Reconciler{Client: testutil.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	upNode(t, ctx, "images-node", "ml.ic-suite.xlarge")
 
 	parent := testutil.MakeInferenceEndpointConfig("images", "served").Obj()

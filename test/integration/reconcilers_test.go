@@ -18,6 +18,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
+	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // reconcilers are the controller's reconcilers on the test API server, called directly (no
@@ -44,7 +45,7 @@ func newReconcilers(t *testing.T, ctx context.Context, operatorNS string, namesp
 	return &reconcilers{
 		cfg: cfg,
 		ep:  &serving.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
-		wc:  &weightscache.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
+		wc:  &weightscache.Reconciler{Client: testutil.IndexedClient(c, weightscache.Indexes...), APIReader: c, Config: cfg, Now: time.Now},
 	}
 }
 

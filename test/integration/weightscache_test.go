@@ -112,9 +112,12 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	got = rc.cache(t, ctx, m)
 	holds := inferencev1.NodeCacheStatus{Name: "wc-a", State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Message: "verified", LastTransitionTime: stamp}
 	wantStatus("one Ready, one out of room", got, inferencev1.ModelDataCacheConfigStatus{
-		ObservedGeneration: 1, State: inferencev1.CacheFailed, TargetNodes: 2, ReadyNodes: 1, ResolvedRevision: revision, TotalBytes: size,
-		Nodes: []inferencev1.NodeCacheStatus{holds,
-			{Name: "wc-b", State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom, LastTransitionTime: stamp}},
+		ObservedGeneration: 1, State: inferencev1.CacheFailed, TargetNodes: 2, ReadyNodes: 1, FailedNodes: 1, SettledNodes: 2,
+		ResolvedRevision: revision, TotalBytes: size,
+		// The node that needs attention first.
+		Nodes: []inferencev1.NodeCacheStatus{
+			{Name: "wc-b", State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom, LastTransitionTime: stamp},
+			holds},
 		Conditions: ready(prewarmv1alpha1.ReasonInsufficientCapacity, "1 of 2 target nodes hold the cache; 1 failed: wc-b: "+noRoom, metav1.ConditionFalse),
 	})
 	if diff := cmp.Diff(map[string]bool{"wc-a": true}, labelled()); diff != "" {
@@ -136,10 +139,12 @@ func TestWeightsCacheReconcile(t *testing.T) {
 		BytesDone: 1 << 30, BytesTotal: size, BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB"})
 	got = rc.cache(t, ctx, m)
 	wantStatus("one Ready, one downloading", got, inferencev1.ModelDataCacheConfigStatus{
-		ObservedGeneration: 1, State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, ResolvedRevision: revision, TotalBytes: size,
-		Nodes: []inferencev1.NodeCacheStatus{holds,
+		ObservedGeneration: 1, State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, DownloadingNodes: 1, SettledNodes: 1,
+		ResolvedRevision: revision, TotalBytes: size,
+		Nodes: []inferencev1.NodeCacheStatus{
 			{Name: "wc-b", State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading, BytesDone: 1 << 30, BytesTotal: size,
-				BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB", LastTransitionTime: &metav1.Time{Time: later}}},
+				BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB", LastTransitionTime: &metav1.Time{Time: later}},
+			holds},
 		Conditions: ready(inferencev1.ReasonDownloading, "1 of 2 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed", metav1.ConditionFalse),
 	})
 

@@ -45,21 +45,26 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch;create
 
 // SetupWithManager registers the reconciler with mgr.
-func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
+	}
+	if err := controller.RegisterIndexes(ctx, mgr, controller.NodeIndexes...); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("imagecache").
 		For(&inferencev1.InferenceImageCache{}).
 		Owns(&appsv1.DaemonSet{}).
-		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		// The DaemonSet's pods, gathered for a second: a fleet's pods starting cost one
+		// reconcile (and status write) per second, not one each.
+		Watches(&corev1.Pod{}, controller.Coalesce(handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			name, ok := o.GetLabels()[controller.ImageCacheLabel]
 			if !ok || o.GetNamespace() != r.Config.OperatorNamespace {
 				return nil
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
-		})).
+		}), time.Second)).
 		Watches(&corev1.Node{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.InferenceImageCacheList{} }, nil),
 			builder.WithPredicates(controller.NodePlacementChanged)).
 		Complete(r)
@@ -111,33 +116,31 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 		return err
 	}
 
-	nodes := &corev1.NodeList{}
-	if err := r.Client.List(ctx, nodes); err != nil {
+	// Read-only views of the informer cache: the nodes of the placement's instance types (an
+	// index), the cache's own pods, and the nodes that carry its label.
+	nodes, err := controller.CandidateNodes(ctx, r.Client, c.Spec.Placement.InstanceTypes)
+	if err != nil {
 		return err
 	}
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.InNamespace(c.Namespace), client.MatchingLabels{controller.ImageCacheLabel: c.Name}); err != nil {
+	if err := r.Client.List(ctx, pods, client.InNamespace(c.Namespace), client.MatchingLabels{controller.ImageCacheLabel: c.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
 	var targets []*corev1.Node
-	for i := range nodes.Items {
-		if ok, _ := placement.Match(c.Spec.Placement, &nodes.Items[i]); ok {
-			targets = append(targets, &nodes.Items[i])
+	for _, n := range nodes {
+		if ok, _ := placement.Match(c.Spec.Placement, n); ok {
+			targets = append(targets, n)
 		}
 	}
-	st := r.gather(c, ds, targets, pods.Items)
+	st, cached := r.gather(c, ds, targets, pods.Items)
 
 	label := inferencev1.ImageCacheReadyLabel(string(c.UID))
-	cached := map[string]bool{}
-	for _, n := range st.Nodes {
-		if n.Phase == inferencev1.ImageComplete {
-			cached[n.Name] = true
-		}
+	labelled, err := controller.LabelledNodes(ctx, r.Client, label)
+	if err != nil {
+		return err
 	}
-	for i := range nodes.Items {
-		if err := controller.SetNodeLabel(ctx, r.Client, &nodes.Items[i], label, cached[nodes.Items[i].Name]); err != nil {
-			return err
-		}
+	if err := controller.ApplyLabels(ctx, r.Client, label, controller.LabelChanges(append(targets, labelled...), label, cached)); err != nil {
+		return err
 	}
 	if err := r.writeStatus(ctx, c, st); err != nil {
 		return err
@@ -185,15 +188,13 @@ func (r *Reconciler) finalize(ctx context.Context, c *inferencev1.InferenceImage
 	if err := r.Client.Delete(ctx, ds, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 		return err
 	}
-	nodes := &corev1.NodeList{}
-	if err := r.Client.List(ctx, nodes); err != nil {
+	label := inferencev1.ImageCacheReadyLabel(string(c.UID))
+	labelled, err := controller.LabelledNodes(ctx, r.Client, label)
+	if err != nil {
 		return err
 	}
-	label := inferencev1.ImageCacheReadyLabel(string(c.UID))
-	for i := range nodes.Items {
-		if err := controller.SetNodeLabel(ctx, r.Client, &nodes.Items[i], label, false); err != nil {
-			return err
-		}
+	if err := controller.ApplyLabels(ctx, r.Client, label, controller.LabelChanges(labelled, label, nil)); err != nil {
+		return err
 	}
 	ctrl.LoggerFrom(ctx).Info("image cache removed", "image", c.Spec.Image)
 	r.Metrics.ImageCache(c, true)

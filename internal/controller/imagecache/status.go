@@ -1,6 +1,7 @@
 package imagecache
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -68,8 +69,10 @@ func digest(imageID string) string {
 	return ""
 }
 
-// gather builds the cache's status from its pods on the target nodes.
-func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.DaemonSet, targets []*corev1.Node, pods []corev1.Pod) inferencev1.InferenceImageCacheStatus {
+// gather builds the cache's status from its pods on the target nodes: counts over every node,
+// and the bounded list of the nodes that need attention most. cached is every node that holds
+// the image.
+func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.DaemonSet, targets []*corev1.Node, pods []corev1.Pod) (inferencev1.InferenceImageCacheStatus, map[string]bool) {
 	st := inferencev1.InferenceImageCacheStatus{
 		ObservedGeneration: c.Generation, TargetNodes: int32(len(targets)),
 		ImageDigest: c.Status.ImageDigest, Conditions: slices.Clone(c.Status.Conditions),
@@ -81,6 +84,8 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 		}
 	}
 	var failed, pulling []string
+	cached := map[string]bool{}
+	nodes := make([]inferencev1.NodeImageStatus, 0, len(targets))
 	for _, n := range targets {
 		ns, d := nodeImage(n.Name, byNode[n.Name])
 		ns = bounded(ns)
@@ -90,22 +95,27 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 		switch ns.Phase {
 		case inferencev1.ImageComplete:
 			st.CachedNodes++
+			cached[n.Name] = true
 		case inferencev1.ImageFailed:
-			failed = append(failed, fmt.Sprintf("%s: %s %s", n.Name, ns.Reason, ns.Message))
+			st.FailedNodes++
+			if len(failed) < maxNamed {
+				failed = append(failed, fmt.Sprintf("%s: %s %s", n.Name, ns.Reason, ns.Message))
+			}
 		default:
 			pulling = append(pulling, n.Name)
 		}
-		st.Nodes = append(st.Nodes, ns)
+		nodes = append(nodes, ns)
 	}
+	st.Nodes = attention(nodes, inferencev1.MaxStatusNodes)
 	cond := metav1.Condition{Type: inferencev1.ConditionReady, ObservedGeneration: c.Generation, Status: metav1.ConditionFalse}
 	switch {
 	case len(targets) == 0:
 		st.Phase = inferencev1.ImagePending
 		cond.Reason, cond.Message = inferencev1.ReasonNoTargetNodes, "no node matches the placement"
-	case len(failed) > 0:
+	case st.FailedNodes > 0:
 		st.Phase = inferencev1.ImageFailed
 		cond.Reason = inferencev1.ReasonPullFailed
-		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; %d cannot pull it: %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, len(failed), strings.Join(failed, "; "))
+		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; %d cannot pull it: %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, st.FailedNodes, named(failed, int(st.FailedNodes), "; "))
 	case st.CachedNodes == st.TargetNodes:
 		st.Phase = inferencev1.ImageComplete
 		cond.Status, cond.Reason = metav1.ConditionTrue, inferencev1.ReasonAllNodesReady
@@ -113,11 +123,50 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 	case st.CachedNodes > 0 || len(byNode) > 0:
 		st.Phase = inferencev1.ImagePulling
 		cond.Reason = inferencev1.ReasonPulling
-		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; pulling on %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, strings.Join(pulling, ", "))
+		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; pulling on %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, named(pulling, len(pulling), ", "))
 	default:
 		st.Phase = inferencev1.ImagePending
 		cond.Reason, cond.Message = inferencev1.ReasonPulling, "waiting for the DaemonSet's pods"
 	}
 	meta.SetStatusCondition(&st.Conditions, cond)
-	return st
+	return st, cached
+}
+
+// maxNamed is how many nodes a condition message names.
+const maxNamed = 10
+
+// named joins the first maxNamed of items, of total, and counts the rest.
+func named(items []string, total int, sep string) string {
+	if len(items) > maxNamed {
+		items = items[:maxNamed]
+	}
+	s := strings.Join(items, sep)
+	if more := total - len(items); more > 0 {
+		s += fmt.Sprintf("%sand %d more", sep, more)
+	}
+	return s
+}
+
+// attention orders node entries — those that cannot pull first, then those pulling, then those
+// that hold the image; by name within each — and keeps the first limit of them.
+func attention(nodes []inferencev1.NodeImageStatus, limit int) []inferencev1.NodeImageStatus {
+	rank := func(n inferencev1.NodeImageStatus) int {
+		switch n.Phase {
+		case inferencev1.ImageFailed:
+			return 0
+		case inferencev1.ImageComplete:
+			return 2
+		}
+		return 1
+	}
+	slices.SortFunc(nodes, func(a, b inferencev1.NodeImageStatus) int {
+		return cmp.Or(cmp.Compare(rank(a), rank(b)), strings.Compare(a.Name, b.Name))
+	})
+	if len(nodes) > limit {
+		nodes = nodes[:limit]
+	}
+	if len(nodes) == 0 {
+		return nil
+	}
+	return nodes
 }

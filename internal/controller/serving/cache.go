@@ -136,39 +136,38 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 			return gateState{open: true, reason: inferencev1.ReasonNoTargetNodes,
 				message: "no node matches the placement yet; the Deployment is created so that its pending pods can bring nodes up"}
 		}
+		// The counts cover every target node; status.nodes names the ones that need attention
+		// first (bounded), which the messages quote.
 		var unsettled, failed []string
-		var targets int32
 		for _, n := range st.Nodes {
-			if n.Retained {
-				continue // not a target: pods cannot land there now
-			}
-			targets++
 			switch {
-			case n.State == inferencev1.CacheReady:
+			case n.Retained || n.State == inferencev1.CacheReady:
 			case n.State == inferencev1.CacheFailed && prewarmv1alpha1.Terminal(n.Reason):
 				failed = append(failed, fmt.Sprintf("%s (%s: %s)", n.Name, n.Reason, n.Message))
 			default:
 				unsettled = append(unsettled, fmt.Sprintf("%s %s", n.Name, progress(n)))
 			}
 		}
-		if len(unsettled) == 0 && targets == st.TargetNodes {
-			if len(failed) == 0 {
+		waiting := int(st.TargetNodes - st.SettledNodes)
+		if waiting <= 0 {
+			if st.SettledNodes == st.ReadyNodes {
 				return gateState{open: true, reason: inferencev1.ReasonGateOpen,
 					message: fmt.Sprintf("all %d target nodes hold the weights cache", st.TargetNodes)}
 			}
 			return gateState{open: true, reason: inferencev1.ReasonGateOpen,
 				message: fmt.Sprintf("%d of %d target nodes hold the weights cache; the others cannot (pods there download the model): %s",
-					st.ReadyNodes, st.TargetNodes, strings.Join(failed, "; "))}
+					st.ReadyNodes, st.TargetNodes, summarizeOf(failed, int(st.SettledNodes-st.ReadyNodes)))}
 		}
+		named := summarizeOf(unsettled, waiting)
 		waited := r.Now().Sub(c.CreationTimestamp.Time)
 		if waited >= timeout {
 			return gateState{open: true, reason: inferencev1.ReasonGateTimeout,
 				message: fmt.Sprintf("opened after the %s gate timeout with %d of %d target nodes ready; not settled: %s",
-					timeout, st.ReadyNodes, st.TargetNodes, controller.Summarize(unsettled, 5))}
+					timeout, st.ReadyNodes, st.TargetNodes, named)}
 		}
 		return gateState{reason: inferencev1.ReasonWaitingForCache, wait: timeout - waited,
 			message: fmt.Sprintf("waiting for the weights cache on %d of %d target nodes: %s (opens at the latest in %s)",
-				len(unsettled), st.TargetNodes, controller.Summarize(unsettled, 5), (timeout - waited).Round(time.Second))}
+				waiting, st.TargetNodes, named, (timeout - waited).Round(time.Second))}
 	}
 	waited := r.Now().Sub(c.CreationTimestamp.Time)
 	if waited >= timeout {
@@ -177,6 +176,22 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 	}
 	return gateState{reason: inferencev1.ReasonWaitingForCache, wait: timeout - waited,
 		message: "waiting for the weights cache to report its target nodes"}
+}
+
+// summarizeOf names the first few of total items, of which named are known, and counts the rest.
+func summarizeOf(named []string, total int) string {
+	const n = 5
+	if len(named) > n {
+		named = named[:n]
+	}
+	s := strings.Join(named, ", ")
+	if more := total - len(named); more > 0 {
+		if s == "" {
+			return fmt.Sprintf("%d nodes", more)
+		}
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
 }
 
 func progress(n inferencev1.NodeCacheStatus) string {

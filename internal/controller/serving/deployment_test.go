@@ -33,12 +33,20 @@ func TestGate(t *testing.T) {
 		c := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Generation: gen, CreationTimestamp: metav1.NewTime(created)}}
 		c.Status = inferencev1.ModelDataCacheConfigStatus{ObservedGeneration: observed, TargetNodes: target, Nodes: nodes}
 		for _, n := range nodes {
-			if n.State == inferencev1.CacheReady {
+			switch {
+			case n.Retained:
+			case n.State == inferencev1.CacheReady:
 				c.Status.ReadyNodes++
+				c.Status.SettledNodes++
+			case n.State == inferencev1.CacheFailed && prewarmv1alpha1.Terminal(n.Reason):
+				c.Status.SettledNodes++
 			}
 		}
 		return c
 	}
+	// A fleet's cache lists only some nodes (status.nodes is bounded); the counts cover all.
+	fleet := cache(1, 1, 4000, node("slow-1", inferencev1.CacheDownloading, ""), node("slow-2", inferencev1.CacheDownloading, ""))
+	fleet.Status.ReadyNodes, fleet.Status.SettledNodes = 3990, 3990
 	tests := []struct {
 		name     string
 		cache    *inferencev1.ModelDataCacheConfig
@@ -52,6 +60,8 @@ func TestGate(t *testing.T) {
 			true, inferencev1.ReasonGateOpen, "all 2 target nodes", 0},
 		{"one cannot fit, the rest ready", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheFailed, "InsufficientCapacity")), time.Minute,
 			true, inferencev1.ReasonGateOpen, "b (InsufficientCapacity: msg of b)", 0},
+		{"a fleet waits for the nodes it counts, naming those it lists", fleet, time.Minute,
+			false, inferencev1.ReasonWaitingForCache, "on 10 of 4000 target nodes: slow-1 Downloading 30%, slow-2 Downloading 30% and 8 more", 29 * time.Minute},
 		{"one downloading", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheDownloading, "")), time.Minute,
 			false, inferencev1.ReasonWaitingForCache, "b Downloading 30%", 29 * time.Minute},
 		{"a failure waiting may fix", cache(1, 1, 2, node("a", inferencev1.CacheReady, ""), node("b", inferencev1.CacheFailed, "SourceUnreachable")), time.Minute,

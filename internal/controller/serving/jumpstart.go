@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -42,11 +44,13 @@ func (r *JumpStartReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("jumpstart").
-		For(&inferencev1.JumpStartModel{}).
-		Owns(&inferencev1.ModelDataCacheConfig{}).
+		// Not its own status writes: they change nothing the reconcile reads.
+		For(&inferencev1.JumpStartModel{}, builder.WithPredicates(ownChanges)).
+		Watches(&inferencev1.ModelDataCacheConfig{}, controller.Coalesce(
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &inferencev1.JumpStartModel{}, handler.OnlyControllerOwner()), time.Second)).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
-		Watches(&inferencev1.InferenceImageCache{}, handler.EnqueueRequestsFromMapFunc(jumpStartParentsOf)).
+		Watches(&inferencev1.InferenceImageCache{}, controller.Coalesce(handler.EnqueueRequestsFromMapFunc(jumpStartParentsOf), time.Second)).
 		Watches(&corev1.ConfigMap{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.JumpStartModelList{} },
 			func(o client.Object) bool { // the catalog only
 				return o.GetNamespace() == r.Config.OperatorNamespace && o.GetName() == r.CatalogName

@@ -16,9 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -52,6 +54,10 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;list;watch;create;update
 
+// ownChanges lets through a parent's changes of spec (its generation, which its deletion moves
+// too), labels and annotations.
+var ownChanges = predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}, predicate.AnnotationChangedPredicate{})
+
 // SetupWithManager registers the reconciler with mgr.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
@@ -59,11 +65,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("endpoint").
-		For(&inferencev1.InferenceEndpointConfig{}).
-		Owns(&inferencev1.ModelDataCacheConfig{}).
+		// Not its own status writes: they change nothing the reconcile reads.
+		For(&inferencev1.InferenceEndpointConfig{}, builder.WithPredicates(ownChanges)).
+		// A cache's status moves with every node's progress: its parent gathers it once a second.
+		Watches(&inferencev1.ModelDataCacheConfig{}, controller.Coalesce(
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &inferencev1.InferenceEndpointConfig{}, handler.OnlyControllerOwner()), time.Second)).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
-		Watches(&inferencev1.InferenceImageCache{}, handler.EnqueueRequestsFromMapFunc(parentsOf)).
+		Watches(&inferencev1.InferenceImageCache{}, controller.Coalesce(handler.EnqueueRequestsFromMapFunc(parentsOf), time.Second)).
 		Complete(r)
 }
 

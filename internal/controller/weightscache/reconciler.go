@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,8 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -32,6 +31,36 @@ import (
 
 // uidIndex indexes ModelDataCacheConfigs by UID, to map NodeCache events to them.
 const uidIndex = "metadata.uid"
+
+// cacheIndex indexes NodeCaches by the caches they ask for, report on or demand, so that a
+// cache's reconcile reads only the nodes it touches.
+const cacheIndex = "prewarm.io/caches"
+
+// Indexes are the informer indexes the reconciler reads through.
+var Indexes = append([]controller.Index{
+	{Object: &inferencev1.ModelDataCacheConfig{}, Field: uidIndex, Func: func(o client.Object) []string { return []string{string(o.GetUID())} }},
+	{Object: &prewarmv1alpha1.NodeCache{}, Field: cacheIndex, Func: func(o client.Object) []string { return cachesIn(o.(*prewarmv1alpha1.NodeCache)) }},
+}, controller.NodeIndexes...)
+
+// cachesIn lists the caches a NodeCache names.
+func cachesIn(nc *prewarmv1alpha1.NodeCache) []string {
+	var uids []string
+	add := func(uid string) {
+		if !slices.Contains(uids, uid) {
+			uids = append(uids, uid)
+		}
+	}
+	for _, c := range nc.Spec.Caches {
+		add(c.UID)
+	}
+	for _, c := range nc.Status.Caches {
+		add(c.UID)
+	}
+	for _, d := range nc.Status.Demands {
+		add(d.UID)
+	}
+	return uids
+}
 
 // Reconciler reconciles ModelDataCacheConfig objects.
 type Reconciler struct {
@@ -59,8 +88,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	if r.Now == nil {
 		r.Now = time.Now
 	}
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &inferencev1.ModelDataCacheConfig{}, uidIndex,
-		func(o client.Object) []string { return []string{string(o.GetUID())} }); err != nil {
+	if err := controller.RegisterIndexes(ctx, mgr, Indexes...); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -68,38 +96,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		For(&inferencev1.ModelDataCacheConfig{}).
 		Watches(&corev1.Node{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.ModelDataCacheConfigList{} }, nil),
 			builder.WithPredicates(controller.NodePlacementChanged)).
-		Watches(&prewarmv1alpha1.NodeCache{}, handler.EnqueueRequestsFromMapFunc(r.cachesOfNode)).
+		Watches(&prewarmv1alpha1.NodeCache{}, nodeCacheEvents{r}).
 		Complete(r)
-}
-
-// cachesOfNode maps a NodeCache event to the caches it asks for or reports on.
-func (r *Reconciler) cachesOfNode(ctx context.Context, o client.Object) []reconcile.Request {
-	nc, ok := o.(*prewarmv1alpha1.NodeCache)
-	if !ok {
-		return nil
-	}
-	uids := map[string]bool{}
-	for _, c := range nc.Spec.Caches {
-		uids[c.UID] = true
-	}
-	for _, c := range nc.Status.Caches {
-		uids[c.UID] = true
-	}
-	for _, d := range nc.Status.Demands {
-		uids[d.UID] = true
-	}
-	var reqs []reconcile.Request
-	for uid := range uids {
-		list := &inferencev1.ModelDataCacheConfigList{}
-		if err := r.Client.List(ctx, list, client.MatchingFields{uidIndex: uid}); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "listing ModelDataCacheConfigs")
-			continue
-		}
-		for _, m := range list.Items {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&m)})
-		}
-	}
-	return reqs
 }
 
 // Reconcile brings one cache's nodes, labels and status to what its spec asks.
@@ -123,30 +121,24 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 			return 0, err
 		}
 	}
-	nodes := &corev1.NodeList{}
-	if err := r.Client.List(ctx, nodes); err != nil {
-		return 0, err
-	}
-	nodeCaches := &prewarmv1alpha1.NodeCacheList{}
-	if err := r.Client.List(ctx, nodeCaches); err != nil {
-		return 0, err
-	}
-	byNode := map[string]*prewarmv1alpha1.NodeCache{}
-	for i := range nodeCaches.Items {
-		byNode[nodeCaches.Items[i].Name] = &nodeCaches.Items[i]
-	}
-
-	p, err := r.plan(ctx, m, nodes.Items, byNode)
+	nodes, related, byNode, err := r.fleet(ctx, m)
 	if err != nil {
 		return 0, err
 	}
-	full, err := r.ask(ctx, m, p, nodes.Items, nodeCaches.Items, byNode)
+	p, err := r.plan(ctx, m, nodes, byNode)
 	if err != nil {
 		return 0, err
 	}
-	st := r.gather(m, p.targets, p.retained, byNode, full)
+	if err := r.readTargets(ctx, p.targets, byNode); err != nil {
+		return 0, err
+	}
+	full, err := r.ask(ctx, m, p, related, byNode)
+	if err != nil {
+		return 0, err
+	}
+	st, ready := r.gather(m, p.targets, p.retained, byNode, full)
 	recordNodeEvents := r.nodeEvents(m, st)
-	if err := r.label(ctx, m, nodes.Items, st, deleting); err != nil {
+	if err := r.label(ctx, m, p, ready, deleting); err != nil {
 		return 0, err
 	}
 	if v := p.verdict; v != nil {
@@ -174,7 +166,9 @@ type plan struct {
 	verdict  *verdict
 	targets  []*corev1.Node
 	retained map[string]retention
-	requeue  time.Duration
+	// retainedNodes are the nodes of retained.
+	retainedNodes []*corev1.Node
+	requeue       time.Duration
 }
 
 // verdict is a condition the cache's spec or surroundings impose; failed marks the cache Failed
@@ -186,7 +180,7 @@ type verdict struct {
 
 // plan decides the cache's request and its targets. A cache being deleted has no targets: every
 // request is withdrawn.
-func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConfig, nodes []corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (plan, error) {
+func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConfig, nodes []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (plan, error) {
 	p := plan{retained: map[string]retention{}}
 	src, srcErr := r.Config.CacheSource(m.Spec.ModelSourceConfig)
 	if src.Type != inferencev1.ModelSourceHuggingFace && m.Status.ResolvedRevision != "" {
@@ -230,8 +224,7 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 	// target, but keeps what it was asked for until the retention passes: that state passes,
 	// and the model will be wanted there again.
 	now := r.Now()
-	for i := range nodes {
-		n := &nodes[i]
+	for _, n := range nodes {
 		if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
 			if demanded(byNode[n.Name], m) {
 				// Pods of the cache's namespace on this node ask for it (their CSI volume),
@@ -260,6 +253,7 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 			continue // kept long enough: withdrawn
 		}
 		p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention()), why: why}
+		p.retainedNodes = append(p.retainedNodes, n)
 		if p.requeue == 0 || left < p.requeue {
 			p.requeue = left
 		}
@@ -279,22 +273,26 @@ func demanded(nc *prewarmv1alpha1.NodeCache, m *inferencev1.ModelDataCacheConfig
 }
 
 // ask asks each target node for the cache and each retained node to keep it, and withdraws the
-// request from every other node. It returns the nodes it could not ask because they are already
-// asked for MaxCachesPerNode other caches.
-func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfig, p plan, nodes []corev1.Node, nodeCaches []prewarmv1alpha1.NodeCache, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]bool, error) {
+// request from every other node that has it (related: the NodeCaches that name the cache). It
+// returns the nodes it could not ask because they are already asked for MaxCachesPerNode other
+// caches. The writes go out in parallel.
+func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfig, p plan, related []*prewarmv1alpha1.NodeCache, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]bool, error) {
 	uid := string(m.UID)
 	isTarget := map[string]bool{}
 	for _, n := range p.targets {
 		isTarget[n.Name] = true
 	}
+	type write struct {
+		node  *corev1.Node
+		want  prewarmv1alpha1.CacheRequest
+		fresh bool // the node has no request for the cache yet
+	}
+	var writes []write
 	full := map[string]bool{}
-	for i := range nodes {
-		n := &nodes[i]
+	for _, n := range slices.Concat(p.targets, p.retainedNodes) {
 		want := p.entry
 		if keep, ok := p.retained[n.Name]; ok {
 			want.RetainedSince = keep.since
-		} else if !isTarget[n.Name] {
-			continue
 		}
 		asked := requestFor(byNode[n.Name], uid)
 		sealed, err := sealFor(byNode[n.Name], n.Name, uid, p.access, asked)
@@ -302,51 +300,145 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 			return nil, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)
 		}
 		want.Credentials = sealed
-		if asked != nil && equality.Semantic.DeepEqual(*asked, want) {
+		if asked != nil && (equality.Semantic.DeepEqual(*asked, want) || pinNotNeeded(*asked, want, reportFor(byNode[n.Name], uid))) {
 			continue
 		}
 		if asked == nil && byNode[n.Name] != nil && len(byNode[n.Name].Spec.Caches) >= prewarmv1alpha1.MaxCachesPerNode {
 			full[n.Name] = true
 			continue
 		}
-		if err := applyEntry(ctx, r.Client, n, &want, uid); err != nil {
-			if asked == nil && apierrors.IsInvalid(err) {
+		writes = append(writes, write{node: n, want: want, fresh: asked == nil})
+	}
+	var mu sync.Mutex
+	err := controller.ForEach(ctx, writes, func(ctx context.Context, w write) error {
+		if err := applyEntry(ctx, r.Client, w.node, &w.want, uid); err != nil {
+			if w.fresh && apierrors.IsInvalid(err) {
 				// Another cache took the last place since the informer's view: the API server
 				// refuses the list's growth past its maxItems.
-				full[n.Name] = true
-				continue
+				mu.Lock()
+				full[w.node.Name] = true
+				mu.Unlock()
+				return nil
 			}
-			return nil, fmt.Errorf("asking node %s for the cache: %w", n.Name, err)
+			return fmt.Errorf("asking node %s for the cache: %w", w.node.Name, err)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	for i := range nodeCaches {
-		nc := &nodeCaches[i]
+	var withdraw []*prewarmv1alpha1.NodeCache
+	for _, nc := range related {
 		if _, keep := p.retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(nc, uid) == nil {
 			continue
 		}
-		if err := withdrawEntry(ctx, r.Client, nc, uid); err != nil {
-			return nil, fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
-		}
+		withdraw = append(withdraw, nc)
 	}
-	return full, nil
+	err = controller.ForEach(ctx, withdraw, func(ctx context.Context, nc *prewarmv1alpha1.NodeCache) error {
+		if err := withdrawEntry(ctx, r.Client, nc, uid); err != nil {
+			return fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
+		}
+		return nil
+	})
+	return full, err
 }
 
-// label puts the cache's label on exactly the nodes that hold it Ready (retained nodes too: new
-// pods prefer them again once they are admitted), and on none while the cache is deleted.
-func (r *Reconciler) label(ctx context.Context, m *inferencev1.ModelDataCacheConfig, nodes []corev1.Node, st inferencev1.ModelDataCacheConfigStatus, deleting bool) error {
-	label := inferencev1.WeightsCacheReadyLabel(string(m.UID))
-	ready := map[string]bool{}
-	for _, ns := range st.Nodes {
-		if ns.State == inferencev1.CacheReady {
-			ready[ns.Name] = true
-		}
+// pinNotNeeded reports whether a node's request differs from want only by the revision the
+// cache was pinned to since, and the node needs no new request for it: it is downloading (what
+// it lists now is what it reports at the end; a node that ends with another revision is not
+// counted Ready, and is asked again with the pin), or it holds that revision. Re-asking every
+// node of a fleet when the first one is Ready would cost one write per node.
+func pinNotNeeded(asked, want prewarmv1alpha1.CacheRequest, rep *prewarmv1alpha1.CacheStatus) bool {
+	pin := want.Source.Revision
+	if asked.Source.Revision != "" || pin == "" || rep == nil {
+		return false
 	}
-	for i := range nodes {
-		if err := controller.SetNodeLabel(ctx, r.Client, &nodes[i], label, ready[nodes[i].Name] && !deleting); err != nil {
+	asked.Source.Revision = pin
+	if !equality.Semantic.DeepEqual(asked, want) {
+		return false
+	}
+	switch rep.State {
+	case inferencev1.CacheDownloading:
+		return rep.Revision == "" || rep.Revision == pin
+	case inferencev1.CacheReady:
+		return rep.Revision == pin
+	}
+	return false
+}
+
+// fleet reads, from the informer cache and without copying, what one reconcile of m needs: the
+// nodes its placement may select (through the instance-type index when it names types) and
+// the nodes whose NodeCache names the cache (through the cache index), with those NodeCaches.
+func (r *Reconciler) fleet(ctx context.Context, m *inferencev1.ModelDataCacheConfig) ([]*corev1.Node, []*prewarmv1alpha1.NodeCache, map[string]*prewarmv1alpha1.NodeCache, error) {
+	nodes, err := controller.CandidateNodes(ctx, r.Client, m.Spec.Placement.InstanceTypes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	list := &prewarmv1alpha1.NodeCacheList{}
+	if err := r.Client.List(ctx, list, client.MatchingFields{cacheIndex: string(m.UID)}, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, nil, nil, err
+	}
+	related := make([]*prewarmv1alpha1.NodeCache, len(list.Items))
+	byNode := make(map[string]*prewarmv1alpha1.NodeCache, len(list.Items))
+	for i := range list.Items {
+		related[i] = &list.Items[i]
+		byNode[list.Items[i].Name] = &list.Items[i]
+	}
+	have := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		have[n.Name] = true
+	}
+	for _, nc := range related {
+		if have[nc.Name] {
+			continue
+		}
+		// Not of the placement's instance types, but its NodeCache names the cache: pods there
+		// ask for it, or it was asked before the placement changed.
+		n := &corev1.Node{}
+		switch err := r.Client.Get(ctx, types.NamespacedName{Name: nc.Name}, n, client.UnsafeDisableDeepCopy); {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, nil, nil, err
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, related, byNode, nil
+}
+
+// readTargets adds to byNode the NodeCaches of the targets that do not name the cache yet: what
+// their agents report (the key credentials are sealed to, how many caches they hold).
+func (r *Reconciler) readTargets(ctx context.Context, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) error {
+	for _, n := range targets {
+		if byNode[n.Name] != nil {
+			continue
+		}
+		nc := &prewarmv1alpha1.NodeCache{}
+		switch err := r.Client.Get(ctx, types.NamespacedName{Name: n.Name}, nc, client.UnsafeDisableDeepCopy); {
+		case apierrors.IsNotFound(err):
+		case err != nil:
 			return err
+		default:
+			byNode[n.Name] = nc
 		}
 	}
 	return nil
+}
+
+// label puts the cache's label on exactly the nodes that hold it Ready (retained nodes too: new
+// pods prefer them again once they are admitted), and on none while the cache is deleted. It
+// looks at the targets, the retained nodes and the nodes that carry the label now (an index).
+func (r *Reconciler) label(ctx context.Context, m *inferencev1.ModelDataCacheConfig, p plan, ready map[string]bool, deleting bool) error {
+	key := inferencev1.WeightsCacheReadyLabel(string(m.UID))
+	labelled, err := controller.LabelledNodes(ctx, r.Client, key)
+	if err != nil {
+		return err
+	}
+	want := ready
+	if deleting {
+		want = nil
+	}
+	return controller.ApplyLabels(ctx, r.Client, key, controller.LabelChanges(slices.Concat(p.targets, p.retainedNodes, labelled), key, want))
 }
 
 // finishDeletion reports the nodes that still hold the deleted cache, and once none does, lets
@@ -497,6 +589,11 @@ func requestFor(nc *prewarmv1alpha1.NodeCache, uid string) *prewarmv1alpha1.Cach
 	return nil
 }
 
+// maxNodeEventTargets is the most target nodes a cache may have for its nodes' every transition
+// to be an event (on more, only their failures are): an event is a write, and a fleet's caches
+// would write one per node and transition.
+const maxNodeEventTargets = 16
+
 // nodeEvents returns what records each node's cache becoming Ready, Failed or Downloading: to
 // be called once st is written, so that a status write that conflicts (and is retried from the
 // stored status) does not tell of a transition twice.
@@ -509,8 +606,16 @@ func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferenc
 	for _, n := range m.Status.Nodes {
 		before[n.Name] = n
 	}
+	// On a fleet larger than status.nodes holds, a node missing from either list says nothing
+	// of its transitions: only the failures of listed nodes are told (the counts, the Ready
+	// condition and each node's NodeCache tell the rest), not one event per node.
+	small := int(st.TargetNodes) <= maxNodeEventTargets && len(m.Status.Nodes) < inferencev1.MaxStatusNodes && len(st.Nodes) < inferencev1.MaxStatusNodes
 	for _, n := range st.Nodes {
-		if b, ok := before[n.Name]; ok && b.State == n.State && b.Reason == n.Reason {
+		b, ok := before[n.Name]
+		if ok && b.State == n.State && b.Reason == n.Reason {
+			continue
+		}
+		if !small && (!ok || n.State != inferencev1.CacheFailed) {
 			continue
 		}
 		switch n.State {

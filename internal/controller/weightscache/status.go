@@ -19,8 +19,10 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
-// gather builds the cache's status from the target nodes' NodeCache reports.
-func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache, full map[string]bool) inferencev1.ModelDataCacheConfigStatus {
+// gather builds the cache's status from the target nodes' NodeCache reports: counts over every
+// node, and the bounded list of the nodes that need attention most.
+// ready is every node that holds the cache Ready, listed or not.
+func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache, full map[string]bool) (inferencev1.ModelDataCacheConfigStatus, map[string]bool) {
 	st := inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: m.Generation,
 		TargetNodes:        int32(len(targets)),
@@ -32,18 +34,64 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		b.previous[ns.Name] = ns
 	}
 	var t tally
+	nodes := make([]inferencev1.NodeCacheStatus, 0, len(targets)+len(retained))
 	for _, n := range targets {
 		ns := b.entry(n.Name, nil)
 		t.count(ns)
-		st.Nodes = append(st.Nodes, ns)
+		nodes = append(nodes, ns)
 	}
 	for _, name := range slices.Sorted(maps.Keys(retained)) {
 		keep := retained[name]
-		st.Nodes = append(st.Nodes, b.entry(name, &keep))
+		nodes = append(nodes, b.entry(name, &keep))
 	}
 	summarize(&st, m, t)
-	limitNodes(&st)
-	return st
+	ready := map[string]bool{}
+	for _, ns := range nodes {
+		if ns.State == inferencev1.CacheReady {
+			ready[ns.Name] = true
+		}
+	}
+	st.Nodes = attention(nodes, inferencev1.MaxStatusNodes)
+	if len(nodes) > len(st.Nodes) {
+		c := &st.Conditions[slices.IndexFunc(st.Conditions, func(c metav1.Condition) bool { return c.Type == inferencev1.ConditionReady })]
+		c.Message += fmt.Sprintf("; status.nodes lists %d of the %d nodes, those that need attention first (kubectl prewarm status lists every node)", len(st.Nodes), len(nodes))
+	}
+	return st, ready
+}
+
+// attention orders node entries by how much they need attention — failed, then downloading
+// (the least done first), then waiting, then retained, then Ready; by name within each — and
+// keeps the first limit of them.
+func attention(nodes []inferencev1.NodeCacheStatus, limit int) []inferencev1.NodeCacheStatus {
+	rank := func(n inferencev1.NodeCacheStatus) int {
+		switch {
+		case n.Retained:
+			return 3
+		case n.State == inferencev1.CacheFailed:
+			return 0
+		case n.State == inferencev1.CacheDownloading:
+			return 1
+		case n.State == inferencev1.CacheReady:
+			return 4
+		}
+		return 2
+	}
+	done := func(n inferencev1.NodeCacheStatus) int64 {
+		if n.BytesTotal <= 0 {
+			return 0
+		}
+		return n.BytesDone * 1000 / n.BytesTotal
+	}
+	slices.SortFunc(nodes, func(a, b inferencev1.NodeCacheStatus) int {
+		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(done(a), done(b)), strings.Compare(a.Name, b.Name))
+	})
+	if len(nodes) > limit {
+		nodes = nodes[:limit]
+	}
+	if len(nodes) == 0 {
+		return nil
+	}
+	return nodes
 }
 
 // nodeEntries builds the status's per-node entries.
@@ -101,15 +149,22 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 // tally counts the target nodes by state; retained nodes are not counted.
 type tally struct {
 	downloading, failed, pending int
-	failures                     []string
-	firstFailure                 string // reason
-	ready                        int32
+	// failures are the first maxFailures failed nodes, for the Ready condition's message.
+	failures     []string
+	firstFailure string // reason
+	ready        int32
+	// settled counts the nodes that are Ready or failed for a reason waiting will not fix.
+	settled int32
 }
+
+// maxFailures is how many failed nodes the Ready condition names.
+const maxFailures = 10
 
 func (t *tally) count(ns inferencev1.NodeCacheStatus) {
 	switch ns.State {
 	case inferencev1.CacheReady:
 		t.ready++
+		t.settled++
 	case inferencev1.CacheDownloading:
 		t.downloading++
 	case inferencev1.CacheFailed:
@@ -117,15 +172,30 @@ func (t *tally) count(ns inferencev1.NodeCacheStatus) {
 			t.firstFailure = ns.Reason
 		}
 		t.failed++
-		t.failures = append(t.failures, fmt.Sprintf("%s: %s", ns.Name, ns.Message))
+		if prewarmv1alpha1.Terminal(ns.Reason) {
+			t.settled++
+		}
+		if len(t.failures) < maxFailures {
+			t.failures = append(t.failures, fmt.Sprintf("%s: %s", ns.Name, ns.Message))
+		}
 	default:
 		t.pending++
 	}
 }
 
+// failureList is the failed nodes for a message: the first ones, and how many more.
+func (t *tally) failureList() string {
+	s := strings.Join(t.failures, "; ")
+	if more := t.failed - len(t.failures); more > 0 {
+		s += fmt.Sprintf("; and %d more", more)
+	}
+	return s
+}
+
 // summarize sets the cache's state and Ready condition from the tally of its target nodes.
 func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelDataCacheConfig, t tally) {
-	st.ReadyNodes = t.ready
+	st.ReadyNodes, st.SettledNodes = t.ready, t.settled
+	st.DownloadingNodes, st.FailedNodes = int32(t.downloading), int32(t.failed)
 	switch {
 	case st.TargetNodes == 0:
 		st.State = inferencev1.CachePending
@@ -137,7 +207,7 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 	case t.failed > 0 && t.downloading == 0 && t.pending == 0:
 		st.State = inferencev1.CacheFailed
 		setCondition(st, m, metav1.ConditionFalse, t.firstFailure,
-			fmt.Sprintf("%d of %d target nodes hold the cache; %d failed: %s", st.ReadyNodes, st.TargetNodes, t.failed, strings.Join(t.failures, "; ")))
+			fmt.Sprintf("%d of %d target nodes hold the cache; %d failed: %s", st.ReadyNodes, st.TargetNodes, t.failed, t.failureList()))
 	case t.downloading > 0:
 		st.State = inferencev1.CacheDownloading
 		setCondition(st, m, metav1.ConditionFalse, inferencev1.ReasonDownloading,
@@ -147,25 +217,6 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 		setCondition(st, m, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache,
 			fmt.Sprintf("%d of %d target nodes hold the cache; %d waiting, %d failed", st.ReadyNodes, st.TargetNodes, t.pending, t.failed))
 	}
-}
-
-// limitNodes keeps status.nodes within its limit: past it, the nodes that need attention are
-// listed, and the Ready condition says how many were left out.
-func limitNodes(st *inferencev1.ModelDataCacheConfigStatus) {
-	n := len(st.Nodes)
-	if n <= inferencev1.MaxStatusNodes {
-		return
-	}
-	ready := func(n inferencev1.NodeCacheStatus) int {
-		if n.State == inferencev1.CacheReady {
-			return 1
-		}
-		return 0
-	}
-	slices.SortStableFunc(st.Nodes, func(a, b inferencev1.NodeCacheStatus) int { return cmp.Compare(ready(a), ready(b)) })
-	st.Nodes = st.Nodes[:inferencev1.MaxStatusNodes]
-	c := &st.Conditions[slices.IndexFunc(st.Conditions, func(c metav1.Condition) bool { return c.Type == inferencev1.ConditionReady })]
-	c.Message += fmt.Sprintf("; status.nodes lists %d of the %d nodes (those not Ready first)", inferencev1.MaxStatusNodes, n)
 }
 
 func setCondition(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelDataCacheConfig, status metav1.ConditionStatus, reason, msg string) {

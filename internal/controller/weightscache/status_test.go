@@ -55,7 +55,7 @@ func TestGather(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := r.gather(m, tt.targets, nil, tt.byNode, nil)
+			st, _ := r.gather(m, tt.targets, nil, tt.byNode, nil)
 			c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 			if st.State != tt.state || st.ReadyNodes != tt.ready || st.TargetNodes != int32(len(tt.targets)) ||
 				c == nil || c.Reason != tt.reason || !strings.Contains(c.Message, tt.inMessage) || st.ObservedGeneration != 3 {
@@ -63,7 +63,7 @@ func TestGather(t *testing.T) {
 			}
 		})
 	}
-	st := r.gather(m, nodes("a"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": {}}, nil)
+	st, _ := r.gather(m, nodes("a"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": {}}, nil)
 	if st.Nodes[0].Reason != "AgentNotReporting" || !strings.Contains(st.Nodes[0].Message, "agent") {
 		t.Errorf("a node whose agent never reported: %+v", st.Nodes[0])
 	}
@@ -77,12 +77,18 @@ func TestGather(t *testing.T) {
 		many = append(many, name)
 		byNode[name] = report(inferencev1.CacheReady, "Verified", "")
 	}
-	byNode["n05005"] = report(inferencev1.CacheDownloading, "Downloading", "")
-	st = r.gather(m, nodes(many...), nil, byNode, nil)
+	slow := many[len(many)-5]
+	byNode[slow] = report(inferencev1.CacheDownloading, "Downloading", "")
+	st, ready := r.gather(m, nodes(many...), nil, byNode, nil)
 	c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
-	if len(st.Nodes) != inferencev1.MaxStatusNodes || st.Nodes[0].Name != "n05005" || st.TargetNodes != inferencev1.MaxStatusNodes+10 ||
-		!strings.Contains(c.Message, "lists 5000 of the 5010 nodes") {
-		t.Errorf("%d nodes listed, first %s, condition %q", len(st.Nodes), st.Nodes[0].Name, c.Message)
+	want := fmt.Sprintf("lists %d of the %d nodes", inferencev1.MaxStatusNodes, inferencev1.MaxStatusNodes+10)
+	if len(st.Nodes) != inferencev1.MaxStatusNodes || st.Nodes[0].Name != slow || st.TargetNodes != inferencev1.MaxStatusNodes+10 ||
+		!strings.Contains(c.Message, want) {
+		t.Errorf("%d nodes listed, first %s, condition %q; want %s first and %q", len(st.Nodes), st.Nodes[0].Name, c.Message, slow, want)
+	}
+	// The counts and the labels cover every node, listed or not.
+	if n := int32(inferencev1.MaxStatusNodes + 9); st.ReadyNodes != n || st.SettledNodes != n || st.DownloadingNodes != 1 || len(ready) != int(n) || ready[slow] {
+		t.Errorf("counts: ready %d settled %d downloading %d, %d nodes to label (the slow one: %v)", st.ReadyNodes, st.SettledNodes, st.DownloadingNodes, len(ready), ready[slow])
 	}
 
 	// A node that downloaded after the source was rewritten holds another revision than the one
@@ -93,9 +99,10 @@ func TestGather(t *testing.T) {
 	rewritten.Status.Caches[0].Revision = "sha256:second"
 	same := report(inferencev1.CacheReady, "Verified", "")
 	same.Status.Caches[0].Revision = "sha256:first"
-	st = r.gather(pinned, nodes("a", "b"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": same, "b": rewritten}, nil)
+	st, _ = r.gather(pinned, nodes("a", "b"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": same, "b": rewritten}, nil)
 	c = meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
-	if st.ReadyNodes != 1 || st.ResolvedRevision != "sha256:first" || st.Nodes[1].Reason != prewarmv1alpha1.ReasonSourceChanged ||
+	// The failed node is listed first.
+	if st.ReadyNodes != 1 || st.ResolvedRevision != "sha256:first" || st.Nodes[0].Name != "b" || st.Nodes[0].Reason != prewarmv1alpha1.ReasonSourceChanged ||
 		c.Reason != prewarmv1alpha1.ReasonSourceChanged || !strings.Contains(c.Message, "sha256:second") {
 		t.Errorf("a split revision: ready %d, revision %s, nodes %+v, condition %+v", st.ReadyNodes, st.ResolvedRevision, st.Nodes, c)
 	}
