@@ -174,8 +174,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
 		jctx, cancel := context.WithCancel(a.life)
 		j := &job{a: a, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1), demanded: make(chan struct{})}
-		j.status = prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
-			Message: "waiting to start", LastTransitionTime: a.now()}
+		j.status = Queued(uid, a.now())
 		a.jobs[uid] = j
 		go j.run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
 	}
@@ -494,8 +493,6 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	return st
 }
 
-// statusWriter writes the agent's status to its NodeCache: at most once per StatusInterval,
-// at least once per HeartbeatInterval.
 // lifetime ends the jobs when the manager stops, and waits for them: a download stops at a
 // consistent journal (it resumes from there), well within the pod's termination grace period.
 type lifetime struct{ a *Agent }
@@ -520,6 +517,9 @@ func (l lifetime) Start(ctx context.Context) error {
 	return nil
 }
 
+// statusWriter writes the agent's status to its NodeCache as its WritePolicy says: a change of
+// state at the next StatusInterval tick, progress at most every ProgressInterval, at least
+// once per HeartbeatInterval.
 type statusWriter struct{ a *Agent }
 
 // NeedLeaderElection is false: every node's agent writes its own status.
@@ -530,15 +530,15 @@ func (w statusWriter) Start(ctx context.Context) error {
 	log := ctrl.LoggerFrom(ctx).WithName("status")
 	var last prewarmv1alpha1.NodeCacheStatus
 	var lastWrite time.Time
+	written := false
+	policy := a.opts.WritePolicy()
 	tick := time.NewTicker(a.opts.StatusInterval)
 	defer tick.Stop()
-	pending := true
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-a.dirty:
-			pending = true
 			continue
 		case <-tick.C:
 		}
@@ -555,14 +555,14 @@ func (w statusWriter) Start(ctx context.Context) error {
 		st := a.status()
 		st.Demands = demands
 		a.metrics.observe(st)
-		if !pending && sameStatus(st, last) && a.opts.Now().Sub(lastWrite) < a.opts.HeartbeatInterval {
+		if !policy.Due(last, st, a.opts.Now().Sub(lastWrite), written) {
 			continue
 		}
 		if err := a.writeStatus(ctx, st, seen); err != nil {
 			log.Error(err, "writing NodeCache status")
 			continue
 		}
-		last, lastWrite, pending = st, a.opts.Now(), false
+		last, lastWrite, written = st, a.opts.Now(), seen
 	}
 }
 

@@ -11,11 +11,8 @@ import (
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -41,36 +38,7 @@ func startAPI(t *testing.T) (context.Context, *testutil.APIServer) {
 // runAgent runs an agent for node under its own manager until the test ends.
 func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, o agent.Options) *agent.Agent {
 	t.Helper()
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-		Scheme:     testutil.Scheme(),
-		Cache:      agent.CacheOptions(node),
-		Client:     agent.ClientOptions(),
-		Metrics:    metricsserver.Options{BindAddress: "0"},
-		Logger:     logr.Discard(),
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}, // one agent per test in this process
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.NodeName = node
-	a, err := agent.New(mgr.GetClient(), o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	a.SetRecorder(mgr.GetEventRecorder("prewarm-agent"))
-	mctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	return a
+	return testutil.RunAgent(t, ctx, api, node, o)
 }
 
 // watchStatus returns a reader of one cache's status in node's NodeCache, and a wait that fails

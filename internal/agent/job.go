@@ -200,10 +200,7 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		return j.repair(ctx, model, damaged)
 	case errors.Is(err, os.ErrNotExist) && j.retained() && !j.isDemanded():
 		// Not a current target: keep what is here, fetch nothing new.
-		j.set(func(st *prewarmv1alpha1.CacheStatus) {
-			st.State, st.Reason, st.BytesDone, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonNotTarget, 0, 0
-			st.Message = "the node is not a current target of the cache (cordoned, tainted or unreachable); nothing is downloaded until it is"
-		})
+		j.set(NotTarget)
 		return o.RecheckInterval, false, true
 	case !errors.Is(err, os.ErrNotExist) || j.snapshotState() == inferencev1.CacheReady:
 		// It was there and cannot be read any more: fetch it again, from scratch.
@@ -224,9 +221,7 @@ func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 	log := ctrl.LoggerFrom(ctx)
 	var res engine.Result
 	err := j.download(ctx, func(eng *engine.Engine, src source.Source) error {
-		j.set(func(st *prewarmv1alpha1.CacheStatus) {
-			st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+j.req.Source.String()
-		})
+		j.set(func(st *prewarmv1alpha1.CacheStatus) { Listing(st, j.req.Source) })
 		var err error
 		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision()})
 		return err
@@ -282,13 +277,7 @@ func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Sourc
 	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
 		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer),
 		engine.WithProgress(func(p engine.Progress) {
-			j.set(func(st *prewarmv1alpha1.CacheStatus) {
-				st.BytesDone, st.BytesTotal, st.Files = p.BytesDone, p.BytesTotal, int32(p.FilesTotal)
-				st.BytesPerSecond = int64(p.BytesPerSecond)
-				if p.Phase != engine.PhaseDone && st.Reason != prewarmv1alpha1.ReasonCacheDamaged {
-					st.Message = fmt.Sprintf("%s: %s of %s", p.Phase, engine.HumanBytes(p.BytesDone), engine.HumanBytes(p.BytesTotal))
-				}
-			})
+			j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p) })
 		}, o.StatusInterval))...)
 	err = fn(eng, src)
 	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
@@ -454,12 +443,7 @@ func (j *job) ready(m *engine.Manifest) {
 	for _, f := range m.Files {
 		total += f.Size
 	}
-	j.set(func(st *prewarmv1alpha1.CacheStatus) {
-		st.State, st.Reason = inferencev1.CacheReady, prewarmv1alpha1.ReasonVerified
-		st.Message = fmt.Sprintf("%d files, %s, verified", len(m.Files), engine.HumanBytes(total))
-		st.BytesDone, st.BytesTotal, st.BytesPerSecond = total, total, 0
-		st.Files, st.Revision = int32(len(m.Files)), m.Revision
-	})
+	j.set(func(st *prewarmv1alpha1.CacheStatus) { Verified(st, len(m.Files), total, m.Revision) })
 }
 
 func (j *job) fail(reason, msg string) {

@@ -36,6 +36,9 @@ type Options struct {
 	StatusInterval time.Duration
 	// HeartbeatInterval is the most time between two status writes.
 	HeartbeatInterval time.Duration
+	// ProgressInterval is the least time between two status writes that change only the
+	// progress of downloads (10 s): a change of state is written at the next StatusInterval.
+	ProgressInterval time.Duration
 	// RecheckInterval is how often a Ready cache is re-checked (manifest and sizes).
 	RecheckInterval time.Duration
 	// VerifyInterval is how often a Ready cache's content is read back and compared with its
@@ -73,6 +76,9 @@ func (o *Options) Defaults() {
 	}
 	if o.StatusInterval <= 0 {
 		o.StatusInterval = 2 * time.Second
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = 10 * time.Second
 	}
 	if o.HeartbeatInterval <= 0 {
 		o.HeartbeatInterval = time.Minute
@@ -172,4 +178,9 @@ func (o *Options) sourceSpec(cs prewarmv1alpha1.CacheSource) (sources.Spec, sour
 		return sources.Spec{Kind: sources.Dir, Path: filepath.Join(mount, cs.Path)}, opts, nil
 	}
 	return sources.Spec{}, opts, fmt.Errorf("source type %q: want s3, huggingface or fsx", cs.Type)
+}
+
+// WritePolicy is when the agent writes its NodeCache status.
+func (o *Options) WritePolicy() WritePolicy {
+	return WritePolicy{Interval: o.StatusInterval, ProgressInterval: o.ProgressInterval, HeartbeatInterval: o.HeartbeatInterval}
 }

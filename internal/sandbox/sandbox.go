@@ -395,6 +395,8 @@ func (s *sandbox) startPrewarm(context.Context) error {
 		HuggingFace: config.HuggingFace{Endpoint: s.hub.URL},
 		// The seed's bucket is read with the agents' own identity, for every namespace.
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
+		// Progress every second, to watch on a small cluster.
+		Agent: config.Agent{ProgressInterval: "1s"},
 	}
 	if err := op.Write(conf); err != nil {
 		return err

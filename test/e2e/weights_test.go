@@ -264,7 +264,9 @@ func condition(conds []metav1.Condition, typ string) metav1.Condition {
 // cache root, the S3 endpoint given, the env's Hugging Face Hub and FSx mounts.
 func (e *weightsEnv) config(s3Endpoint string) string {
 	op := config.Operator{CacheRoots: []string{root}, FSx: e.fsx,
-		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}}}
+		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
+		// Progress at every status tick: the tests act at points of a download.
+		Agent: config.Agent{ProgressInterval: "250ms"}}
 	if s3Endpoint != "" {
 		op.S3 = config.S3{Endpoint: s3Endpoint, PathStyle: true, CredentialsSecret: "prewarm-s3"}
 	}

@@ -252,6 +252,7 @@ func settings(cmd *cobra.Command, opts *agent.Options, eng *cli.EngineFlags, res
 	if !flags.Changed("verify-interval") {
 		opts.VerifyInterval = ac.VerifyIntervalDuration()
 	}
+	opts.ProgressInterval = ac.ProgressIntervalDuration()
 	eng.Prefer(cmd, ac.Concurrency, ac.PartSizeBytes())
 	opts.Engine, err = eng.EngineOptions()
 	return err

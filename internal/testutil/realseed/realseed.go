@@ -341,7 +341,8 @@ func (e *Env) values() map[string]any {
 			// The seed's bucket is read with the agents' own identity, for every namespace.
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: Bucket}}},
 			Controller:   config.Controller{GateTimeout: "10m"},
-			Agent:        config.Agent{Reserve: "1Gi", MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: "16Mi"},
+			// Progress every second: the tests act at points of a download.
+			Agent: config.Agent{Reserve: "1Gi", MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: "16Mi", ProgressInterval: "1s"},
 		},
 	}
 }

@@ -1,0 +1,48 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/pkg/engine"
+)
+
+func TestWritePolicy(t *testing.T) {
+	p := WritePolicy{Interval: 2 * time.Second, ProgressInterval: 10 * time.Second, HeartbeatInterval: time.Minute}
+	cache := Queued("u", nil)
+	Listing(&cache, prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "b", Prefix: "p"})
+	at := func(done int64) prewarmv1alpha1.NodeCacheStatus {
+		c := cache
+		Progressed(&c, engine.Progress{BytesDone: done, BytesTotal: 100, Phase: engine.PhaseDownloading})
+		return prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{c}}
+	}
+	ready := at(100)
+	Verified(&ready.Caches[0], 3, 100, "rev")
+	tests := []struct {
+		name       string
+		last, next prewarmv1alpha1.NodeCacheStatus
+		since      time.Duration
+		written    bool
+		want       bool
+	}{
+		{"nothing written yet", at(0), at(0), 0, false, true},
+		{"unchanged", at(10), at(10), 30 * time.Second, true, false},
+		{"progress only, soon after", at(10), at(20), 3 * time.Second, true, false},
+		{"progress only, a progress interval later", at(10), at(20), 10 * time.Second, true, true},
+		{"a change of state at once", at(90), ready, 2 * time.Second, true, true},
+		{"a demand at once", at(10), withDemand(at(10)), 2 * time.Second, true, true},
+		{"the heartbeat", at(10), at(10), time.Minute, true, true},
+	}
+	for _, tt := range tests {
+		if got := p.Due(tt.last, tt.next, tt.since, tt.written); got != tt.want {
+			t.Errorf("%s: Due = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func withDemand(st prewarmv1alpha1.NodeCacheStatus) prewarmv1alpha1.NodeCacheStatus {
+	st.Demands = []prewarmv1alpha1.CacheDemand{{UID: "u", Namespace: "ns", Pods: 1}}
+	return st
+}
