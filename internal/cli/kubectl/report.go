@@ -1,6 +1,7 @@
 package kubectl
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -47,15 +48,22 @@ type ConditionReport struct {
 	Message string `json:"message"`
 }
 
-// WeightsReport is a weights cache with its nodes.
+// WeightsReport is a weights cache with its nodes: the counts cover every target node; nodes
+// lists those that need attention first (failed, the slowest downloads, waiting, then Ready),
+// all of them with --all-nodes.
 type WeightsReport struct {
-	Name       string         `json:"name"`
-	State      string         `json:"state"`
-	Target     int32          `json:"targetNodes"`
-	Ready      int32          `json:"readyNodes"`
-	TotalBytes int64          `json:"totalBytes"`
-	Revision   string         `json:"revision,omitempty"`
-	Nodes      []NodeProgress `json:"nodes"`
+	Name        string `json:"name"`
+	State       string `json:"state"`
+	Target      int32  `json:"targetNodes"`
+	Ready       int32  `json:"readyNodes"`
+	Downloading int32  `json:"downloadingNodes"`
+	Failed      int32  `json:"failedNodes"`
+	Waiting     int32  `json:"waitingNodes"`
+	TotalBytes  int64  `json:"totalBytes"`
+	Revision    string `json:"revision,omitempty"`
+	// NodesOmitted is how many nodes nodes leaves out.
+	NodesOmitted int            `json:"nodesOmitted,omitempty"`
+	Nodes        []NodeProgress `json:"nodes"`
 }
 
 // NodeProgress is one node's copy of a weights cache.
@@ -112,8 +120,18 @@ func condition(conds []metav1.Condition, typ string) *ConditionReport {
 	return &ConditionReport{Status: string(c.Status), Reason: c.Reason, Message: c.Message}
 }
 
+// nodeView is how many nodes of a cache the status lists: the first limit by attention, or
+// every node (read from the nodes' own NodeCaches) when all.
+type nodeView struct {
+	limit int
+	all   bool
+}
+
+// defaultNodeLimit is how many nodes of each cache status lists unless told otherwise.
+const defaultNodeLimit = 20
+
 // buildStatus gathers the parents in namespace (all when empty), or the one named.
-func buildStatus(ctx context.Context, c client.Client, namespace, name string) (*StatusReport, error) {
+func buildStatus(ctx context.Context, c client.Client, namespace, name string, view nodeView) (*StatusReport, error) {
 	var opts []client.ListOption
 	if namespace != "" {
 		opts = append(opts, client.InNamespace(namespace))
@@ -139,6 +157,8 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string) (
 		parents = append(parents, parent{"JumpStartModel", &jsms.Items[i], &jsms.Items[i].Status})
 	}
 	rep := &StatusReport{Parents: []ParentReport{}}
+	var nodeCaches []prewarmv1alpha1.NodeCache // read once, for --all-nodes
+	read := false
 	for _, p := range parents {
 		if name != "" && p.obj.GetName() != name {
 			continue
@@ -155,7 +175,14 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string) (
 		if w := p.st.WeightsCacheStatus; w != nil && w.Name != "" {
 			m := &inferencev1.ModelDataCacheConfig{}
 			if err := c.Get(ctx, types.NamespacedName{Namespace: pr.Namespace, Name: w.Name}, m); err == nil {
-				pr.Weights = weightsReport(m)
+				if view.all && !read {
+					list := &prewarmv1alpha1.NodeCacheList{}
+					if err := c.List(ctx, list); err != nil {
+						return nil, err
+					}
+					nodeCaches, read = list.Items, true
+				}
+				pr.Weights = weightsReport(m, nodeCaches, view)
 			} else if client.IgnoreNotFound(err) != nil {
 				return nil, err
 			}
@@ -186,19 +213,89 @@ func inNamespace(ns string) string {
 	return " in namespace " + ns
 }
 
-func weightsReport(m *inferencev1.ModelDataCacheConfig) *WeightsReport {
-	w := &WeightsReport{Name: m.Name, State: string(m.Status.State), Target: m.Status.TargetNodes, Ready: m.Status.ReadyNodes,
-		TotalBytes: m.Status.TotalBytes, Revision: m.Status.ResolvedRevision, Nodes: []NodeProgress{}}
-	for _, n := range m.Status.Nodes {
-		np := NodeProgress{Node: n.Name, State: string(n.State), BytesDone: n.BytesDone, BytesTotal: n.BytesTotal,
+// weightsReport is a cache's counts and nodes. The cache's status lists the nodes that need
+// attention first, and at most MaxStatusNodes of them; with view.all, every node that is asked
+// for the cache comes from its own NodeCache (what its agent reports now), and the cache's
+// status adds the nodes only the controller knows of (a node too full to be asked).
+func weightsReport(m *inferencev1.ModelDataCacheConfig, nodeCaches []prewarmv1alpha1.NodeCache, view nodeView) *WeightsReport {
+	st := m.Status
+	w := &WeightsReport{Name: m.Name, State: string(st.State), Target: st.TargetNodes, Ready: st.ReadyNodes,
+		Downloading: st.DownloadingNodes, Failed: st.FailedNodes, Waiting: max(0, st.TargetNodes-st.ReadyNodes-st.DownloadingNodes-st.FailedNodes),
+		TotalBytes: st.TotalBytes, Revision: st.ResolvedRevision, Nodes: []NodeProgress{}}
+	byName := map[string]NodeProgress{}
+	for _, n := range st.Nodes {
+		byName[n.Name] = NodeProgress{Node: n.Name, State: string(n.State), BytesDone: n.BytesDone, BytesTotal: n.BytesTotal,
 			BytesPerSecond: n.BytesPerSecond, Reason: n.Reason, Message: n.Message}
-		if n.BytesPerSecond > 0 && n.BytesTotal > n.BytesDone && n.State == inferencev1.CacheDownloading {
-			eta := (n.BytesTotal - n.BytesDone) / n.BytesPerSecond
+	}
+	if view.all {
+		uid := string(m.UID)
+		for i := range nodeCaches {
+			nc := &nodeCaches[i]
+			if !slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid }) {
+				continue
+			}
+			np := NodeProgress{Node: nc.Name, State: string(inferencev1.CachePending), Reason: "Requested", Message: "the node's agent has not picked the cache up yet"}
+			if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
+				r := nc.Status.Caches[i]
+				np = NodeProgress{Node: nc.Name, State: string(r.State), BytesDone: r.BytesDone, BytesTotal: r.BytesTotal,
+					BytesPerSecond: r.BytesPerSecond, Reason: r.Reason, Message: r.Message}
+			} else if nc.Status.HeartbeatTime == nil {
+				np.Reason, np.Message = "AgentNotReporting", "no prewarm agent reports on this node; is the agent DaemonSet running here?"
+			}
+			if prev, ok := byName[nc.Name]; ok && prev.State == string(inferencev1.CacheFailed) && np.State == string(inferencev1.CacheReady) {
+				np = prev // the controller's verdict (e.g. another revision than the pinned one)
+			}
+			byName[nc.Name] = np
+		}
+	}
+	for _, np := range byName {
+		if np.BytesPerSecond > 0 && np.BytesTotal > np.BytesDone && np.State == string(inferencev1.CacheDownloading) {
+			eta := (np.BytesTotal - np.BytesDone) / np.BytesPerSecond
 			np.ETASeconds = &eta
 		}
 		w.Nodes = append(w.Nodes, np)
 	}
+	slices.SortFunc(w.Nodes, byAttention)
+	if !view.all && view.limit > 0 && len(w.Nodes) > view.limit {
+		w.Nodes = w.Nodes[:view.limit]
+	}
+	if listed := int(st.TargetNodes) + retained(st.Nodes); listed > len(w.Nodes) {
+		w.NodesOmitted = listed - len(w.Nodes)
+	}
 	return w
+}
+
+func retained(nodes []inferencev1.NodeCacheStatus) int {
+	n := 0
+	for _, x := range nodes {
+		if x.Retained {
+			n++
+		}
+	}
+	return n
+}
+
+// byAttention orders nodes failed first, then downloading (the least done first), waiting,
+// Ready; by name within each.
+func byAttention(a, b NodeProgress) int {
+	rank := func(n NodeProgress) int {
+		switch inferencev1.CacheState(n.State) {
+		case inferencev1.CacheFailed:
+			return 0
+		case inferencev1.CacheDownloading:
+			return 1
+		case inferencev1.CacheReady:
+			return 3
+		}
+		return 2
+	}
+	done := func(n NodeProgress) int64 {
+		if n.BytesTotal <= 0 {
+			return 0
+		}
+		return n.BytesDone * 1000 / n.BytesTotal
+	}
+	return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(done(a), done(b)), strings.Compare(a.Node, b.Node))
 }
 
 func imageReport(x *inferencev1.InferenceImageCache) *ImageReport {
@@ -291,23 +388,48 @@ func explainWeights(m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *
 		e.Why = "not a target: " + why
 		return e
 	}
+	// What the node's agent reports comes first (the cache's status lists only the nodes that
+	// need attention most, on a large fleet); the cache's status adds the controller's verdicts.
 	var ns *inferencev1.NodeCacheStatus
 	for i := range m.Status.Nodes {
 		if m.Status.Nodes[i].Name == node.Name {
 			ns = &m.Status.Nodes[i]
 		}
 	}
+	uid := string(m.UID)
+	var rep *prewarmv1alpha1.CacheStatus
+	asked := false
+	if nc != nil {
+		if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
+			rep = &nc.Status.Caches[i]
+		}
+		asked = slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid })
+	}
+	// The entry to explain: the controller's verdict of a failure, else the agent's report,
+	// else what the cache's status lists.
+	var x *inferencev1.NodeCacheStatus
 	switch {
-	case ns == nil:
-		e.Why = "a target, not yet in the cache's status (the controller has not reconciled since the node appeared)"
-	case ns.State == inferencev1.CacheReady:
-		e.Warm, e.Why = true, "Ready: "+ns.Message
-	case ns.State == inferencev1.CacheDownloading:
-		e.Why = fmt.Sprintf("Downloading: %s", progressText(ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond))
+	case ns != nil && ns.State == inferencev1.CacheFailed:
+		x = ns
+	case rep != nil:
+		x = &inferencev1.NodeCacheStatus{State: rep.State, Reason: rep.Reason, Message: rep.Message,
+			BytesDone: rep.BytesDone, BytesTotal: rep.BytesTotal, BytesPerSecond: rep.BytesPerSecond}
+	default:
+		x = ns
+	}
+	switch {
+	case x != nil && x.State == inferencev1.CacheReady:
+		e.Warm, e.Why = true, "Ready: "+x.Message
+	case x != nil && x.State == inferencev1.CacheDownloading:
+		e.Why = fmt.Sprintf("Downloading: %s", progressText(x.BytesDone, x.BytesTotal, x.BytesPerSecond))
 	case nc == nil || nc.Status.HeartbeatTime == nil:
 		e.Why = "a target, but no agent reports on this node"
+	case x != nil:
+		e.Why = fmt.Sprintf("%s (%s): %s", x.State, x.Reason, x.Message)
+	case asked:
+		e.Why = "asked for the cache; the node's agent has not picked it up yet"
 	default:
-		e.Why = fmt.Sprintf("%s (%s): %s", ns.State, ns.Reason, ns.Message)
+		e.Why = "a target, not yet asked for the cache (the controller has not reconciled since the node appeared)"
 	}
 	return e
 }
@@ -324,6 +446,12 @@ func explainImage(x *inferencev1.InferenceImageCache, node *corev1.Node) CacheEx
 			e.Why = fmt.Sprintf("%s (%s): %s", n.Phase, n.Reason, n.Message)
 			return e
 		}
+	}
+	// On a large fleet the status lists the nodes that need attention first; the node's label
+	// says it holds the image.
+	if node.Labels[inferencev1.ImageCacheReadyLabel(string(x.UID))] == inferencev1.LabelTrue {
+		e.Warm, e.Why = true, "Complete: the node holds the image (labelled)"
+		return e
 	}
 	e.Why = "a target, not yet in the cache's status"
 	return e

@@ -31,6 +31,7 @@ type statusOptions struct {
 	allNamespaces bool
 	watch         bool
 	interval      time.Duration
+	nodes         nodeView
 	now           func() time.Time
 }
 
@@ -66,10 +67,15 @@ func newStatusCommand(flags *genericclioptions.ConfigFlags, streams genericioopt
 		Use:   "status [NAME]",
 		Short: "Show every model with its weights and image caches, node by node",
 		Long: `Show each InferenceEndpointConfig and JumpStartModel (or the one named) with its state, its
-weights cache (per node: state, bytes, rate, time left, error) and its image cache (per node:
-phase, pull error).`,
+weights cache (how many nodes are ready, downloading, waiting, failed; per node: state, bytes,
+rate, time left, error) and its image cache (per node: phase, pull error).
+
+On a large fleet each cache lists the nodes that need attention first — failed, then the
+slowest downloads, then those waiting — up to --max-nodes; --all-nodes lists every node, read
+from the nodes' own NodeCache objects.`,
 		Example: `  kubectl prewarm status
   kubectl prewarm status example-model -n default --watch
+  kubectl prewarm status example-model --all-nodes -o json
   kubectl prewarm status -A -o json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -84,6 +90,8 @@ phase, pull error).`,
 	cmd.Flags().BoolVarP(&o.allNamespaces, "all-namespaces", "A", false, "every namespace")
 	cmd.Flags().BoolVarP(&o.watch, "watch", "w", false, "redraw every --interval with progress bars, until interrupted")
 	cmd.Flags().DurationVar(&o.interval, "interval", 2*time.Second, "time between redraws with --watch")
+	cmd.Flags().IntVar(&o.nodes.limit, "max-nodes", defaultNodeLimit, "most nodes listed per cache, those that need attention first (0: no limit)")
+	cmd.Flags().BoolVar(&o.nodes.all, "all-nodes", false, "list every node of each cache, from the nodes' own NodeCache objects")
 	return cmd
 }
 
@@ -100,7 +108,7 @@ func (o *statusOptions) runStatus(ctx context.Context, name string) error {
 		tty = term.IsTerminal(int(f.Fd()))
 	}
 	for {
-		rep, err := buildStatus(ctx, c, ns, name)
+		rep, err := buildStatus(ctx, c, ns, name, o.nodes)
 		if err != nil {
 			return err
 		}
@@ -150,6 +158,9 @@ func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
 				fmt.Fprintf(w, ", revision %s", x.Revision)
 			}
 			fmt.Fprintln(w)
+			if x.Ready < x.Target {
+				fmt.Fprintf(w, "    %d downloading, %d waiting, %d failed\n", x.Downloading, x.Waiting, x.Failed)
+			}
 			if len(x.Nodes) > 0 {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "    NODE\tSTATE\tPROGRESS\tRATE\tETA\tMESSAGE")
@@ -174,6 +185,9 @@ func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
 				if err := tw.Flush(); err != nil {
 					return err
 				}
+			}
+			if x.NodesOmitted > 0 {
+				fmt.Fprintf(w, "    … and %d more nodes (those listed need attention first); --all-nodes lists every node\n", x.NodesOmitted)
 			}
 		}
 		if x := p.Image; x != nil {
@@ -296,7 +310,7 @@ func StatusAll(ctx context.Context, kubeconfig string) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
-	rep, err := buildStatus(ctx, c, "", "")
+	rep, err := buildStatus(ctx, c, "", "", nodeView{limit: defaultNodeLimit})
 	if err != nil {
 		return "", false, err
 	}

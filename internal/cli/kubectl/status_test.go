@@ -3,9 +3,13 @@ package kubectl
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,7 +94,8 @@ func fixture(t *testing.T, c client.Client) {
 		}}
 	mustCreate(t, c, mdcc)
 	setStatus(t, c, mdcc, func() {
-		mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, TotalBytes: 16_000_000_000,
+		mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, DownloadingNodes: 1,
+			SettledNodes: 1, TotalBytes: 16_000_000_000,
 			Nodes: []inferencev1.NodeCacheStatus{
 				{Name: "g5-a", State: inferencev1.CacheReady, BytesDone: 16_000_000_000, BytesTotal: 16_000_000_000, Reason: "Verified", Message: "5 files, 16.0 GB, verified"},
 				{Name: "g5-b", State: inferencev1.CacheDownloading, BytesDone: 6_400_000_000, BytesTotal: 16_000_000_000, BytesPerSecond: 800_000_000, Reason: "Downloading", Message: "Downloading: 6.4 GB of 16.0 GB"},
@@ -120,19 +125,7 @@ func fixture(t *testing.T, c client.Client) {
 }
 
 func TestStatusAndExplainGolden(t *testing.T) {
-	api, err := testutil.StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
-	kubeconfig, err := api.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	api, path := startAPI(t)
 	fixture(t, api.Client)
 
 	for _, tc := range []struct {
@@ -180,6 +173,25 @@ func TestStatusAndExplainGolden(t *testing.T) {
 	}
 }
 
+// startAPI starts an API server for the test and writes a kubeconfig for it.
+func startAPI(t *testing.T) (*testutil.APIServer, string) {
+	t.Helper()
+	api, err := testutil.StartAPIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Stop() })
+	kubeconfig, err := api.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return api, path
+}
+
 func newTestRoot(streams genericiooptions.IOStreams) *cobra.Command {
 	return newRoot(streams, func() time.Time { return now })
 }
@@ -200,4 +212,123 @@ func TestWatchDrawsBars(t *testing.T) {
 	if !bytes.Contains(out.Bytes(), []byte("[##########..........] 50 B / 100 B")) {
 		t.Errorf("watch output lacks the bar:\n%s", out.String())
 	}
+}
+
+// On a fleet, a cache's status lists only the nodes that need attention first; status shows
+// the counts, the failed and the slowest nodes first, and says how many it leaves out;
+// --all-nodes lists every node from the nodes' own NodeCaches.
+func TestStatusOnAFleet(t *testing.T) {
+	api, path := startAPI(t)
+	c := api.Client
+	ctx := context.Background()
+	mustCreate(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "fleet"}})
+	iec := testutil.MakeInferenceEndpointConfig("fleet", "big").Obj()
+	mustCreate(t, c, iec)
+	setStatus(t, c, iec, func() {
+		iec.Status = inferencev1.ParentStatus{State: inferencev1.DeploymentInProgress, WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "big-cache"}}
+	})
+	mdcc := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: "big-cache"},
+		Spec: inferencev1.ModelDataCacheConfigSpec{
+			ParentReference:   inferencev1.ParentReference{Kind: "InferenceEndpointConfig", Namespace: "fleet", Name: "big", UID: string(iec.UID)},
+			ModelSourceConfig: iec.Spec.ModelSourceConfig, HostPath: "/opt/dlami/nvme", Placement: placement.FromParent("ml.g5.24xlarge", nil, nil, nil),
+		}}
+	mustCreate(t, c, mdcc)
+
+	// 150 nodes: two failed, three downloading (10, 20 and 30 % done), the rest Ready.
+	const total, size = 150, int64(1_000_000_000)
+	report := func(i int) prewarmv1alpha1.CacheStatus {
+		r := prewarmv1alpha1.CacheStatus{UID: string(mdcc.UID), State: inferencev1.CacheReady, Reason: "Verified", BytesDone: size, BytesTotal: size, Message: "3 files, 1.0 GB, verified"}
+		switch i {
+		case 7, 100:
+			r.State, r.Reason, r.BytesDone, r.Message = inferencev1.CacheFailed, "InsufficientCapacity", 0, "needs 1.0 GB, 0 B free under /opt/dlami/nvme"
+		case 50, 51, 52:
+			r.State, r.Reason, r.BytesDone, r.BytesPerSecond = inferencev1.CacheDownloading, "Downloading", size*int64(i-49)/10, 100_000_000
+			r.Message = "Downloading: of 1.0 GB"
+		}
+		return r
+	}
+	var entries []inferencev1.NodeCacheStatus
+	for i := range total {
+		name := fmt.Sprintf("n-%03d", i)
+		r := report(i)
+		nc := &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{{
+			UID: string(mdcc.UID), Namespace: "fleet", Name: "big-cache", Root: "/opt/dlami/nvme",
+			Source: prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "example-bucket", Prefix: "models/big"}}}}}
+		mustCreate(t, c, nc)
+		setStatus(t, c, nc, func() {
+			nc.Status = prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &metav1.Time{Time: now}, Caches: []prewarmv1alpha1.CacheStatus{r}}
+		})
+		entries = append(entries, inferencev1.NodeCacheStatus{Name: name, State: r.State, Reason: r.Reason, Message: r.Message,
+			BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesPerSecond: r.BytesPerSecond})
+	}
+	// As the controller writes it: the counts, and the first MaxStatusNodes nodes by attention.
+	slices.SortFunc(entries, func(a, b inferencev1.NodeCacheStatus) int {
+		return byAttention(NodeProgress{Node: a.Name, State: string(a.State), BytesDone: a.BytesDone, BytesTotal: a.BytesTotal},
+			NodeProgress{Node: b.Name, State: string(b.State), BytesDone: b.BytesDone, BytesTotal: b.BytesTotal})
+	})
+	setStatus(t, c, mdcc, func() {
+		mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheDownloading, TargetNodes: total, ReadyNodes: total - 5,
+			DownloadingNodes: 3, FailedNodes: 2, SettledNodes: total - 3, TotalBytes: size, Nodes: entries[:inferencev1.MaxStatusNodes]}
+	})
+
+	run := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		root := newTestRoot(genericiooptions.IOStreams{Out: &out, ErrOut: &out})
+		root.SetArgs(append(args, "--kubeconfig", path, "-n", "fleet"))
+		if err := root.ExecuteContext(ctx); err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	text := run("status", "big", "--max-nodes", "4")
+	rows := nodeRows(text)
+	if want := []string{"n-007", "n-100", "n-050", "n-051"}; !slices.Equal(rows, want) {
+		t.Errorf("rows %v, want the failed nodes then the slowest downloads %v:\n%s", rows, want, text)
+	}
+	for _, want := range []string{"145/150 nodes ready", "3 downloading, 0 waiting, 2 failed", "… and 146 more nodes"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("status lacks %q:\n%s", want, text)
+		}
+	}
+	if rows := nodeRows(run("status", "big")); len(rows) != defaultNodeLimit {
+		t.Errorf("the default lists %d nodes, want %d", len(rows), defaultNodeLimit)
+	}
+	var rep StatusReport
+	if err := json.Unmarshal([]byte(run("status", "big", "--all-nodes", "-o", "json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	w := rep.Parents[0].Weights
+	if len(w.Nodes) != total || w.NodesOmitted != 0 || w.Ready != total-5 || w.Failed != 2 || w.Downloading != 3 || w.Nodes[0].Node != "n-007" || w.Nodes[total-1].Node != "n-149" {
+		t.Errorf("--all-nodes: %d nodes (%d left out), counts %d/%d/%d, first %s, last %s", len(w.Nodes), w.NodesOmitted,
+			w.Ready, w.Downloading, w.Failed, w.Nodes[0].Node, w.Nodes[len(w.Nodes)-1].Node)
+	}
+	// A Ready node the status does not list is explained from its own NodeCache.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n-149", Labels: map[string]string{inferencev1.InstanceTypeLabel: "ml.g5.24xlarge"}}}
+	mustCreate(t, c, node)
+	node.Spec.Taints = nil // the kubelet is up
+	if err := c.Update(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	if out := run("explain", "node", "n-149"); !strings.Contains(out, "fleet/big-cache: WARM: Ready: 3 files, 1.0 GB, verified") {
+		t.Errorf("explain of a node past the status list:\n%s", out)
+	}
+}
+
+// nodeRows lists the NODE column of status's weights table.
+func nodeRows(text string) []string {
+	var out []string
+	in := false
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) > 0 && f[0] == "NODE" && len(f) > 1 && f[1] == "STATE":
+			in = true
+		case in && len(f) > 1 && strings.HasPrefix(f[0], "n-"):
+			out = append(out, f[0])
+		default:
+			in = in && len(f) > 0 && strings.HasPrefix(f[0], "n-")
+		}
+	}
+	return out
 }
