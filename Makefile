@@ -89,6 +89,12 @@ bench: ## Benchmark the download engine against rclone, the AWS CLI and transfer
 bench-nodes: testbin ## On real kubelet nodes: pod start warm vs cold, image cached vs not; writes the real-node section of docs/benchmarks.md.
 	PREWARM_REALNODE_REPORT=$(CURDIR)/docs/benchmarks.md go test ./test/realnode -run TestSeedOnRealNodes -count=1 -v -timeout 30m
 
+BENCH_SCALE_FLAGS ?=
+
+.PHONY: bench-scale
+bench-scale: testbin ## The control plane on 500 to 5,000 kwok nodes with simulated agents, 1 to 50 caches; writes the scale section of docs/benchmarks.md.
+	go run ./test/bench/scale $(BENCH_SCALE_FLAGS)
+
 ##@ Build
 
 .PHONY: build

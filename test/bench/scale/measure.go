@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/kubernetes"
+)
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's CPU times (100 on Linux).
+const clockTicks = 100
+
+// procStat returns a process's command name, parent and CPU seconds (user + system).
+func procStat(pid int) (string, int, float64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", 0, 0, false
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return "", 0, 0, false
+	}
+	f := strings.Fields(s[end+2:]) // from field 3 (state) on
+	if len(f) < 13 {
+		return "", 0, 0, false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return s[open+1 : end], ppid, (utime + stime) / clockTicks, true
+}
+
+func cpuSeconds(pid int) float64 {
+	_, _, cpu, _ := procStat(pid)
+	return cpu
+}
+
+// rssMiB reads a VmRSS or VmHWM line of /proc/<pid>/status.
+func rssMiB(pid int, field string) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// childCPU is the CPU seconds of this process ("bench": the simulated agents and the view) and
+// of every process below it (the API server, etcd, kwok, ...), by command name.
+func childCPU() map[string]float64 {
+	self := os.Getpid()
+	parent := map[int]int{}
+	name := map[int]string{}
+	cpu := map[int]float64{}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(filepath.Base(d))
+		if err != nil {
+			continue
+		}
+		if n, pp, c, ok := procStat(pid); ok {
+			parent[pid], name[pid], cpu[pid] = pp, n, c
+		}
+	}
+	below := func(pid int) bool {
+		for p := pid; p > 1; p = parent[p] {
+			if p == self {
+				return true
+			}
+		}
+		return false
+	}
+	out := map[string]float64{}
+	for pid, c := range cpu {
+		switch {
+		case pid == self:
+			out["bench (simulated agents)"] += c
+		case below(pid):
+			out[name[pid]] += c
+		}
+	}
+	return out
+}
+
+// apiMetrics reads apiserver_request_total from the API server, summed by verb and resource.
+func (f *fleet) apiMetrics() (map[string]float64, error) {
+	cs, err := kubernetes.NewForConfig(f.cluster.Config)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(f.ctx)
+	if err != nil {
+		return nil, err
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	fam := families["apiserver_request_total"]
+	if fam == nil {
+		return out, nil
+	}
+	for _, m := range fam.GetMetric() {
+		l := map[string]string{}
+		for _, p := range m.GetLabel() {
+			l[p.GetName()] = p.GetValue()
+		}
+		res := l["resource"]
+		if l["subresource"] != "" {
+			res += "/" + l["subresource"]
+		}
+		out[l["verb"]+" "+res] += m.GetCounter().GetValue()
+	}
+	return out, nil
+}
+
+// writes sums the requests that write, on resources whose name is in of (all when empty).
+func writes(req map[string]float64, of ...string) float64 {
+	total := 0.0
+	for key, v := range req {
+		verb, res, _ := strings.Cut(key, " ")
+		switch verb {
+		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "CREATE", "UPDATE":
+		default:
+			continue
+		}
+		if len(of) == 0 || slices.Contains(of, res) {
+			total += v
+		}
+	}
+	return total
+}
+
+// controllerResources are the objects only prewarm's controller writes once the nodes are up
+// (the node-lifecycle controller's taint writes are done by then; the labels are prewarm's).
+var controllerResources = []string{"nodecaches", "nodes", "modeldatacacheconfigs", "modeldatacacheconfigs/status",
+	"inferenceimagecaches", "inferenceimagecaches/status", "inferenceendpointconfigs", "inferenceendpointconfigs/status"}
+
+type report struct {
+	opts    options
+	started time.Time
+	fleets  []fleetResult
+}
+
+const (
+	beginMarker = "<!-- bench-scale:begin (make bench-scale writes this section) -->"
+	endMarker   = "<!-- bench-scale:end -->"
+)
+
+func (r report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n## Scale: the control plane on a large fleet\n\n", beginMarker)
+	fmt.Fprintf(&b, "`make bench-scale` (`go run ./test/bench/scale --nodes %s --caches %s --download %s`), %s, on this machine (%d CPUs, %s).\n",
+		joinInts(r.opts.nodes), joinInts(r.opts.caches), r.opts.download, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
+	b.WriteString(`A real kube-apiserver and etcd, kube-controller-manager, kube-scheduler and kwok; the real controller
+binary at its default settings; every node's agent simulated by internal/testutil/agentsim (the agent's own
+reports and write policy; each download takes the --download time). Nodes have 8 GPUs and one of ten instance
+types. One cache targets every node; with 10 or 50 caches, each targets one instance type (with 50, five
+caches share each type). Every parent has a weights cache and an image cache (one DaemonSet pod per node, run by
+kwok). Converged: every weights cache Ready on all its targets with every node labelled, every image cache
+Complete and labelled, every gate open. Writes per node-cache: the agents' NodeCache status writes, and the
+controller's writes to NodeCaches, node labels and prewarm's objects, over the node-caches of the run.
+
+`)
+	b.WriteString("| nodes | kwok: nodes Ready | schedulable |\n|---:|---:|---:|\n")
+	for _, f := range r.fleets {
+		fmt.Fprintf(&b, "| %d | %.1f s | %.1f s |\n", f.nodes, f.nodesReady.Seconds(), f.schedulable.Seconds())
+	}
+	b.WriteString("\nAgents' own time: what the simulated downloads take alone (each node downloads " + strconv.Itoa(maxParallel) +
+		" caches at once); overhead: converged minus that, the control plane's part.\n\n")
+	b.WriteString("| nodes | caches | node-caches | converged | agents' own time | overhead | converged ÷ schedulable | overhead ÷ schedulable | gates open | deleted | agent writes / node-cache | controller writes / node-cache | controller CPU | RSS (peak) | largest object |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, f := range r.fleets {
+		for _, c := range f.runs {
+			nc := float64(c.nodeCaches)
+			own := ownTime(f.nodes, c.caches, r.opts.download)
+			fmt.Fprintf(&b, "| %d | %d | %d | %.1f s | %.0f s | %.1f s | %.2f× | %.2f× | %.1f s | %.1f s | %.2f | %.2f | %.1f s | %.0f MiB (%.0f) | %s %s, %.1f KiB |\n",
+				f.nodes, c.caches, c.nodeCaches, c.converge.Seconds(), own.Seconds(), (c.converge - own).Seconds(),
+				c.converge.Seconds()/f.schedulable.Seconds(), (c.converge-own).Seconds()/f.schedulable.Seconds(), c.gate.Seconds(), c.deleted.Seconds(),
+				float64(c.agentWrites)/nc, writes(c.requests, controllerResources...)/nc, c.controllerCPU, c.rssMiB, c.peakMiB,
+				c.largest.kind, c.largest.name, float64(c.largest.bytes)/1024)
+		}
+		for _, k := range f.skipped {
+			fmt.Fprintf(&b, "| %d | %d | %d | skipped (--max-node-caches) | | | | | | | | | | | |\n", f.nodes, k, nodeCachesOf(f.nodes, k))
+		}
+	}
+	b.WriteString("\nWhen each step was done, from the apply (seconds):\n\n| nodes | caches | " + strings.Join(milestoneNames, " | ") + " |\n|---:|---:|")
+	b.WriteString(strings.Repeat("---:|", len(milestoneNames)) + "\n")
+	for _, f := range r.fleets {
+		for _, c := range f.runs {
+			fmt.Fprintf(&b, "| %d | %d |", f.nodes, c.caches)
+			for _, m := range milestoneNames {
+				if d, ok := c.milestones[m]; ok {
+					fmt.Fprintf(&b, " %.1f |", d.Seconds())
+				} else {
+					b.WriteString(" – |")
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+	if len(r.fleets) > 0 {
+		last := r.fleets[len(r.fleets)-1]
+		if len(last.runs) > 0 {
+			run := last.runs[len(last.runs)-1]
+			fmt.Fprintf(&b, "\nAPI requests during the largest run (%d nodes, %d caches, %.1f s), by verb and resource (the top 15):\n\n", last.nodes, run.caches, run.converge.Seconds())
+			b.WriteString("| requests | verb resource |\n|---:|---|\n")
+			type kv struct {
+				k string
+				v float64
+			}
+			var rows []kv
+			for k, v := range run.requests {
+				rows = append(rows, kv{k, v})
+			}
+			slices.SortFunc(rows, func(a, b kv) int {
+				if a.v != b.v {
+					if a.v > b.v {
+						return -1
+					}
+					return 1
+				}
+				return strings.Compare(a.k, b.k)
+			})
+			for i, row := range rows {
+				if i == 15 {
+					break
+				}
+				fmt.Fprintf(&b, "| %.0f | %s |\n", row.v, row.k)
+			}
+			fmt.Fprintf(&b, "\nCPU seconds by process during that run (%.1f s of wall time; this machine has %d CPUs, %.0f CPU-seconds):\n\n",
+				run.wall.Seconds(), runtime.NumCPU(), run.wall.Seconds()*float64(runtime.NumCPU()))
+			b.WriteString("| process | CPU seconds | share of the machine |\n|---|---:|---:|\n")
+			procs := map[string]float64{}
+			for k, v := range run.procCPU {
+				procs[k] = v
+			}
+			procs["controller"] = run.controllerCPU
+			names := slices.Collect(func(yield func(string) bool) {
+				for k := range procs {
+					if !yield(k) {
+						return
+					}
+				}
+			})
+			slices.SortFunc(names, func(a, b string) int {
+				if procs[a] != procs[b] {
+					if procs[a] > procs[b] {
+						return -1
+					}
+					return 1
+				}
+				return strings.Compare(a, b)
+			})
+			for _, n := range names {
+				if procs[n] < 0.05 {
+					continue
+				}
+				fmt.Fprintf(&b, "| %s | %.1f | %.0f %% |\n", n, procs[n], 100*procs[n]/(run.wall.Seconds()*float64(runtime.NumCPU())))
+			}
+		}
+	}
+	fmt.Fprintf(&b, "\n%s\n", endMarker)
+	return b.String()
+}
+
+func joinInts(v []int) string {
+	var s []string
+	for _, n := range v {
+		s = append(s, strconv.Itoa(n))
+	}
+	return strings.Join(s, ",")
+}
+
+// write replaces the report's bench-scale section (or appends it).
+func (r report) write(path string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	text, section := string(old), r.markdown()
+	if i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker); i >= 0 && j > i {
+		text = text[:i] + strings.TrimSuffix(section, "\n") + text[j+len(endMarker):]
+	} else {
+		text = strings.TrimRight(text, "\n") + "\n\n" + section
+	}
+	return os.WriteFile(path, []byte(text), 0o644)
+}
+
+// clientFigures are the controller's own metrics since it started, by controller: reconciles,
+// their mean time in the work queue and in the reconciler.
+type clientFigures map[string]workFigures
+
+type workFigures struct {
+	reconciles          float64
+	meanQueue, meanWork time.Duration
+}
+
+func (f *fleet) controllerClientFigures() clientFigures {
+	resp, err := http.Get("http://" + f.metricsAddr + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil
+	}
+	out := clientFigures{}
+	for _, name := range []string{"workqueue_queue_duration_seconds", "workqueue_work_duration_seconds"} {
+		fam := families[name]
+		if fam == nil {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			ctrl := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "name" {
+					ctrl = l.GetValue()
+				}
+			}
+			h := m.GetHistogram()
+			if h.GetSampleCount() == 0 {
+				continue
+			}
+			w := out[ctrl]
+			mean := time.Duration(h.GetSampleSum() / float64(h.GetSampleCount()) * float64(time.Second))
+			if name == "workqueue_queue_duration_seconds" {
+				w.meanQueue = mean
+			} else {
+				w.meanWork, w.reconciles = mean, float64(h.GetSampleCount())
+			}
+			out[ctrl] = w
+		}
+	}
+	return out
+}
+
+func (c clientFigures) String() string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(c)) {
+		w := c[name]
+		parts = append(parts, fmt.Sprintf("%s: %.0f reconciles, %s queued, %s working (means)", name, w.reconciles,
+			w.meanQueue.Round(time.Millisecond), w.meanWork.Round(time.Millisecond)))
+	}
+	return strings.Join(parts, "; ")
+}
