@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -136,6 +137,11 @@ type ClusterOptions struct {
 	// ControlPlaneQPS, when set, is the client QPS of kube-controller-manager and kube-scheduler
 	// (burst twice that), as large clusters set them; their defaults are 20 and 50.
 	ControlPlaneQPS int
+	// NodeLease, when set, is kwok's node lease duration (it renews at a fraction of it; 40 s
+	// otherwise), and the node lifecycle controller waits 5 times as long before it marks a
+	// silent node unreachable: thousands of nodes' lease writes then do not saturate the API
+	// server of a small machine, and a busy kwok does not flip nodes NotReady.
+	NodeLease time.Duration
 }
 
 // StartCluster starts the API server, kube-controller-manager (deployment, replicaset,
@@ -207,6 +213,14 @@ func (c *Cluster) start(opts ClusterOptions) error {
 			"--node-lease-duration-seconds=40",
 			"--server-address=127.0.0.1:0",
 		}},
+	}
+	if d := opts.NodeLease; d > 0 {
+		specs[0].args = append(specs[0].args, fmt.Sprintf("--node-monitor-grace-period=%s", 5*d))
+		for i, a := range specs[2].args {
+			if strings.HasPrefix(a, "--node-lease-duration-seconds=") {
+				specs[2].args[i] = fmt.Sprintf("--node-lease-duration-seconds=%d", int(d.Seconds()))
+			}
+		}
 	}
 	if q := opts.ControlPlaneQPS; q > 0 {
 		for i := range specs[:2] {

@@ -514,7 +514,8 @@ func secs(ss []sample) []float64 {
 }
 
 // keptSections returns the sections other benchmarks write into the same report (between
-// "<!-- NAME:begin" and "<!-- NAME:end -->" lines, e.g. make bench-nodes'), to keep them.
+// "<!-- NAME:begin" and "<!-- NAME:end -->" lines: make bench-nodes', make bench-scale's), to
+// keep them.
 func keptSections(path string) string {
 	old, err := os.ReadFile(path)
 	if err != nil {
@@ -523,12 +524,21 @@ func keptSections(path string) string {
 	var kept strings.Builder
 	text := string(old)
 	for {
-		i := strings.Index(text, "<!-- realnode:begin")
-		j := strings.Index(text, "<!-- realnode:end -->")
-		if i < 0 || j < i {
+		i := strings.Index(text, "<!-- ")
+		if i < 0 {
 			return kept.String()
 		}
-		end := j + len("<!-- realnode:end -->")
+		name, _, ok := strings.Cut(text[i+len("<!-- "):], ":begin")
+		if !ok || strings.ContainsAny(name, " \n") {
+			text = text[i+len("<!-- "):]
+			continue
+		}
+		endMarker := "<!-- " + name + ":end -->"
+		j := strings.Index(text, endMarker)
+		if j < i {
+			return kept.String()
+		}
+		end := j + len(endMarker)
 		kept.WriteString("\n" + text[i:end] + "\n")
 		text = text[end:]
 	}

@@ -176,7 +176,9 @@ binary at its default settings; every node's agent simulated by internal/testuti
 reports and write policy; each download takes the --download time). Nodes have 8 GPUs and one of ten instance
 types. One cache targets every node; with 10 or 50 caches, each targets one instance type (with 50, five
 caches share each type). Every parent has a weights cache and an image cache (one DaemonSet pod per node, run by
-kwok). Converged: every weights cache Ready on all its targets with every node labelled, every image cache
+kwok). kwok renews node leases over --node-lease (the node lifecycle controller waits five times that): at the
+kubelet's 10 s, 5,000 nodes' lease writes alone would take this API server's CPU. The last cache count of a
+fleet is not deleted (–). Converged: every weights cache Ready on all its targets with every node labelled, every image cache
 Complete and labelled, every gate open. Writes per node-cache: the agents' NodeCache status writes, and the
 controller's writes to NodeCaches, node labels and prewarm's objects, over the node-caches of the run.
 
@@ -193,9 +195,13 @@ controller's writes to NodeCaches, node labels and prewarm's objects, over the n
 		for _, c := range f.runs {
 			nc := float64(c.nodeCaches)
 			own := ownTime(f.nodes, c.caches, r.opts.download)
-			fmt.Fprintf(&b, "| %d | %d | %d | %.1f s | %.0f s | %.1f s | %.2f× | %.2f× | %.1f s | %.1f s | %.2f | %.2f | %.1f s | %.0f MiB (%.0f) | %s %s, %.1f KiB |\n",
+			deleted := "–"
+			if c.deleted > 0 {
+				deleted = fmt.Sprintf("%.1f s", c.deleted.Seconds())
+			}
+			fmt.Fprintf(&b, "| %d | %d | %d | %.1f s | %.0f s | %.1f s | %.2f× | %.2f× | %.1f s | %s | %.2f | %.2f | %.1f s | %.0f MiB (%.0f) | %s %s, %.1f KiB |\n",
 				f.nodes, c.caches, c.nodeCaches, c.converge.Seconds(), own.Seconds(), (c.converge - own).Seconds(),
-				c.converge.Seconds()/f.schedulable.Seconds(), (c.converge-own).Seconds()/f.schedulable.Seconds(), c.gate.Seconds(), c.deleted.Seconds(),
+				c.converge.Seconds()/f.schedulable.Seconds(), (c.converge-own).Seconds()/f.schedulable.Seconds(), c.gate.Seconds(), deleted,
 				float64(c.agentWrites)/nc, writes(c.requests, controllerResources...)/nc, c.controllerCPU, c.rssMiB, c.peakMiB,
 				c.largest.kind, c.largest.name, float64(c.largest.bytes)/1024)
 		}
