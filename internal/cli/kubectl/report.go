@@ -87,7 +87,12 @@ type ImageReport struct {
 	Cached    int32       `json:"cachedNodes"`
 	Target    int32       `json:"targetNodes"`
 	Digest    string      `json:"digest,omitempty"`
-	Nodes     []ImageNode `json:"nodes"`
+	// Failed is how many target nodes cannot pull the image.
+	Failed int32 `json:"failedNodes"`
+	// NodesOmitted is how many target nodes nodes leaves out (each node's own state is its
+	// pod of the cache's DaemonSet).
+	NodesOmitted int         `json:"nodesOmitted,omitempty"`
+	Nodes        []ImageNode `json:"nodes"`
 }
 
 // ImageNode is one node's copy of an image.
@@ -190,7 +195,7 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 		if ic := p.st.ImageCacheStatus; ic != nil && ic.Name != "" {
 			x := &inferencev1.InferenceImageCache{}
 			if err := c.Get(ctx, types.NamespacedName{Namespace: ic.Namespace, Name: ic.Name}, x); err == nil {
-				pr.Image = imageReport(x)
+				pr.Image = imageReport(x, view)
 			} else if client.IgnoreNotFound(err) != nil {
 				return nil, err
 			}
@@ -298,12 +303,19 @@ func byAttention(a, b NodeProgress) int {
 	return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(done(a), done(b)), strings.Compare(a.Node, b.Node))
 }
 
-func imageReport(x *inferencev1.InferenceImageCache) *ImageReport {
+// imageReport is an image cache's counts and the nodes its status lists (those that need
+// attention first), at most view.limit of them unless view.all.
+func imageReport(x *inferencev1.InferenceImageCache, view nodeView) *ImageReport {
 	r := &ImageReport{Name: x.Name, Namespace: x.Namespace, Image: x.Spec.Image, Phase: string(x.Status.Phase),
-		Cached: x.Status.CachedNodes, Target: x.Status.TargetNodes, Digest: x.Status.ImageDigest, Nodes: []ImageNode{}}
+		Cached: x.Status.CachedNodes, Target: x.Status.TargetNodes, Digest: x.Status.ImageDigest, Failed: x.Status.FailedNodes, Nodes: []ImageNode{}}
 	for _, n := range x.Status.Nodes {
 		r.Nodes = append(r.Nodes, ImageNode{Node: n.Name, Phase: string(n.Phase), Reason: n.Reason, Message: n.Message})
 	}
+	if !view.all && view.limit > 0 && len(r.Nodes) > view.limit {
+		r.Nodes = r.Nodes[:view.limit]
+	}
+	// The status lists at most MaxStatusNodes nodes, those that need attention first.
+	r.NodesOmitted = max(0, int(x.Status.TargetNodes)-len(r.Nodes))
 	return r
 }
 

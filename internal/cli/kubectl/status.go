@@ -211,9 +211,23 @@ func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
 			if err := tw.Flush(); err != nil {
 				return err
 			}
+			if pending := int(x.Target-x.Cached) - attention(x.Nodes); x.NodesOmitted > 0 && pending > 0 {
+				fmt.Fprintf(w, "    … and %d more nodes without the image yet\n", pending)
+			}
 		}
 	}
 	return nil
+}
+
+// attention counts the image nodes listed that do not hold the image.
+func attention(nodes []ImageNode) int {
+	n := 0
+	for _, x := range nodes {
+		if x.Phase != "Complete" {
+			n++
+		}
+	}
+	return n
 }
 
 func orDash(s string) string {

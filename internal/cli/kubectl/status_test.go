@@ -106,7 +106,7 @@ func fixture(t *testing.T, c client.Client) {
 	mustCreate(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "hyperpod-inference-system"}})
 	mustCreate(t, c, ic)
 	setStatus(t, c, ic, func() {
-		ic.Status = inferencev1.InferenceImageCacheStatus{Phase: inferencev1.ImageFailed, CachedNodes: 1, TargetNodes: 2,
+		ic.Status = inferencev1.InferenceImageCacheStatus{Phase: inferencev1.ImageFailed, CachedNodes: 1, TargetNodes: 2, FailedNodes: 1,
 			Nodes: []inferencev1.NodeImageStatus{
 				{Name: "g5-a", Phase: inferencev1.ImageComplete, Reason: "Pulled", Message: "the image is on the node and pinned by a running container"},
 				{Name: "g5-b", Phase: inferencev1.ImageFailed, Reason: "ErrImagePull", Message: "429 Too Many Requests"},

@@ -461,7 +461,7 @@ func render(tools []tool, profiles []string, results map[string]map[string][]sam
 	total int64, shards, shardMiB, reps int, connMBps float64, latency time.Duration, args string) string {
 	var b strings.Builder
 	cmdline := strings.TrimSpace("go run ./test/bench/s3bench " + args)
-	fmt.Fprintf(&b, "# Benchmarks\n\nProduced by `make bench` (`%s`) on %s. Where the time goes, and what the goals are: [performance.md](performance.md).\n\n", cmdline, time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "# Benchmarks\n\nProduced by `make bench` (`%s`) on %s. Where the time goes, and what the goals are: [performance.md](performance.md). The real-node section is `make bench-nodes`'; the scale section is `make bench-scale`', explained in [scale.md](scale.md).\n\n", cmdline, time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(&b, "Machine: %s.\n\n", strings.Join(machineFacts(), "; "))
 	fmt.Fprintf(&b, "Model: %d shards of %d MiB plus four small files, %.2f GB in all, served by versitygw (posix backend) on loopback. "+
 		"Each run starts from an empty destination and a dropped page cache, with the server's objects then read into memory (a remote S3 serves from its own fleet, "+
