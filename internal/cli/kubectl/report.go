@@ -80,13 +80,13 @@ type NodeProgress struct {
 
 // ImageReport is an image cache with its nodes.
 type ImageReport struct {
-	Name      string      `json:"name"`
-	Namespace string      `json:"namespace"`
-	Image     string      `json:"image"`
-	Phase     string      `json:"phase"`
-	Cached    int32       `json:"cachedNodes"`
-	Target    int32       `json:"targetNodes"`
-	Digest    string      `json:"digest,omitempty"`
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	Image     string `json:"image"`
+	Phase     string `json:"phase"`
+	Cached    int32  `json:"cachedNodes"`
+	Target    int32  `json:"targetNodes"`
+	Digest    string `json:"digest,omitempty"`
 	// Failed is how many target nodes cannot pull the image.
 	Failed int32 `json:"failedNodes"`
 	// NodesOmitted is how many target nodes nodes leaves out (each node's own state is its

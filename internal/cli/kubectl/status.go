@@ -191,30 +191,38 @@ func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
 			}
 		}
 		if x := p.Image; x != nil {
-			fmt.Fprintf(w, "  image cache %s/%s: %s, %d/%d nodes hold %s", x.Namespace, x.Name, orDash(x.Phase), x.Cached, x.Target, x.Image)
-			if x.Digest != "" {
-				fmt.Fprintf(w, " (%s)", x.Digest)
-			}
-			fmt.Fprintln(w)
-			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			header := false
-			for _, n := range x.Nodes {
-				if n.Phase == "Complete" {
-					continue // only what needs attention
-				}
-				if !header {
-					fmt.Fprintln(tw, "    NODE\tPHASE\tREASON\tMESSAGE")
-					header = true
-				}
-				fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", n.Node, n.Phase, orDash(n.Reason), n.Message)
-			}
-			if err := tw.Flush(); err != nil {
+			if err := renderImage(w, x); err != nil {
 				return err
 			}
-			if pending := int(x.Target-x.Cached) - attention(x.Nodes); x.NodesOmitted > 0 && pending > 0 {
-				fmt.Fprintf(w, "    … and %d more nodes without the image yet\n", pending)
-			}
 		}
+	}
+	return nil
+}
+
+// renderImage writes an image cache and the nodes whose pull needs attention.
+func renderImage(w io.Writer, x *ImageReport) error {
+	fmt.Fprintf(w, "  image cache %s/%s: %s, %d/%d nodes hold %s", x.Namespace, x.Name, orDash(x.Phase), x.Cached, x.Target, x.Image)
+	if x.Digest != "" {
+		fmt.Fprintf(w, " (%s)", x.Digest)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	header := false
+	for _, n := range x.Nodes {
+		if n.Phase == "Complete" {
+			continue // only what needs attention
+		}
+		if !header {
+			fmt.Fprintln(tw, "    NODE\tPHASE\tREASON\tMESSAGE")
+			header = true
+		}
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\n", n.Node, n.Phase, orDash(n.Reason), n.Message)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if pending := int(x.Target-x.Cached) - attention(x.Nodes); x.NodesOmitted > 0 && pending > 0 {
+		fmt.Fprintf(w, "    … and %d more nodes without the image yet\n", pending)
 	}
 	return nil
 }
