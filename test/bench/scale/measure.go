@@ -169,8 +169,8 @@ const (
 func (r report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Scale: the control plane on a large fleet\n\n", beginMarker)
-	fmt.Fprintf(&b, "`make bench-scale` (`go run ./test/bench/scale --nodes %s --caches %s --download %s`), %s, on this machine (%d CPUs, %s).\n",
-		joinInts(r.opts.nodes), joinInts(r.opts.caches), r.opts.download, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
+	fmt.Fprintf(&b, "`make bench-scale` (`go run ./test/bench/scale --nodes %s --caches %s --download %s --max-node-caches %d`), %s, on this machine (%d CPUs, %s).\n",
+		joinInts(r.opts.nodes), joinInts(r.opts.caches), r.opts.download, r.opts.maxNodeCaches, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
 	b.WriteString(`A real kube-apiserver and etcd, kube-controller-manager, kube-scheduler and kwok; the real controller
 binary at its default settings; every node's agent simulated by internal/testutil/agentsim (the agent's own
 reports and write policy; each download takes the --download time). Nodes have 8 GPUs and one of ten instance
