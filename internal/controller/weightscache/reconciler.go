@@ -211,6 +211,12 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 	if p.access, err = r.sourceAccess(ctx, m, src); err != nil {
 		return p, err
 	}
+	if !p.access.creds.Empty() || p.access.tokenProblem != "" || p.access.refused != "" {
+		// The namespace's Secrets are read, not watched: look again, so that a replaced or
+		// revoked token reaches the nodes (and a fixed one the cache) without waiting for
+		// another change.
+		p.requeue = secretRecheck
+	}
 	switch {
 	case p.access.refused != "":
 		p.verdict = &verdict{inferencev1.ReasonSourceNotAllowed, p.access.refused, true}
@@ -588,6 +594,9 @@ func requestFor(nc *prewarmv1alpha1.NodeCache, uid string) *prewarmv1alpha1.Cach
 	}
 	return nil
 }
+
+// secretRecheck is how often a cache read with its namespace's credentials reads them again.
+const secretRecheck = 30 * time.Second
 
 // maxNodeEventTargets is the most target nodes a cache may have for its nodes' every transition
 // to be an event (on more, only their failures are): an event is a write, and a fleet's caches
