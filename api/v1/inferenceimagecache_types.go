@@ -1,6 +1,9 @@
 package v1
 
 import (
+	"cmp"
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -122,4 +125,19 @@ type InferenceImageCacheList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []InferenceImageCache `json:"items"`
+}
+
+// CompareImageAttention orders node entries as status.nodes lists them: those that cannot pull
+// the image first, then those pulling, then those that hold it; by name within each.
+func CompareImageAttention(a, b NodeImageStatus) int {
+	rank := func(n NodeImageStatus) int {
+		switch n.Phase {
+		case ImageFailed:
+			return 0
+		case ImageComplete:
+			return 2
+		}
+		return 1
+	}
+	return cmp.Or(cmp.Compare(rank(a), rank(b)), strings.Compare(a.Name, b.Name))
 }

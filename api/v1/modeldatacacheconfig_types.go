@@ -1,6 +1,9 @@
 package v1
 
 import (
+	"cmp"
+	"strings"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -149,3 +152,31 @@ type ModelDataCacheConfigList struct {
 // object stays small (well under 256 KiB) on any fleet. Beyond it the status lists the nodes that
 // need attention first, and the counts and the Ready condition cover every node.
 const MaxStatusNodes = 100
+
+// CompareAttention orders node entries as status.nodes lists them, those that need attention
+// first: failed, then downloading (the least done first), then waiting, then retained, then
+// Ready; by name within each.
+func CompareAttention(a, b NodeCacheStatus) int {
+	return cmp.Or(cmp.Compare(attentionRank(a), attentionRank(b)), cmp.Compare(permille(a), permille(b)), strings.Compare(a.Name, b.Name))
+}
+
+func attentionRank(n NodeCacheStatus) int {
+	switch {
+	case n.Retained:
+		return 3
+	case n.State == CacheFailed:
+		return 0
+	case n.State == CacheDownloading:
+		return 1
+	case n.State == CacheReady:
+		return 4
+	}
+	return 2
+}
+
+func permille(n NodeCacheStatus) int64 {
+	if n.BytesTotal <= 0 {
+		return 0
+	}
+	return n.BytesDone * 1000 / n.BytesTotal
+}

@@ -177,7 +177,11 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	hub := &controller.HubChecker{Endpoint: cfg.HuggingFace.Endpoint}
 	// Users' Secrets and service accounts are read as needed, each at most every 30 s.
 	userObjects := controller.NewRecentReader(mgr.GetAPIReader(), 30*time.Second)
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics}).SetupWithManager(ctx, mgr); err != nil {
+	// The reconcilers read nodes and NodeCaches through these indexes.
+	if err := controller.RegisterIndexes(ctx, mgr, append(weightscache.Indexes, controller.NodeIndexes...)...); err != nil {
+		return err
+	}
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
@@ -190,5 +194,5 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := (&serving.JumpStartReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(ctx, mgr)
+	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr)
 }

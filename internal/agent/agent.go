@@ -54,7 +54,6 @@ type Agent struct {
 	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
 	seen     bool              // the NodeCache has been read at least once
 	want     []prewarmv1alpha1.CacheRequest
-	dirty    chan struct{}
 	metrics  *metrics
 	// verifyLimiter paces re-verification reads across all caches (nil: no cap).
 	verifyLimiter *rate.Limiter
@@ -74,7 +73,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	}
 	a := &Agent{
 		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
-		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{}, dirty: make(chan struct{}, 1),
+		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{},
 		metrics: newMetrics(opts.Registerer),
 	}
 	if opts.VerifyRate > 0 {
@@ -201,7 +200,6 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 			a.removeLocked(ctx, uid, nil)
 		}
 	}
-	a.markDirty()
 }
 
 // removeLocked removes cache uid's directories under every root, after its job (if any) stops.
@@ -232,7 +230,6 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 				if a.inUse[uid] != pod {
 					log.Info("cache still in use; keeping it", "pod", pod)
 					a.inUse[uid] = pod
-					a.markDirty()
 				}
 				a.mu.Unlock()
 			}
@@ -441,13 +438,6 @@ func (a *Agent) now() *metav1.Time {
 	return &t
 }
 
-func (a *Agent) markDirty() {
-	select {
-	case a.dirty <- struct{}{}:
-	default:
-	}
-}
-
 // rootStatus measures the filesystem under root.
 func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
 	rs := prewarmv1alpha1.RootStatus{Path: root, ReservedBytes: a.opts.Reserve}
@@ -538,8 +528,6 @@ func (w statusWriter) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-a.dirty:
-			continue
 		case <-tick.C:
 		}
 		a.mu.Lock()

@@ -67,7 +67,6 @@ func (j *job) set(fn func(st *prewarmv1alpha1.CacheStatus)) {
 		j.status.LastTransitionTime = j.a.now()
 	}
 	j.a.mu.Unlock()
-	j.a.markDirty()
 }
 
 func (j *job) run(ctx context.Context) {

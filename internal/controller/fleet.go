@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
@@ -24,11 +23,6 @@ const (
 	NodeInstanceTypeIndex = "prewarm.io/instance-type"
 	// NodeCacheLabelIndex indexes Nodes by the cache-ready label keys they carry.
 	NodeCacheLabelIndex = "prewarm.io/cache-labels"
-)
-
-var (
-	indexedMu sync.Mutex
-	indexed   = map[ctrl.Manager]map[string]bool{}
 )
 
 // Index is one informer index the reconcilers read through.
@@ -58,23 +52,13 @@ var NodeIndexes = []Index{
 	}},
 }
 
-// RegisterIndexes registers indexes with mgr; an index another reconciler registered already
-// is left as it is.
+// RegisterIndexes registers indexes with mgr's informer cache: once per manager, before the
+// reconcilers that read through them start (cmd/controller does it for all of them).
 func RegisterIndexes(ctx context.Context, mgr ctrl.Manager, indexes ...Index) error {
-	indexedMu.Lock()
-	defer indexedMu.Unlock()
-	if indexed[mgr] == nil {
-		indexed[mgr] = map[string]bool{}
-	}
 	for _, ix := range indexes {
-		key := fmt.Sprintf("%T/%s", ix.Object, ix.Field)
-		if indexed[mgr][key] {
-			continue
-		}
 		if err := mgr.GetFieldIndexer().IndexField(ctx, ix.Object, ix.Field, ix.Func); err != nil {
-			return err
+			return fmt.Errorf("indexing %T by %s: %w", ix.Object, ix.Field, err)
 		}
-		indexed[mgr][key] = true
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package controller
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -60,20 +59,26 @@ var NodePlacementChanged = predicate.Funcs{
 		if !ok1 || !ok2 {
 			return true
 		}
-		return !maps.EqualFunc(withoutCacheLabels(before.Labels), withoutCacheLabels(after.Labels), func(a, b string) bool { return a == b }) ||
+		return !sameLabelsBesidesCaches(before.Labels, after.Labels) ||
 			!slices.EqualFunc(before.Spec.Taints, after.Spec.Taints, func(a, b corev1.Taint) bool { return a.MatchTaint(&b) && a.Value == b.Value }) ||
 			before.Spec.Unschedulable != after.Spec.Unschedulable
 	},
 }
 
-func withoutCacheLabels(labels map[string]string) map[string]string {
-	out := make(map[string]string, len(labels))
-	for k, v := range labels {
-		if !IsCacheLabel(k) {
-			out[k] = v
+// sameLabelsBesidesCaches compares two label sets but for prewarm's cache labels, without
+// copying them: it runs on every update of every node.
+func sameLabelsBesidesCaches(a, b map[string]string) bool {
+	for k, v := range a {
+		if w, ok := b[k]; !IsCacheLabel(k) && (!ok || w != v) {
+			return false
 		}
 	}
-	return out
+	for k := range b {
+		if _, ok := a[k]; !ok && !IsCacheLabel(k) {
+			return false
+		}
+	}
+	return true
 }
 
 // Event records an Event about obj when rec is set (the reconcilers' tests run without one).
@@ -84,11 +89,23 @@ func Event(rec events.EventRecorder, obj runtime.Object, eventType, reason, acti
 }
 
 // Summarize lists items for a message, the first n of them and how many more.
-func Summarize(items []string, n int) string {
-	if len(items) <= n {
-		return strings.Join(items, ", ")
+func Summarize(items []string, n int) string { return SummarizeOf(items, len(items), n, ", ") }
+
+// SummarizeOf lists for a message the first n of items, which are some of total things (a
+// bounded status names only some), joined by sep, and counts the rest.
+func SummarizeOf(items []string, total, n int, sep string) string {
+	if len(items) > n {
+		items = items[:n]
 	}
-	return fmt.Sprintf("%s and %d more", strings.Join(items[:n], ", "), len(items)-n)
+	s := strings.Join(items, sep)
+	switch more := total - len(items); {
+	case more <= 0:
+		return s
+	case s == "":
+		return fmt.Sprintf("%d not named", more)
+	default:
+		return fmt.Sprintf("%s and %d more", s, more)
+	}
 }
 
 // Coalesce delays the reconciles h asks for by d: the events of that time on one object's

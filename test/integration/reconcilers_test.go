@@ -45,7 +45,7 @@ func newReconcilers(t *testing.T, ctx context.Context, operatorNS string, namesp
 	return &reconcilers{
 		cfg: cfg,
 		ep:  &serving.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
-		wc:  &weightscache.Reconciler{Client: testutil.IndexedClient(c, weightscache.Indexes...), APIReader: c, Config: cfg, Now: time.Now},
+		wc:  &weightscache.Reconciler{Client: testutil.IndexedClient(c, append(weightscache.Indexes, controller.NodeIndexes...)...), APIReader: c, Config: cfg, Now: time.Now},
 	}
 }
 

@@ -327,3 +327,28 @@ func Terminal(reason string) bool {
 	}
 	return false
 }
+
+// Reasons for a cache the node's agent does not report on (yet).
+const (
+	// ReasonAgentNotReporting: no agent has written the NodeCache's status.
+	ReasonAgentNotReporting = "AgentNotReporting"
+	// ReasonRequested: the agent reports, but not on this cache yet.
+	ReasonRequested = "Requested"
+)
+
+// Report is what the node's agent reports on cache uid, and whether it reports on it at all;
+// when it does not, a Pending report says why (nc may be nil: no NodeCache).
+func (nc *NodeCache) Report(uid string) (CacheStatus, bool) {
+	if nc != nil {
+		for _, c := range nc.Status.Caches {
+			if c.UID == uid {
+				return c, true
+			}
+		}
+	}
+	if nc == nil || nc.Status.HeartbeatTime == nil {
+		return CacheStatus{UID: uid, State: v1.CachePending, Reason: ReasonAgentNotReporting,
+			Message: "no prewarm agent reports on this node; is the agent DaemonSet running here?"}, false
+	}
+	return CacheStatus{UID: uid, State: v1.CachePending, Reason: ReasonRequested, Message: "the node's agent has not picked the cache up yet"}, false
+}

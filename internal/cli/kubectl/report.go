@@ -1,9 +1,9 @@
 package kubectl
 
 import (
-	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -227,10 +227,9 @@ func weightsReport(m *inferencev1.ModelDataCacheConfig, nodeCaches []prewarmv1al
 	w := &WeightsReport{Name: m.Name, State: string(st.State), Target: st.TargetNodes, Ready: st.ReadyNodes,
 		Downloading: st.DownloadingNodes, Failed: st.FailedNodes, Waiting: max(0, st.TargetNodes-st.ReadyNodes-st.DownloadingNodes-st.FailedNodes),
 		TotalBytes: st.TotalBytes, Revision: st.ResolvedRevision, Nodes: []NodeProgress{}}
-	byName := map[string]NodeProgress{}
+	byName := map[string]inferencev1.NodeCacheStatus{}
 	for _, n := range st.Nodes {
-		byName[n.Name] = NodeProgress{Node: n.Name, State: string(n.State), BytesDone: n.BytesDone, BytesTotal: n.BytesTotal,
-			BytesPerSecond: n.BytesPerSecond, Reason: n.Reason, Message: n.Message}
+		byName[n.Name] = n
 	}
 	if view.all {
 		uid := string(m.UID)
@@ -239,28 +238,24 @@ func weightsReport(m *inferencev1.ModelDataCacheConfig, nodeCaches []prewarmv1al
 			if !slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid }) {
 				continue
 			}
-			np := NodeProgress{Node: nc.Name, State: string(inferencev1.CachePending), Reason: "Requested", Message: "the node's agent has not picked the cache up yet"}
-			if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
-				r := nc.Status.Caches[i]
-				np = NodeProgress{Node: nc.Name, State: string(r.State), BytesDone: r.BytesDone, BytesTotal: r.BytesTotal,
-					BytesPerSecond: r.BytesPerSecond, Reason: r.Reason, Message: r.Message}
-			} else if nc.Status.HeartbeatTime == nil {
-				np.Reason, np.Message = "AgentNotReporting", "no prewarm agent reports on this node; is the agent DaemonSet running here?"
+			r, _ := nc.Report(uid)
+			if prev, ok := byName[nc.Name]; ok && prev.State == inferencev1.CacheFailed && r.State == inferencev1.CacheReady {
+				continue // the controller's verdict (e.g. another revision than the pinned one)
 			}
-			if prev, ok := byName[nc.Name]; ok && prev.State == string(inferencev1.CacheFailed) && np.State == string(inferencev1.CacheReady) {
-				np = prev // the controller's verdict (e.g. another revision than the pinned one)
-			}
-			byName[nc.Name] = np
+			byName[nc.Name] = inferencev1.NodeCacheStatus{Name: nc.Name, State: r.State, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal,
+				BytesPerSecond: r.BytesPerSecond, Reason: r.Reason, Message: r.Message, Retained: byName[nc.Name].Retained}
 		}
 	}
-	for _, np := range byName {
-		if np.BytesPerSecond > 0 && np.BytesTotal > np.BytesDone && np.State == string(inferencev1.CacheDownloading) {
-			eta := (np.BytesTotal - np.BytesDone) / np.BytesPerSecond
+	nodes := slices.SortedFunc(maps.Values(byName), inferencev1.CompareAttention)
+	for _, n := range nodes {
+		np := NodeProgress{Node: n.Name, State: string(n.State), BytesDone: n.BytesDone, BytesTotal: n.BytesTotal,
+			BytesPerSecond: n.BytesPerSecond, Reason: n.Reason, Message: n.Message}
+		if n.BytesPerSecond > 0 && n.BytesTotal > n.BytesDone && n.State == inferencev1.CacheDownloading {
+			eta := (n.BytesTotal - n.BytesDone) / n.BytesPerSecond
 			np.ETASeconds = &eta
 		}
 		w.Nodes = append(w.Nodes, np)
 	}
-	slices.SortFunc(w.Nodes, byAttention)
 	if !view.all && view.limit > 0 && len(w.Nodes) > view.limit {
 		w.Nodes = w.Nodes[:view.limit]
 	}
@@ -278,29 +273,6 @@ func retained(nodes []inferencev1.NodeCacheStatus) int {
 		}
 	}
 	return n
-}
-
-// byAttention orders nodes failed first, then downloading (the least done first), waiting,
-// Ready; by name within each.
-func byAttention(a, b NodeProgress) int {
-	rank := func(n NodeProgress) int {
-		switch inferencev1.CacheState(n.State) {
-		case inferencev1.CacheFailed:
-			return 0
-		case inferencev1.CacheDownloading:
-			return 1
-		case inferencev1.CacheReady:
-			return 3
-		}
-		return 2
-	}
-	done := func(n NodeProgress) int64 {
-		if n.BytesTotal <= 0 {
-			return 0
-		}
-		return n.BytesDone * 1000 / n.BytesTotal
-	}
-	return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(done(a), done(b)), strings.Compare(a.Node, b.Node))
 }
 
 // imageReport is an image cache's counts and the nodes its status lists (those that need
@@ -410,13 +382,10 @@ func explainWeights(m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *
 	}
 	uid := string(m.UID)
 	var rep *prewarmv1alpha1.CacheStatus
-	asked := false
-	if nc != nil {
-		if i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid }); i >= 0 {
-			rep = &nc.Status.Caches[i]
-		}
-		asked = slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid })
+	if r, ok := nc.Report(uid); ok {
+		rep = &r
 	}
+	asked := nc != nil && slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid })
 	// The entry to explain: the controller's verdict of a failure, else the agent's report,
 	// else what the cache's status lists.
 	var x *inferencev1.NodeCacheStatus

@@ -262,10 +262,7 @@ func TestStatusOnAFleet(t *testing.T) {
 			BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesPerSecond: r.BytesPerSecond})
 	}
 	// As the controller writes it: the counts, and the first MaxStatusNodes nodes by attention.
-	slices.SortFunc(entries, func(a, b inferencev1.NodeCacheStatus) int {
-		return byAttention(NodeProgress{Node: a.Name, State: string(a.State), BytesDone: a.BytesDone, BytesTotal: a.BytesTotal},
-			NodeProgress{Node: b.Name, State: string(b.State), BytesDone: b.BytesDone, BytesTotal: b.BytesTotal})
-	})
+	slices.SortFunc(entries, inferencev1.CompareAttention)
 	setStatus(t, c, mdcc, func() {
 		mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheDownloading, TargetNodes: total, ReadyNodes: total - 5,
 			DownloadingNodes: 3, FailedNodes: 2, SettledNodes: total - 3, TotalBytes: size, Nodes: entries[:inferencev1.MaxStatusNodes]}

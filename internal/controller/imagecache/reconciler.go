@@ -44,13 +44,11 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch;create
 
-// SetupWithManager registers the reconciler with mgr.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+// SetupWithManager registers the reconciler with mgr, whose cache must have
+// controller.NodeIndexes (controller.RegisterIndexes).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
-	}
-	if err := controller.RegisterIndexes(ctx, mgr, controller.NodeIndexes...); err != nil {
-		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("imagecache").

@@ -1,7 +1,6 @@
 package imagecache
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 )
 
 func intOrPercent(s string) intstr.IntOrString { return intstr.FromString(s) }
@@ -83,7 +83,8 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 			byNode[pods[i].Spec.NodeName] = &pods[i]
 		}
 	}
-	var failed, pulling []string
+	var failed, pulling []string // the first maxNamed of each, for the condition
+	nPulling := 0
 	cached := map[string]bool{}
 	nodes := make([]inferencev1.NodeImageStatus, 0, len(targets))
 	for _, n := range targets {
@@ -102,11 +103,17 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 				failed = append(failed, fmt.Sprintf("%s: %s %s", n.Name, ns.Reason, ns.Message))
 			}
 		default:
-			pulling = append(pulling, n.Name)
+			nPulling++
+			if len(pulling) < maxNamed {
+				pulling = append(pulling, n.Name)
+			}
 		}
 		nodes = append(nodes, ns)
 	}
-	st.Nodes = attention(nodes, inferencev1.MaxStatusNodes)
+	slices.SortFunc(nodes, inferencev1.CompareImageAttention)
+	if len(nodes) > 0 {
+		st.Nodes = nodes[:min(len(nodes), inferencev1.MaxStatusNodes)]
+	}
 	cond := metav1.Condition{Type: inferencev1.ConditionReady, ObservedGeneration: c.Generation, Status: metav1.ConditionFalse}
 	switch {
 	case len(targets) == 0:
@@ -115,7 +122,7 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 	case st.FailedNodes > 0:
 		st.Phase = inferencev1.ImageFailed
 		cond.Reason = inferencev1.ReasonPullFailed
-		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; %d cannot pull it: %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, st.FailedNodes, named(failed, int(st.FailedNodes), "; "))
+		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; %d cannot pull it: %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, st.FailedNodes, controller.SummarizeOf(failed, int(st.FailedNodes), maxNamed, "; "))
 	case st.CachedNodes == st.TargetNodes:
 		st.Phase = inferencev1.ImageComplete
 		cond.Status, cond.Reason = metav1.ConditionTrue, inferencev1.ReasonAllNodesReady
@@ -123,7 +130,7 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 	case st.CachedNodes > 0 || len(byNode) > 0:
 		st.Phase = inferencev1.ImagePulling
 		cond.Reason = inferencev1.ReasonPulling
-		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; pulling on %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, named(pulling, len(pulling), ", "))
+		cond.Message = fmt.Sprintf("%d of %d target nodes hold %s; pulling on %s", st.CachedNodes, st.TargetNodes, c.Spec.Image, controller.SummarizeOf(pulling, nPulling, maxNamed, ", "))
 	default:
 		st.Phase = inferencev1.ImagePending
 		cond.Reason, cond.Message = inferencev1.ReasonPulling, "waiting for the DaemonSet's pods"
@@ -134,39 +141,3 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 
 // maxNamed is how many nodes a condition message names.
 const maxNamed = 10
-
-// named joins the first maxNamed of items, of total, and counts the rest.
-func named(items []string, total int, sep string) string {
-	if len(items) > maxNamed {
-		items = items[:maxNamed]
-	}
-	s := strings.Join(items, sep)
-	if more := total - len(items); more > 0 {
-		s += fmt.Sprintf("%sand %d more", sep, more)
-	}
-	return s
-}
-
-// attention orders node entries — those that cannot pull first, then those pulling, then those
-// that hold the image; by name within each — and keeps the first limit of them.
-func attention(nodes []inferencev1.NodeImageStatus, limit int) []inferencev1.NodeImageStatus {
-	rank := func(n inferencev1.NodeImageStatus) int {
-		switch n.Phase {
-		case inferencev1.ImageFailed:
-			return 0
-		case inferencev1.ImageComplete:
-			return 2
-		}
-		return 1
-	}
-	slices.SortFunc(nodes, func(a, b inferencev1.NodeImageStatus) int {
-		return cmp.Or(cmp.Compare(rank(a), rank(b)), strings.Compare(a.Name, b.Name))
-	})
-	if len(nodes) > limit {
-		nodes = nodes[:limit]
-	}
-	if len(nodes) == 0 {
-		return nil
-	}
-	return nodes
-}

@@ -156,9 +156,9 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 			}
 			return gateState{open: true, reason: inferencev1.ReasonGateOpen,
 				message: fmt.Sprintf("%d of %d target nodes hold the weights cache; the others cannot (pods there download the model): %s",
-					st.ReadyNodes, st.TargetNodes, summarizeOf(failed, int(st.SettledNodes-st.ReadyNodes)))}
+					st.ReadyNodes, st.TargetNodes, controller.SummarizeOf(failed, int(st.SettledNodes-st.ReadyNodes), 5, ", "))}
 		}
-		named := summarizeOf(unsettled, waiting)
+		named := controller.SummarizeOf(unsettled, waiting, 5, ", ")
 		waited := r.Now().Sub(c.CreationTimestamp.Time)
 		if waited >= timeout {
 			return gateState{open: true, reason: inferencev1.ReasonGateTimeout,
@@ -176,22 +176,6 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 	}
 	return gateState{reason: inferencev1.ReasonWaitingForCache, wait: timeout - waited,
 		message: "waiting for the weights cache to report its target nodes"}
-}
-
-// summarizeOf names the first few of total items, of which named are known, and counts the rest.
-func summarizeOf(named []string, total int) string {
-	const n = 5
-	if len(named) > n {
-		named = named[:n]
-	}
-	s := strings.Join(named, ", ")
-	if more := total - len(named); more > 0 {
-		if s == "" {
-			return fmt.Sprintf("%d nodes", more)
-		}
-		s += fmt.Sprintf(" and %d more", more)
-	}
-	return s
 }
 
 func progress(n inferencev1.NodeCacheStatus) string {

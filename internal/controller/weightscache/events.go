@@ -62,17 +62,18 @@ func (h nodeCacheEvents) Update(ctx context.Context, e event.TypedUpdateEvent[cl
 func changedCaches(before, after *prewarmv1alpha1.NodeCache) (now, later []string) {
 	keyChanged := before.Status.CredentialsKey != after.Status.CredentialsKey ||
 		(before.Status.HeartbeatTime == nil) != (after.Status.HeartbeatTime == nil)
+	was := cachesIn(before)
 	for _, uid := range cachesIn(after) {
-		if !slices.Contains(cachesIn(before), uid) {
+		if !slices.Contains(was, uid) {
 			now = append(now, uid)
 		}
 	}
-	for _, uid := range cachesIn(before) {
+	for _, uid := range was {
 		b, a := reportFor(before, uid), reportFor(after, uid)
 		switch {
 		case keyChanged,
 			!equality.Semantic.DeepEqual(requestFor(before, uid), requestFor(after, uid)),
-			demandOf(before, uid) != demandOf(after, uid),
+			!slices.Equal(demandOf(before, uid), demandOf(after, uid)),
 			(a == nil) != (b == nil),
 			a != nil && !sameState(*a, *b):
 			now = append(now, uid)
@@ -88,11 +89,12 @@ func sameState(a, b prewarmv1alpha1.CacheStatus) bool {
 	return a.State == b.State && a.Reason == b.Reason && a.Revision == b.Revision
 }
 
-func demandOf(nc *prewarmv1alpha1.NodeCache, uid string) string {
-	var out string
+// demandOf is the namespaces whose pods on nc's node demand cache uid.
+func demandOf(nc *prewarmv1alpha1.NodeCache, uid string) []string {
+	var out []string
 	for _, d := range nc.Status.Demands {
 		if d.UID == uid {
-			out += d.Namespace + ","
+			out = append(out, d.Namespace)
 		}
 	}
 	return out

@@ -36,11 +36,11 @@ const uidIndex = "metadata.uid"
 // cache's reconcile reads only the nodes it touches.
 const cacheIndex = "prewarm.io/caches"
 
-// Indexes are the informer indexes the reconciler reads through.
-var Indexes = append([]controller.Index{
+// Indexes are the informer indexes the reconciler reads through, besides controller.NodeIndexes.
+var Indexes = []controller.Index{
 	{Object: &inferencev1.ModelDataCacheConfig{}, Field: uidIndex, Func: func(o client.Object) []string { return []string{string(o.GetUID())} }},
 	{Object: &prewarmv1alpha1.NodeCache{}, Field: cacheIndex, Func: func(o client.Object) []string { return cachesIn(o.(*prewarmv1alpha1.NodeCache)) }},
-}, controller.NodeIndexes...)
+}
 
 // cachesIn lists the caches a NodeCache names.
 func cachesIn(nc *prewarmv1alpha1.NodeCache) []string {
@@ -83,13 +83,11 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// SetupWithManager registers the reconciler with mgr.
-func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+// SetupWithManager registers the reconciler with mgr, whose cache must have Indexes and
+// controller.NodeIndexes (controller.RegisterIndexes).
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
-	}
-	if err := controller.RegisterIndexes(ctx, mgr, Indexes...); err != nil {
-		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("weightscache").

@@ -1,12 +1,10 @@
 package weightscache
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,47 +49,15 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 			ready[ns.Name] = true
 		}
 	}
-	st.Nodes = attention(nodes, inferencev1.MaxStatusNodes)
+	slices.SortFunc(nodes, inferencev1.CompareAttention)
+	if len(nodes) > 0 {
+		st.Nodes = nodes[:min(len(nodes), inferencev1.MaxStatusNodes)]
+	}
 	if len(nodes) > len(st.Nodes) {
 		c := &st.Conditions[slices.IndexFunc(st.Conditions, func(c metav1.Condition) bool { return c.Type == inferencev1.ConditionReady })]
 		c.Message += fmt.Sprintf("; status.nodes lists %d of the %d nodes, those that need attention first (kubectl prewarm status lists every node)", len(st.Nodes), len(nodes))
 	}
 	return st, ready
-}
-
-// attention orders node entries by how much they need attention — failed, then downloading
-// (the least done first), then waiting, then retained, then Ready; by name within each — and
-// keeps the first limit of them.
-func attention(nodes []inferencev1.NodeCacheStatus, limit int) []inferencev1.NodeCacheStatus {
-	rank := func(n inferencev1.NodeCacheStatus) int {
-		switch {
-		case n.Retained:
-			return 3
-		case n.State == inferencev1.CacheFailed:
-			return 0
-		case n.State == inferencev1.CacheDownloading:
-			return 1
-		case n.State == inferencev1.CacheReady:
-			return 4
-		}
-		return 2
-	}
-	done := func(n inferencev1.NodeCacheStatus) int64 {
-		if n.BytesTotal <= 0 {
-			return 0
-		}
-		return n.BytesDone * 1000 / n.BytesTotal
-	}
-	slices.SortFunc(nodes, func(a, b inferencev1.NodeCacheStatus) int {
-		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(done(a), done(b)), strings.Compare(a.Name, b.Name))
-	})
-	if len(nodes) > limit {
-		nodes = nodes[:limit]
-	}
-	if len(nodes) == 0 {
-		return nil
-	}
-	return nodes
 }
 
 // nodeEntries builds the status's per-node entries.
@@ -110,12 +76,14 @@ type nodeEntries struct {
 func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheStatus {
 	st := b.st
 	ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: keep != nil}
-	nc := b.byNode[name]
-	switch rep := reportFor(nc, b.uid); {
+	rep, reported := b.byNode[name].Report(b.uid)
+	switch {
 	case b.full[name]:
 		ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull
 		ns.Message = fmt.Sprintf("the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement", prewarmv1alpha1.MaxCachesPerNode)
-	case rep != nil:
+	case !reported:
+		ns.Reason, ns.Message = rep.Reason, rep.Message
+	default:
 		ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
 		ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond
 		st.TotalBytes = max(st.TotalBytes, rep.BytesTotal)
@@ -127,10 +95,6 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 			ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonSourceChanged
 			ns.Message = fmt.Sprintf("holds revision %s, but the cache is pinned to %s, which other nodes hold: the source was rewritten under the same location", rep.Revision, st.ResolvedRevision)
 		}
-	case nc == nil || nc.Status.HeartbeatTime == nil:
-		ns.Reason, ns.Message = "AgentNotReporting", "no prewarm agent reports on this node; is the agent DaemonSet running here?"
-	default:
-		ns.Reason, ns.Message = "Requested", "the node's agent has not picked the cache up yet"
 	}
 	if keep != nil {
 		ns.Reason, ns.BytesPerSecond = prewarmv1alpha1.ReasonNotTarget, 0
@@ -183,15 +147,6 @@ func (t *tally) count(ns inferencev1.NodeCacheStatus) {
 	}
 }
 
-// failureList is the failed nodes for a message: the first ones, and how many more.
-func (t *tally) failureList() string {
-	s := strings.Join(t.failures, "; ")
-	if more := t.failed - len(t.failures); more > 0 {
-		s += fmt.Sprintf("; and %d more", more)
-	}
-	return s
-}
-
 // summarize sets the cache's state and Ready condition from the tally of its target nodes.
 func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelDataCacheConfig, t tally) {
 	st.ReadyNodes, st.SettledNodes = t.ready, t.settled
@@ -207,7 +162,7 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 	case t.failed > 0 && t.downloading == 0 && t.pending == 0:
 		st.State = inferencev1.CacheFailed
 		setCondition(st, m, metav1.ConditionFalse, t.firstFailure,
-			fmt.Sprintf("%d of %d target nodes hold the cache; %d failed: %s", st.ReadyNodes, st.TargetNodes, t.failed, t.failureList()))
+			fmt.Sprintf("%d of %d target nodes hold the cache; %d failed: %s", st.ReadyNodes, st.TargetNodes, t.failed, controller.SummarizeOf(t.failures, t.failed, maxFailures, "; ")))
 	case t.downloading > 0:
 		st.State = inferencev1.CacheDownloading
 		setCondition(st, m, metav1.ConditionFalse, inferencev1.ReasonDownloading,

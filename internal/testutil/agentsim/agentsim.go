@@ -306,18 +306,3 @@ func (s *Sim) write(ctx context.Context, n *node) {
 	s.Writes.Add(1)
 	n.last, n.lastAt, n.written = st, s.o.Now(), true
 }
-
-// Ready counts the node-caches the simulated agents report Ready.
-func (s *Sim) Ready() int {
-	total := 0
-	for _, n := range s.nodes {
-		n.mu.Lock()
-		for _, j := range n.jobs {
-			if j.status.State == inferencev1.CacheReady {
-				total++
-			}
-		}
-		n.mu.Unlock()
-	}
-	return total
-}

@@ -40,6 +40,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/agentsim"
@@ -164,7 +165,6 @@ type cacheResult struct {
 	baseMiB            float64
 	largest            objectSize
 	procCPU            map[string]float64
-	wall               time.Duration
 	// client is the controller's own view: its requests' latency and its wait for its rate limiter.
 	client clientFigures
 	// milestones are when each step was first seen done, from the apply.
@@ -257,8 +257,8 @@ func runFleet(o options, n int) (fleetResult, error) {
 			return fr, fmt.Errorf("%d caches: %w", k, err)
 		}
 		fr.runs = append(fr.runs, cr)
-		log.Printf("%d nodes, %d caches: converged in %s, %d node-caches; controller: %s",
-			n, k, cr.converge.Round(time.Millisecond), cr.nodeCaches, cr.client)
+		log.Printf("%d nodes, %d caches: converged in %s, %d node-caches; %d agent writes failed (in all); controller: %s",
+			n, k, cr.converge.Round(time.Millisecond), cr.nodeCaches, f.sim.Errors.Load(), cr.client)
 	}
 	return fr, nil
 }
@@ -269,12 +269,7 @@ func nodeName(i int) string { return fmt.Sprintf("gpu-%05d", i) }
 func nodeCachesOf(n, k int) int {
 	total := 0
 	for j := range k {
-		its := placementOf(j, k)
-		for i := range n {
-			if slices.Contains(its, instanceTypes[i%typeCount]) {
-				total++
-			}
-		}
+		total += targetsOf(n, placementOf(j, k))
 	}
 	return total
 }
@@ -393,14 +388,15 @@ func placementOf(j, k int) []string {
 	return []string{instanceTypes[j%typeCount]}
 }
 
-func (f *fleet) targetsOf(its []string) int {
-	n := 0
-	for i := range f.nodes {
+// targetsOf is how many of n nodes are of instance types its.
+func targetsOf(n int, its []string) int {
+	count := 0
+	for i := range n {
 		if slices.Contains(its, instanceTypes[i%typeCount]) {
-			n++
+			count++
 		}
 	}
-	return n
+	return count
 }
 
 func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
@@ -408,7 +404,7 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 	ctx := f.ctx
 	targets := map[string]int{}
 	for j := range k {
-		targets[parentName(j)] = f.targetsOf(placementOf(j, k))
+		targets[parentName(j)] = targetsOf(f.nodes, placementOf(j, k))
 		cr.nodeCaches += targets[parentName(j)]
 	}
 	pid := f.ctrl.Pid()
@@ -465,7 +461,6 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 	for name, v := range childCPU() {
 		cr.procCPU[name] = v - procs0[name]
 	}
-	cr.wall = cr.converge
 	cr.rssMiB, cr.peakMiB = rssMiB(pid, "VmRSS"), rssMiB(pid, "VmHWM")
 
 	if last {
@@ -498,7 +493,7 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 		labelled := 0
 		for i := range nodes.Items {
 			for key := range nodes.Items[i].Labels {
-				if strings.HasPrefix(key, inferencev1.WeightsCacheReadyLabelPrefix) || strings.HasPrefix(key, inferencev1.ImageCacheReadyLabelPrefix) {
+				if controller.IsCacheLabel(key) {
 					labelled++
 				}
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"maps"
 	"net/http"
@@ -230,63 +231,31 @@ controller's writes to NodeCaches, node labels and prewarm's objects, over the n
 			run := last.runs[len(last.runs)-1]
 			fmt.Fprintf(&b, "\nAPI requests during the largest run (%d nodes, %d caches, %.1f s), by verb and resource (the top 15):\n\n", last.nodes, run.caches, run.converge.Seconds())
 			b.WriteString("| requests | verb resource |\n|---:|---|\n")
-			type kv struct {
-				k string
-				v float64
-			}
-			var rows []kv
-			for k, v := range run.requests {
-				rows = append(rows, kv{k, v})
-			}
-			slices.SortFunc(rows, func(a, b kv) int {
-				if a.v != b.v {
-					if a.v > b.v {
-						return -1
-					}
-					return 1
-				}
-				return strings.Compare(a.k, b.k)
-			})
-			for i, row := range rows {
-				if i == 15 {
-					break
-				}
-				fmt.Fprintf(&b, "| %.0f | %s |\n", row.v, row.k)
+			rows := largestFirst(run.requests)
+			for _, k := range rows[:min(len(rows), 15)] {
+				fmt.Fprintf(&b, "| %.0f | %s |\n", run.requests[k], k)
 			}
 			fmt.Fprintf(&b, "\nCPU seconds by process during that run (%.1f s of wall time; this machine has %d CPUs, %.0f CPU-seconds):\n\n",
-				run.wall.Seconds(), runtime.NumCPU(), run.wall.Seconds()*float64(runtime.NumCPU()))
+				run.converge.Seconds(), runtime.NumCPU(), run.converge.Seconds()*float64(runtime.NumCPU()))
 			b.WriteString("| process | CPU seconds | share of the machine |\n|---|---:|---:|\n")
-			procs := map[string]float64{}
-			for k, v := range run.procCPU {
-				procs[k] = v
-			}
+			procs := maps.Clone(run.procCPU)
 			procs["controller"] = run.controllerCPU
-			names := slices.Collect(func(yield func(string) bool) {
-				for k := range procs {
-					if !yield(k) {
-						return
-					}
-				}
-			})
-			slices.SortFunc(names, func(a, b string) int {
-				if procs[a] != procs[b] {
-					if procs[a] > procs[b] {
-						return -1
-					}
-					return 1
-				}
-				return strings.Compare(a, b)
-			})
+			names := largestFirst(procs)
 			for _, n := range names {
 				if procs[n] < 0.05 {
 					continue
 				}
-				fmt.Fprintf(&b, "| %s | %.1f | %.0f %% |\n", n, procs[n], 100*procs[n]/(run.wall.Seconds()*float64(runtime.NumCPU())))
+				fmt.Fprintf(&b, "| %s | %.1f | %.0f %% |\n", n, procs[n], 100*procs[n]/(run.converge.Seconds()*float64(runtime.NumCPU())))
 			}
 		}
 	}
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
 	return b.String()
+}
+
+// largestFirst is m's keys by value, the largest first (by name among equals).
+func largestFirst(m map[string]float64) []string {
+	return slices.SortedFunc(maps.Keys(m), func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), strings.Compare(a, b)) })
 }
 
 func joinInts(v []int) string {
