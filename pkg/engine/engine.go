@@ -120,6 +120,8 @@ type Request struct {
 	// (objects rewritten under the same prefix) fails with ErrSourceChanged, and nothing is
 	// downloaded.
 	Revision string
+	// Swarm, when set, shares parts with other nodes fetching the same revision.
+	Swarm Swarm
 }
 
 // Result says what a Fetch did.
@@ -129,6 +131,8 @@ type Result struct {
 	Bytes int64
 	// Fetched is how many bytes this call read from the source (less than Bytes when resumed).
 	Fetched int64
+	// FromPeers is how many bytes this call took from peers instead of the source.
+	FromPeers int64
 	// Revision is the source revision that was fetched: a Hugging Face commit, or the content
 	// revision of the files (source.ContentRevision).
 	Revision string
@@ -160,6 +164,8 @@ type Progress struct {
 	BytesPerSecond float64
 	// Fetched is bytes read from the source by this call.
 	Fetched int64
+	// FromPeers is bytes taken from peers by this call.
+	FromPeers int64
 }
 
 // InsufficientSpaceError says a model does not fit.

@@ -56,15 +56,20 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 		return res, err
 	}
 	defer run.close()
-	if err := run.download(ctx); err != nil {
-		res.Fetched = run.fetched.Load()
+	if run.swarm = req.Swarm; run.swarm != nil {
+		run.swarm.Join(run.plan)
+		defer run.swarm.Leave()
+	}
+	err = run.download(ctx)
+	res.Fetched, res.FromPeers = run.fetched.Load(), run.fromPeers.Load()
+	if err != nil {
 		return res, err
 	}
-	res.Fetched = run.fetched.Load()
 	e.report(run.snapshot(PhasePublishing))
 	if err := run.publish(dest, req.Source.String()); err != nil {
 		return res, err
 	}
+	run.plan.dir.Store(&dest) // offered from where it now is
 	res.Duration = e.now().Sub(start)
 	e.report(run.snapshot(PhaseDone))
 	return res, nil
@@ -75,7 +80,7 @@ type run struct {
 	e       *Engine
 	src     source.Source
 	listing source.Listing
-	plan    string
+	planID  string
 	dir     string
 	root    *os.Root
 	resume  resumeState
@@ -83,6 +88,7 @@ type run struct {
 
 	done      atomic.Int64 // bytes written (including resumed ones)
 	fetched   atomic.Int64 // bytes read from the source by this run
+	fromPeers atomic.Int64 // bytes taken from peers by this run
 	filesDone atomic.Int64
 	total     int64
 	allocated int64 // bytes of files already present in the partial directory
@@ -97,15 +103,23 @@ type run struct {
 	// computed as it wrote it (base64), kept in the manifest so that the file's content can be
 	// re-verified later. Each is written by the file's one verifier.
 	recorded []string
+
+	// plan is the model cut into parts, with the parts this run holds; swarm, when set, is
+	// where parts may come from other than the source. peerOf[i] names the peer part i came
+	// from, if any (guarded by peerMu).
+	plan   *Plan
+	swarm  Swarm
+	peerMu sync.Mutex
+	peerOf map[int]string
 }
 
 func (e *Engine) prepare(dest string, src source.Source, listing source.Listing) (*run, error) {
-	r := &run{e: e, src: src, listing: listing, plan: planHash(listing.Files, listing.Revision), dir: partialDir(dest)}
+	r := &run{e: e, src: src, listing: listing, planID: planHash(listing.Files, listing.Revision), dir: partialDir(dest)}
 	for _, f := range listing.Files {
 		r.total += f.Size
 	}
 	jpath := filepath.Join(r.dir, journalName)
-	st, resuming, err := readJournal(jpath, r.plan)
+	st, resuming, err := readJournal(jpath, r.planID)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", jpath, err)
 	}
@@ -130,6 +144,12 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing)
 		delete(st.crcs, idx)
 	}
 	r.resume = st
+	r.plan, r.peerOf = newPlan(listing, e.partSize, r.dir), map[int]string{}
+	for k, crc := range st.partCRC {
+		if i, ok := r.plan.index(k.file, k.off); ok && st.written[k.file] != nil && st.written[k.file].covers(k.off, r.plan.partLen(i)) {
+			r.plan.add(i, crc)
+		}
+	}
 	r.inline = make([]*crcKind, len(listing.Files))
 	r.crcs = make([][]partCRC, len(listing.Files))
 	r.recorded = make([]string, len(listing.Files))
@@ -154,7 +174,7 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing)
 		if err := os.MkdirAll(r.dir, 0o755); err != nil {
 			return nil, err
 		}
-		r.journal, err = createJournal(jpath, r.plan)
+		r.journal, err = createJournal(jpath, r.planID)
 	} else {
 		r.journal, err = appendJournal(jpath)
 	}
@@ -218,8 +238,9 @@ func (r *run) snapshot(phase Phase) Progress {
 		BytesTotal:     r.total,
 		FilesDone:      int(r.filesDone.Load()),
 		FilesTotal:     len(r.listing.Files),
-		BytesPerSecond: r.rate.rate(r.e.now(), r.fetched.Load()),
+		BytesPerSecond: r.rate.rate(r.e.now(), r.fetched.Load()+r.fromPeers.Load()),
 		Fetched:        r.fetched.Load(),
+		FromPeers:      r.fromPeers.Load(),
 	}
 }
 
@@ -266,7 +287,11 @@ type Manifest struct {
 	Files    []source.File `json:"files"`
 	// Recorded are CRC64NVME checksums (base64, by path) the engine computed while writing the
 	// files the source gave no checksum for: what the content can be re-verified against.
-	Recorded    map[string]string `json:"recorded,omitempty"`
+	Recorded map[string]string `json:"recorded,omitempty"`
+	// PartSize and PartCRC32C are the parts the files were cut into and each part's CRC32C
+	// (base64 of big-endian uint32s, by path): what the node offers peers each part with.
+	PartSize    int64             `json:"partSize,omitempty"`
+	PartCRC32C  map[string]string `json:"partCRC32C,omitempty"`
 	CompletedAt time.Time         `json:"completedAt"`
 }
 

@@ -22,6 +22,7 @@ import (
 //
 //	{"plan":"<sha256 of the listing>","boot":"<boot id>"}
 //	W <file index> <offset> <length> [<crc of the part, hex>]
+//	C <file index> <offset> <crc32c of the part, hex>   (what the part is offered to peers with)
 //	V <file index>
 //	X <file index>      (the file failed verification: forget it)
 //	S
@@ -70,10 +71,17 @@ type resumeState struct {
 	written  map[int]*coverage
 	verified map[int]bool
 	crcs     map[int][]partCRC
+	// partCRC are the written parts' CRC32Cs, by file and offset.
+	partCRC map[partKey]uint32
+}
+
+type partKey struct {
+	file int
+	off  int64
 }
 
 func newResumeState() resumeState {
-	return resumeState{written: map[int]*coverage{}, verified: map[int]bool{}, crcs: map[int][]partCRC{}}
+	return resumeState{written: map[int]*coverage{}, verified: map[int]bool{}, crcs: map[int][]partCRC{}, partCRC: map[partKey]uint32{}}
 }
 
 func planHash(files []source.File, revision string) string {
@@ -138,8 +146,8 @@ func readJournal(path, plan string) (st resumeState, ok bool, err error) {
 	return st, true, sc.Err()
 }
 
-// journalRecord is one line of a journal: S (synced), W file off n [crc] (written),
-// V file (verified), X file (reset).
+// journalRecord is one line of a journal: S (synced), W file off n [crc] (written), C file off
+// crc32c (a part's CRC32C), V file (verified), X file (reset).
 type journalRecord struct {
 	kind   byte
 	idx    int
@@ -170,6 +178,14 @@ func parseRecord(line string) (journalRecord, bool) {
 			r.hasCRC = err4 == nil
 		}
 		return r, err1 == nil && err2 == nil && err3 == nil && err4 == nil
+	case "C":
+		if len(fields) != 4 {
+			return journalRecord{}, false
+		}
+		idx, err1 := strconv.Atoi(fields[1])
+		off, err2 := strconv.ParseInt(fields[2], 10, 64)
+		crc, err3 := strconv.ParseUint(fields[3], 16, 32)
+		return journalRecord{kind: 'C', idx: idx, off: off, crc: crc}, err1 == nil && err2 == nil && err3 == nil
 	case "V", "X":
 		if len(fields) != 2 {
 			return journalRecord{}, false
@@ -192,12 +208,19 @@ func (st *resumeState) apply(r journalRecord) {
 		if r.hasCRC {
 			st.crcs[r.idx] = append(st.crcs[r.idx], partCRC{r.off, r.n, r.crc})
 		}
+	case 'C':
+		st.partCRC[partKey{r.idx, r.off}] = uint32(r.crc)
 	case 'V':
 		st.verified[r.idx] = true
 	case 'X':
 		delete(st.written, r.idx)
 		delete(st.verified, r.idx)
 		delete(st.crcs, r.idx)
+		for k := range st.partCRC {
+			if k.file == r.idx {
+				delete(st.partCRC, k)
+			}
+		}
 	}
 }
 
@@ -232,12 +255,13 @@ func appendJournal(path string) (*journal, error) {
 
 // Record writers: a write error stays in the bufio.Writer and flush returns it.
 
-func (j *journal) written(idx int, off, n int64, crc uint64, hasCRC bool) {
+func (j *journal) written(idx int, off, n int64, crc uint64, hasCRC bool, partCRC uint32) {
 	if hasCRC {
 		_, _ = fmt.Fprintf(j.w, "W %d %d %d %x\n", idx, off, n, crc)
-		return
+	} else {
+		_, _ = fmt.Fprintf(j.w, "W %d %d %d\n", idx, off, n)
 	}
-	_, _ = fmt.Fprintf(j.w, "W %d %d %d\n", idx, off, n)
+	_, _ = fmt.Fprintf(j.w, "C %d %d %x\n", idx, off, partCRC)
 }
 
 func (j *journal) verified(idx int) { _, _ = fmt.Fprintf(j.w, "V %d\n", idx) }

@@ -7,8 +7,10 @@ import (
 )
 
 type metrics struct {
-	bytes   prometheus.Counter
-	retries prometheus.Counter
+	bytes        prometheus.Counter
+	retries      prometheus.Counter
+	peerBytes    prometheus.Counter
+	peerFailures prometheus.Counter
 }
 
 // newMetrics registers the engine's metrics with reg, or keeps them unregistered when reg is
@@ -20,6 +22,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		})),
 		retries: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_part_retries_total", Help: "Ranged reads tried again after a transient failure.",
+		})),
+		peerBytes: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prewarm_engine_peer_bytes_total", Help: "Bytes taken from peers instead of model sources, checked.",
+		})),
+		peerFailures: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prewarm_engine_peer_failures_total", Help: "Parts from peers that did not arrive whole or did not match their checksum.",
 		})),
 	}
 }

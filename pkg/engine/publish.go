@@ -20,7 +20,14 @@ func (r *run) publish(dest, sourceName string) error {
 	if err := os.Remove(filepath.Join(r.dir, journalName)); err != nil {
 		return err
 	}
-	m := Manifest{Version: 1, Source: sourceName, Revision: r.listing.Revision, Files: r.listing.Files, CompletedAt: r.e.now().UTC()}
+	m := Manifest{Version: 1, Source: sourceName, Revision: r.listing.Revision, Files: r.listing.Files, CompletedAt: r.e.now().UTC(),
+		PartSize: r.plan.PartSize, PartCRC32C: make(map[string]string, len(r.listing.Files))}
+	for i, f := range r.listing.Files {
+		if err := r.fillPartCRCs(context.Background(), i); err != nil { // files verified by an earlier run
+			return err
+		}
+		m.PartCRC32C[f.Path] = r.plan.partTable(i)
+	}
 	for i, f := range r.listing.Files {
 		if !f.Checksums.Empty() {
 			continue

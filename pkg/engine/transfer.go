@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -43,6 +44,7 @@ type record struct {
 	off, n int64
 	crc    uint64
 	hasCRC bool
+	part   uint32 // the part's CRC32C
 }
 
 // download fetches every missing part and verifies every file. It runs as a pipeline: one
@@ -68,7 +70,11 @@ func (r *run) download(ctx context.Context) error {
 	})
 	g.Go(p.keepJournal)
 	for range r.e.verifiers {
-		g.Go(func() error { return p.verify(ctx) })
+		workers.Add(1) // a verifier may journal parts it fetched again
+		g.Go(func() error {
+			defer workers.Done()
+			return p.verify(ctx)
+		})
 	}
 	stopProgress := r.reportProgress()
 	err := g.Wait()
@@ -173,11 +179,14 @@ func (r *run) missingParts(idx int, f source.File) []part {
 func (p *pipeline) work(ctx context.Context) error {
 	r := p.r
 	for pt := range p.parts {
-		crc, err := r.fetchPart(ctx, pt)
+		crc, sum, err := r.fetchPart(ctx, pt)
 		if err != nil {
 			return err
 		}
-		rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil}
+		if i, ok := r.plan.index(pt.file, pt.off); ok && pt.n == r.plan.partLen(i) {
+			r.plan.add(i, sum) // offered to peers from now on
+		}
+		rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil, part: sum}
 		if rec.hasCRC {
 			r.crcMu.Lock()
 			r.crcs[pt.file] = append(r.crcs[pt.file], partCRC{pt.off, pt.n, crc})
@@ -210,7 +219,7 @@ func (p *pipeline) keepJournal() error {
 			if !ok {
 				return r.journal.flush()
 			}
-			r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC)
+			r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC, rec.part)
 			if len(p.records) == 0 {
 				if err := r.journal.flush(); err != nil {
 					return err
@@ -235,7 +244,7 @@ func (p *pipeline) verify(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case idx := <-p.toVerify:
-			if err := p.r.verifyFile(ctx, idx); err != nil {
+			if err := p.checkFile(ctx, idx); err != nil {
 				return err
 			}
 			p.r.filesDone.Add(1)
@@ -245,6 +254,81 @@ func (p *pipeline) verify(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// checkFile verifies file idx. When it does not match and parts of it came from peers, those
+// parts are read again from the source (a peer whose part then differs is reported and
+// dropped), and the file is verified once more. A verified file's parts are all offered.
+func (p *pipeline) checkFile(ctx context.Context, idx int) error {
+	r := p.r
+	err := r.verifyFile(ctx, idx)
+	var verr *VerificationError
+	if errors.As(err, &verr) {
+		if again, rerr := p.refetchPeerParts(ctx, idx); rerr != nil {
+			return rerr
+		} else if again {
+			err = r.verifyFile(ctx, idx)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return r.fillPartCRCs(ctx, idx)
+}
+
+// refetchPeerParts reads again from the source the parts of file idx that came from peers,
+// reporting it true when there were any.
+func (p *pipeline) refetchPeerParts(ctx context.Context, idx int) (bool, error) {
+	r := p.r
+	r.peerMu.Lock()
+	var parts []int
+	for i := r.plan.first[idx]; i < r.plan.first[idx+1]; i++ {
+		if r.peerOf[i] != "" {
+			parts = append(parts, i)
+		}
+	}
+	r.peerMu.Unlock()
+	if len(parts) == 0 {
+		return false, nil
+	}
+	f := r.listing.Files[idx]
+	fh, err := r.root.OpenFile(filepath.FromSlash(f.Path), os.O_WRONLY, 0)
+	if err != nil {
+		return false, err
+	}
+	defer fh.Close()
+	h := &fileHandle{f: fh}
+	for _, i := range parts {
+		_, off, n := r.plan.Part(i)
+		had := r.plan.crcs[i].Load()
+		r.plan.held[i].Store(false)
+		crc, partCRC, err := r.partFromSource(ctx, part{file: idx, off: off, n: n, handle: h})
+		if err != nil {
+			return false, err
+		}
+		r.peerMu.Lock()
+		peer := r.peerOf[i]
+		delete(r.peerOf, i)
+		r.peerMu.Unlock()
+		if partCRC != had {
+			r.e.metrics.peerFailures.Inc()
+			r.swarm.Bad(peer, i, &PeerMismatchError{Peer: peer, Part: i, Want: partCRC, Got: had})
+		}
+		r.crcMu.Lock()
+		for k, pc := range r.crcs[idx] {
+			if pc.off == off {
+				r.crcs[idx][k].crc = crc
+			}
+		}
+		r.crcMu.Unlock()
+		r.plan.add(i, partCRC)
+		select {
+		case p.records <- record{file: idx, off: off, n: n, crc: crc, hasCRC: r.inline[idx] != nil, part: partCRC}:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	return true, fh.Sync()
 }
 
 // finish flushes and syncs what the journal knows, whatever happened, so that a rerun resumes
@@ -338,53 +422,118 @@ func (r *run) openFile(idx int, f source.File) (*fileHandle, error) {
 	return &fileHandle{f: file}, nil
 }
 
-// fetchPart reads one part from the source and writes it at its offset, retrying transient
-// failures from the byte it had reached. It returns the part's CRC when the file is verified
-// inline.
-func (r *run) fetchPart(ctx context.Context, p part) (uint64, error) {
+// fetchPart gets one part, from a peer when the Fetch has a swarm and a peer holds it,
+// otherwise from the source, and writes it at its offset. It returns the part's CRC when the
+// file is verified inline, and its CRC32C.
+func (r *run) fetchPart(ctx context.Context, p part) (uint64, uint32, error) {
+	if r.swarm != nil {
+		if crc, partCRC, ok, err := r.partFromPeers(ctx, p); ok || err != nil {
+			return crc, partCRC, err
+		}
+	}
+	return r.partFromSource(ctx, p)
+}
+
+// partFromSource reads one part from the source, retrying transient failures from the byte it
+// had reached.
+func (r *run) partFromSource(ctx context.Context, p part) (uint64, uint32, error) {
 	e := r.e
 	f := r.listing.Files[p.file]
 	off, end := p.off, p.off+p.n
 	var crc uint64
+	var partCRC uint32
 	var lastErr error
 	for attempt := 0; attempt < e.maxAttempts; attempt++ {
 		if attempt > 0 {
 			e.metrics.retries.Inc()
 			if err := sleep(ctx, e.backoff(attempt)); err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 		}
-		n, err := r.copyRange(ctx, p.handle.f, f.Path, off, end-off, r.inline[p.file], &crc)
+		n, err := r.copyRange(ctx, p.handle.f, f.Path, off, end-off, r.inline[p.file], &crc, &partCRC)
 		off += n
 		if err == nil && off == end {
-			return crc, nil
+			return crc, partCRC, nil
 		}
 		if err == nil {
 			err = io.ErrUnexpectedEOF
 		}
 		if ctx.Err() != nil {
-			return 0, ctx.Err()
+			return 0, 0, ctx.Err()
 		}
 		if !source.Retryable(err) {
-			return 0, fmt.Errorf("%s: %w", f.Path, err)
+			return 0, 0, fmt.Errorf("%s: %w", f.Path, err)
 		}
 		if n > 0 {
 			attempt = 0 // progress was made: the budget is for a stuck part, not a long one
 		}
 		lastErr = err
 	}
-	return 0, fmt.Errorf("%s: giving up after %d tries: %w", f.Path, e.maxAttempts, lastErr)
+	return 0, 0, fmt.Errorf("%s: giving up after %d tries: %w", f.Path, e.maxAttempts, lastErr)
+}
+
+// maxPeerTries is how many peers one part is asked of before it is read from the source.
+const maxPeerTries = 3
+
+// partFromPeers asks the swarm for one part. A part that does not arrive whole, or whose bytes
+// do not have the CRC32C the peer vouches for, is reported (the peer is dropped) and asked of
+// another peer; ok is false when the part is to be read from the source.
+func (r *run) partFromPeers(ctx context.Context, p part) (crc uint64, partCRC uint32, ok bool, err error) {
+	idx, aligned := r.plan.index(p.file, p.off)
+	if !aligned || p.n != r.plan.partLen(idx) {
+		return 0, 0, false, nil // resumed from another part size: not a part peers know
+	}
+	path := r.listing.Files[p.file].Path
+	for range maxPeerTries {
+		pp, err := r.swarm.Part(ctx, idx)
+		switch {
+		case ctx.Err() != nil:
+			return 0, 0, false, ctx.Err()
+		case errors.Is(err, ErrFromSource):
+			return 0, 0, false, nil
+		case err != nil:
+			continue
+		}
+		crc, partCRC = 0, 0
+		n, err := r.copyBody(ctx, pp.Body, p.handle.f, path, p.off, p.n, r.inline[p.file], &crc, &partCRC, false)
+		pp.Body.Close()
+		switch {
+		case err == nil && n == p.n && partCRC == pp.CRC32C:
+			r.fromPeers.Add(n)
+			r.done.Add(n)
+			r.e.metrics.peerBytes.Add(float64(n))
+			r.peerMu.Lock()
+			r.peerOf[idx] = pp.Peer
+			r.peerMu.Unlock()
+			return crc, partCRC, true, nil
+		case ctx.Err() != nil:
+			return 0, 0, false, ctx.Err()
+		case err == nil && n == p.n:
+			err = &PeerMismatchError{Peer: pp.Peer, Part: idx, Want: pp.CRC32C, Got: partCRC}
+		case err == nil:
+			err = io.ErrUnexpectedEOF
+		}
+		r.e.metrics.peerFailures.Inc()
+		r.swarm.Bad(pp.Peer, idx, err)
+	}
+	return 0, 0, false, nil
 }
 
 // copyRange streams [off, off+n) of the source file into w at the same offsets, updating *crc
-// with the bytes written when kind is set. It returns the bytes written, which are all good
-// even when err is not nil.
-func (r *run) copyRange(ctx context.Context, w io.WriterAt, path string, off, n int64, kind *crcKind, crc *uint64) (int64, error) {
+// with the bytes written when kind is set, and *partCRC (CRC32C) always. It returns the bytes
+// written, which are all good even when err is not nil.
+func (r *run) copyRange(ctx context.Context, w io.WriterAt, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32) (int64, error) {
 	body, err := r.src.OpenRange(ctx, path, off, n)
 	if err != nil {
 		return 0, err
 	}
 	defer body.Close()
+	return r.copyBody(ctx, body, w, path, off, n, kind, crc, partCRC, true)
+}
+
+// copyBody is copyRange's loop over a body already open. Bytes from the source count as done
+// and fetched as they land; a peer's count once the whole part is checked.
+func (r *run) copyBody(ctx context.Context, body io.Reader, w io.WriterAt, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32, fromSource bool) (int64, error) {
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	buf := *bufp
@@ -404,10 +553,13 @@ func (r *run) copyRange(ctx context.Context, w io.WriterAt, path string, off, n 
 			if kind != nil {
 				*crc = kind.update(*crc, buf[:got])
 			}
+			*partCRC = crc32.Update(*partCRC, castagnoli, buf[:got])
 			written += int64(got)
-			r.done.Add(int64(got))
-			r.fetched.Add(int64(got))
-			r.e.metrics.bytes.Add(float64(got))
+			if fromSource {
+				r.done.Add(int64(got))
+				r.fetched.Add(int64(got))
+				r.e.metrics.bytes.Add(float64(got))
+			}
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) && written < n {

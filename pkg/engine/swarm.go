@@ -1,0 +1,271 @@
+package engine
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// A Swarm lets a Fetch take parts from other nodes fetching (or holding) the same revision of
+// the same model, instead of from the source, and offers them what this Fetch holds. The engine
+// checks every part a Swarm supplies: its bytes must have the CRC32C the peer vouches for, a
+// CRC first computed by whichever node read that part from the source, and the file they
+// belong to must match the source's own checksums before it is published or offered whole.
+// package peer implements it over HTTP.
+type Swarm interface {
+	// Join is called once the Fetch has its plan; from then until Leave the plan's parts are
+	// what this node offers.
+	Join(plan *Plan)
+	// Part returns part i from a peer. ErrFromSource says: read it from the source (no peer
+	// holds it, or waiting for one would be slower).
+	Part(ctx context.Context, i int) (PeerPart, error)
+	// Bad reports that peer's part i did not arrive whole or did not match: the peer is not
+	// asked again by this Fetch.
+	Bad(peer string, i int, err error)
+	// Leave is called when the Fetch ends.
+	Leave()
+}
+
+// ErrFromSource is returned by Swarm.Part for a part to read from the source.
+var ErrFromSource = errors.New("read the part from the source")
+
+// PeerPart is one part as a peer sends it.
+type PeerPart struct {
+	// Body is the part's bytes; the engine closes it.
+	Body io.ReadCloser
+	// CRC32C is what the bytes must hash to (Castagnoli).
+	CRC32C uint32
+	// Peer names the peer, for Bad and for logs.
+	Peer string
+}
+
+// PeerMismatchError is a part from a peer whose bytes were not what the peer vouched for, or
+// whose file then did not match the source's checksum.
+type PeerMismatchError struct {
+	Peer      string
+	Part      int
+	Want, Got uint32
+}
+
+func (e *PeerMismatchError) Error() string {
+	return fmt.Sprintf("part %d from %s: crc32c %08x, want %08x", e.Part, e.Peer, e.Got, e.Want)
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Plan is one revision of a model cut into parts, with which parts this node holds: what a
+// Swarm asks peers for, and what it offers them. Part i is at Files[File(i)] from offset
+// PartSize × (i − its file's first part). Every node of a swarm cuts the same listing into
+// the same parts when its part size is the same.
+type Plan struct {
+	Revision string
+	PartSize int64
+	Files    []source.File
+
+	first []int // first[f] is file f's first part; first[len(Files)] is the number of parts
+
+	dir     atomic.Pointer[string] // where the files are read from: the partial directory, then dest
+	held    []atomic.Bool
+	crcs    []atomic.Uint32
+	mu      sync.Mutex
+	version uint64
+	changed chan struct{}
+}
+
+func newPlan(listing source.Listing, partSize int64, dir string) *Plan {
+	p := &Plan{Revision: listing.Revision, PartSize: partSize, Files: listing.Files, changed: make(chan struct{})}
+	p.first = make([]int, len(listing.Files)+1)
+	for i, f := range listing.Files {
+		p.first[i+1] = p.first[i] + int((f.Size+partSize-1)/partSize)
+	}
+	p.held = make([]atomic.Bool, p.Parts())
+	p.crcs = make([]atomic.Uint32, p.Parts())
+	p.dir.Store(&dir)
+	return p
+}
+
+// Parts is the number of parts.
+func (p *Plan) Parts() int { return p.first[len(p.Files)] }
+
+// Part returns where part i is: its file's index, offset and length.
+func (p *Plan) Part(i int) (file int, off, n int64) {
+	lo, hi := 0, len(p.Files)
+	for hi-lo > 1 { // the last file whose first part is ≤ i
+		mid := (lo + hi) / 2
+		if p.first[mid] <= i {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	for lo < len(p.Files)-1 && p.first[lo+1] <= i { // skip empty files
+		lo++
+	}
+	off = int64(i-p.first[lo]) * p.PartSize
+	return lo, off, min(p.PartSize, p.Files[lo].Size-off)
+}
+
+// index is the part of file f at offset off, when off is on a part boundary.
+func (p *Plan) index(f int, off int64) (int, bool) {
+	if off%p.PartSize != 0 {
+		return 0, false
+	}
+	return p.first[f] + int(off/p.PartSize), true
+}
+
+// Held returns part i's CRC32C when this node holds it.
+func (p *Plan) Held(i int) (uint32, bool) {
+	if i < 0 || i >= len(p.held) || !p.held[i].Load() {
+		return 0, false
+	}
+	return p.crcs[i].Load(), true
+}
+
+// Bitmap is which parts this node holds (bit i of byte i/8, lowest bit first), and the version
+// it is at: the version grows with every part added.
+func (p *Plan) Bitmap() ([]byte, uint64) {
+	p.mu.Lock()
+	v := p.version
+	p.mu.Unlock()
+	b := make([]byte, (p.Parts()+7)/8)
+	for i := range p.held {
+		if p.held[i].Load() {
+			b[i/8] |= 1 << (i % 8)
+		}
+	}
+	return b, v
+}
+
+// Changed returns a channel closed when a part is added after version v (at once when the plan
+// is already past v).
+func (p *Plan) Changed(v uint64) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.version > v {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return p.changed
+}
+
+func (p *Plan) add(i int, crc uint32) {
+	p.crcs[i].Store(crc)
+	p.held[i].Store(true)
+	p.mu.Lock()
+	p.version++
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// OpenPart opens part i for reading, when this node holds it: its bytes, and the CRC32C they
+// had when they were written.
+func (p *Plan) OpenPart(i int) (io.ReadCloser, uint32, error) {
+	crc, ok := p.Held(i)
+	if !ok {
+		return nil, 0, os.ErrNotExist
+	}
+	f, off, n := p.Part(i)
+	file, err := os.OpenInRoot(*p.dir.Load(), filepath.FromSlash(p.Files[f].Path))
+	if err != nil {
+		return nil, 0, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.NewSectionReader(file, off, n), file}, crc, nil
+}
+
+// OpenPublished returns the plan of a completed destination: every part held, with the CRC32Cs
+// the manifest records. A destination published before part CRCs were recorded has none to
+// offer (ErrNoPartTable).
+func OpenPublished(dest string) (*Plan, error) {
+	m, err := CheckDest(dest)
+	if err != nil {
+		return nil, err
+	}
+	if m.PartSize <= 0 || m.PartCRC32C == nil {
+		return nil, ErrNoPartTable
+	}
+	p := newPlan(source.Listing{Files: m.Files, Revision: m.Revision}, m.PartSize, dest)
+	for f, file := range m.Files {
+		raw, err := base64.StdEncoding.DecodeString(m.PartCRC32C[file.Path])
+		if err != nil || len(raw) != 4*(p.first[f+1]-p.first[f]) {
+			return nil, fmt.Errorf("%s: the manifest's part table for %s is damaged", dest, file.Path)
+		}
+		for k := range p.first[f+1] - p.first[f] {
+			i := p.first[f] + k
+			p.crcs[i].Store(binary.BigEndian.Uint32(raw[4*k:]))
+			p.held[i].Store(true)
+		}
+	}
+	p.version = 1
+	return p, nil
+}
+
+// ErrNoPartTable says a destination's manifest has no part CRCs to serve its parts with.
+var ErrNoPartTable = errors.New("the manifest records no part checksums")
+
+// partTable encodes file f's part CRC32Cs for the manifest.
+func (p *Plan) partTable(f int) string {
+	raw := make([]byte, 0, 4*(p.first[f+1]-p.first[f]))
+	for i := p.first[f]; i < p.first[f+1]; i++ {
+		raw = binary.BigEndian.AppendUint32(raw, p.crcs[i].Load())
+	}
+	return base64.StdEncoding.EncodeToString(raw)
+}
+
+// fillPartCRCs computes, by reading them back, the CRC32Cs of file f's parts this run did not
+// write itself (resumed from an earlier run), once the file is verified, and marks them all held.
+func (r *run) fillPartCRCs(ctx context.Context, f int) error {
+	p := r.plan
+	file := r.listing.Files[f]
+	var fh *os.File
+	defer func() {
+		if fh != nil {
+			fh.Close()
+		}
+	}()
+	for i := p.first[f]; i < p.first[f+1]; i++ {
+		if p.held[i].Load() {
+			continue
+		}
+		_, off, n := p.Part(i)
+		if crc, ok := r.resume.partCRC[partKey{f, off}]; ok {
+			p.add(i, crc)
+			continue
+		}
+		if fh == nil {
+			var err error
+			if fh, err = r.root.Open(filepath.FromSlash(file.Path)); err != nil {
+				return err
+			}
+		}
+		h := crc32.New(castagnoli)
+		if _, err := io.Copy(h, io.NewSectionReader(fh, off, n)); err != nil {
+			return fmt.Errorf("reading %s to record its parts: %w", file.Path, err)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p.add(i, h.Sum32())
+	}
+	return nil
+}
+
+// partLen is part i's length.
+func (p *Plan) partLen(i int) int64 {
+	_, _, n := p.Part(i)
+	return n
+}
