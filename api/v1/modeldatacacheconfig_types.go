@@ -100,6 +100,13 @@ type ModelDataCacheConfigStatus struct {
 	// totalBytes is the size of the model.
 	// +optional
 	TotalBytes int64 `json:"totalBytes,omitempty"`
+	// originBytes is how many bytes the nodes read from the model's source for their copies,
+	// all together: with peers sharing parts, about totalBytes however many nodes there are.
+	// +optional
+	OriginBytes int64 `json:"originBytes,omitempty"`
+	// peerBytes is how many bytes the nodes took from each other instead.
+	// +optional
+	PeerBytes int64 `json:"peerBytes,omitempty"`
 	// nodes are the target nodes' copies, at most MaxStatusNodes of them: those that need
 	// attention first (failed, then the slowest downloads, then waiting), then retained ones,
 	// then Ready ones. Every node's own report is its NodeCache's status (kubectl prewarm

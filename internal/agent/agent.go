@@ -61,6 +61,8 @@ type Agent struct {
 	// none); events holds when each was last recorded, to pace them.
 	recorder events.EventRecorder
 	events   map[string]time.Time
+	// budgets are the node's origin budgets, by source type.
+	budgets map[inferencev1.ModelSourceType]*engine.Budget
 }
 
 // New returns an agent that reads and writes NodeCache objects through c. It makes the key pair
@@ -74,7 +76,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	a := &Agent{
 		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
 		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{},
-		metrics: newMetrics(opts.Registerer),
+		metrics: newMetrics(opts.Registerer), budgets: newBudgets(&opts),
 	}
 	if opts.VerifyRate > 0 {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
@@ -208,6 +210,7 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 		return
 	}
 	a.removing[uid] = true
+	a.withdraw(uid)
 	ns := "" // unknown (a cache left from before the agent started): any pod naming it counts
 	if j != nil {
 		ns = j.req.Namespace
@@ -414,6 +417,9 @@ func entryUID(name string) string {
 // again.
 func (a *Agent) migrateLayout(root, uid string) error {
 	parent, err := a.opts.openCacheParent(root)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return nil // a node that holds no cache yet
+	}
 	if err != nil {
 		return err
 	}
@@ -463,6 +469,9 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := prewarmv1alpha1.NodeCacheStatus{AgentVersion: a.opts.Version, HeartbeatTime: a.now(), CredentialsKey: a.key.Public()}
+	if a.servesPeers() {
+		st.PeerAddress = a.opts.Peers.Address
+	}
 	for _, root := range a.opts.Config.CacheRoots {
 		st.Roots = append(st.Roots, a.rootStatus(root))
 	}
@@ -537,7 +546,7 @@ func (w statusWriter) Start(ctx context.Context) error {
 		if err != nil {
 			log.Error(err, "listing the node's pods for their caches")
 		}
-		if !seen && len(demands) == 0 {
+		if !seen && len(demands) == 0 && !a.servesPeers() {
 			continue // nothing to say before the NodeCache is read
 		}
 		st := a.status()
@@ -563,6 +572,9 @@ func sameStatus(x, y prewarmv1alpha1.NodeCacheStatus) bool {
 	})
 }
 
+// servesPeers reports whether the agent shares parts with other agents.
+func (a *Agent) servesPeers() bool { return a.opts.Peers != nil && a.opts.Peers.Server != nil }
+
 // writeStatus writes st to the node's NodeCache. Before the agent has read it (seen false), it
 // only makes a missing NodeCache to carry the pods' demands.
 func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheStatus, seen bool) error {
@@ -575,11 +587,12 @@ func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheSta
 		if !apierrors.IsNotFound(err) {
 			return err
 		}
-		if len(st.Demands) == 0 {
+		if len(st.Demands) == 0 && st.PeerAddress == "" {
 			return nil // the controller has asked nothing of this node, and no pod asks for a cache
 		}
-		// Pods here ask for caches the controller has not asked this node for: the agent makes
-		// its NodeCache to say so.
+		// Pods here ask for caches the controller has not asked this node for, or the agent
+		// serves peers (the controller hands its address to the nodes that download with it,
+		// from their first request on): the agent makes its NodeCache to say so.
 		if err := EnsureNodeCache(ctx, a.client, a.opts.NodeName); err != nil {
 			return err
 		}

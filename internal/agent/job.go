@@ -167,7 +167,7 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		err = errOtherRevision
 	}
 	if err == nil && len(damaged) == 0 {
-		j.ready(m)
+		j.ready(model, m)
 		if !j.verifyDue() {
 			return j.untilNextCheck(), true, true
 		}
@@ -188,6 +188,7 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 	case err == nil:
 		// Some files are damaged: out of Ready (the node loses its label), and only those files
 		// are fetched again.
+		j.a.withdraw(j.req.UID) // nothing of it is offered until it is whole again
 		j.a.metrics.damaged.Add(float64(len(damaged)))
 		msg := damageMessage(damaged, len(m.Files))
 		log.Info("cache damaged; repairing", "files", len(damaged), "damage", msg)
@@ -222,10 +223,11 @@ func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 	err := j.download(ctx, func(eng *engine.Engine, src source.Source) error {
 		j.set(func(st *prewarmv1alpha1.CacheStatus) { Listing(st, j.req.Source) })
 		var err error
-		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision()})
+		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision(), Swarm: j.swarm(ctx)})
 		return err
 	})
 	if err != nil {
+		j.a.withdraw(j.req.UID)
 		if ctx.Err() != nil {
 			return 0, false
 		}
@@ -239,7 +241,7 @@ func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 		digest = c.Digest
 	}
 	j.credentialsAccepted(digest)
-	log.Info("cache ready", "bytes", res.Bytes, "fetched", res.Fetched, "duration", res.Duration.String())
+	log.Info("cache ready", "bytes", res.Bytes, "fetched", res.Fetched, "fromPeers", res.FromPeers, "duration", res.Duration.String())
 	return j.settle(ctx, model, "published")
 }
 
@@ -254,7 +256,7 @@ func (j *job) settle(ctx context.Context, model, what string) (time.Duration, bo
 		j.fail(prewarmv1alpha1.ReasonDownloadFailed, fmt.Sprintf("the %s cache does not check: %v", what, err))
 		return 0, false
 	}
-	j.ready(m)
+	j.ready(model, m)
 	j.setVerified()
 	return j.untilNextCheck(), true
 }
@@ -273,10 +275,18 @@ func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Sourc
 	}
 	defer closeSrc()
 	o := &j.a.opts
+	var last engine.Progress
 	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer),
+		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
 		engine.WithProgress(func(p engine.Progress) {
-			j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p) })
+			j.set(func(st *prewarmv1alpha1.CacheStatus) {
+				// What this copy cost the origin and the peers, over every download of it
+				// since the agent started.
+				st.OriginBytes += p.Fetched - last.Fetched
+				st.PeerBytes += p.FromPeers - last.FromPeers
+				Progressed(st, p)
+			})
+			last = p
 		}, o.StatusInterval))...)
 	err = fn(eng, src)
 	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
@@ -437,7 +447,8 @@ func (j *job) snapshotState() inferencev1.CacheState {
 	return j.status.State
 }
 
-func (j *job) ready(m *engine.Manifest) {
+func (j *job) ready(model string, m *engine.Manifest) {
+	j.a.offer(j.req.UID, model, m)
 	var total int64
 	for _, f := range m.Files {
 		total += f.Size

@@ -60,6 +60,8 @@ type Options struct {
 	MountWait time.Duration
 	// EventInterval is the least time between two events of one reason on one pod.
 	EventInterval time.Duration
+	// Peers, when set, shares the caches' parts with other agents.
+	Peers *Peers
 	// Version is reported in the NodeCache status.
 	Version string
 	// Now is the clock.

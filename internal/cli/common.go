@@ -5,18 +5,23 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -120,4 +125,36 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("%q: unknown unit %q (use B, kB, MB, GB, KiB, MiB, GiB)", s, unit)
 	}
 	return int64(v * mult), nil
+}
+
+// HTTPServer is a manager.Runnable serving handler on addr until the manager stops; it runs on
+// every replica (no leader election).
+func HTTPServer(addr string, handler http.Handler) manager.Runnable {
+	return httpServer{addr: addr, handler: handler}
+}
+
+type httpServer struct {
+	addr    string
+	handler http.Handler
+}
+
+func (httpServer) NeedLeaderElection() bool { return false }
+
+func (s httpServer) Start(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", s.addr, err)
+	}
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shut)
+		return nil
+	}
 }

@@ -57,7 +57,48 @@ type Operator struct {
 	Controller Controller `json:"controller,omitempty"`
 	// Agent tunes the agents.
 	Agent Agent `json:"agent,omitempty"`
+	// Peers says how the agents share the parts of the caches they download with each other.
+	Peers Peers `json:"peers,omitempty"`
 }
+
+// Peers configure the sharing of parts between agents (docs/peers.md).
+type Peers struct {
+	// Disabled turns sharing off: every node reads the whole model from its source.
+	Disabled bool `json:"disabled,omitempty"`
+	// Port is where each agent serves its parts, on the node's network (9444).
+	Port int `json:"port,omitempty"`
+	// GroupSize is how many nodes share one reading of the source (16, 2 to 32); a group
+	// takes its parts from one group before it, so the source is read about once in all.
+	GroupSize int `json:"groupSize,omitempty"`
+	// MaxPeers is how many peers one agent sends parts to at once (4).
+	MaxPeers int `json:"maxPeers,omitempty"`
+	// UploadRate caps the bytes per second one agent sends to its peers (0: no cap).
+	UploadRate string `json:"uploadRate,omitempty"`
+	// Wait is the most time a part waits for a peer to hold it before the agent reads it from
+	// the source (30s).
+	Wait string `json:"wait,omitempty"`
+	// Audience is the audience of the service account tokens agents present to each other
+	// (prewarm-peer).
+	Audience string `json:"audience,omitempty"`
+}
+
+// Budget is what one node may ask of an origin.
+type Budget struct {
+	// MaxConcurrency is how many ranged reads one node keeps in flight to the origin, all its
+	// downloads together (0: each download's agent.concurrency).
+	MaxConcurrency int `json:"maxConcurrency,omitempty"`
+	// MaxRate caps the bytes per second one node reads from the origin (0: no cap).
+	MaxRate string `json:"maxRate,omitempty"`
+}
+
+// MaxRateBytes is the validated rate cap.
+func (b Budget) MaxRateBytes() int64 { return size(b.MaxRate) }
+
+// WaitDuration is the validated wait.
+func (p Peers) WaitDuration() time.Duration { return duration(p.Wait) }
+
+// UploadRateBytes is the validated upload cap.
+func (p Peers) UploadRateBytes() int64 { return size(p.UploadRate) }
 
 // Controller tunes the controller. Durations are Go durations (30m, 24h).
 type Controller struct {
@@ -173,12 +214,16 @@ type S3 struct {
 	// credentials: the agents read a source sourceAccess does not allow with them (sealed to
 	// each node), and the init container of a cold pod reads with them.
 	CredentialsSecret string `json:"credentialsSecret,omitempty"`
+	// Budget caps what each node asks of S3; throttling (503 SlowDown) pauses its reads.
+	Budget Budget `json:"budget,omitempty"`
 }
 
 // HuggingFace says how the Hugging Face Hub is reached.
 type HuggingFace struct {
 	// Endpoint is a Hub mirror (empty: https://huggingface.co).
 	Endpoint string `json:"endpoint,omitempty"`
+	// Budget caps what each node asks of the Hub; its rate limit (429) pauses its reads.
+	Budget Budget `json:"budget,omitempty"`
 }
 
 // FSxMount is one FSx for Lustre file system and its mount point on the nodes.
@@ -231,6 +276,12 @@ func (o *Operator) defaults() {
 	text(&a.VerifyInterval, "24h")
 	text(&a.ProgressInterval, "10s")
 	text(&a.VerifyRate, "200Mi")
+	p := &o.Peers
+	number(&p.Port, 9444)
+	number(&p.GroupSize, 16)
+	number(&p.MaxPeers, 4)
+	text(&p.Wait, "30s")
+	text(&p.Audience, "prewarm-peer")
 }
 
 // DefaultAgentImage is the agent's image unless the configuration names another.
@@ -318,6 +369,19 @@ func (o Operator) Validate() error {
 	checkCount("controller.concurrentReconciles", c.ConcurrentReconciles)
 	checkCount("agent.maxParallel", a.MaxParallel)
 	checkCount("agent.concurrency", a.Concurrency)
+	checkDuration("peers.wait", o.Peers.Wait)
+	checkSize("peers.uploadRate", o.Peers.UploadRate, 0)
+	checkSize("s3.budget.maxRate", o.S3.Budget.MaxRate, 0)
+	checkSize("huggingFace.budget.maxRate", o.HuggingFace.Budget.MaxRate, 0)
+	checkCount("s3.budget.maxConcurrency", o.S3.Budget.MaxConcurrency)
+	checkCount("huggingFace.budget.maxConcurrency", o.HuggingFace.Budget.MaxConcurrency)
+	checkCount("peers.maxPeers", o.Peers.MaxPeers)
+	if p := o.Peers; p.Port < 1 || p.Port > 65535 {
+		errs = append(errs, fmt.Errorf("peers.port %d: want a TCP port", p.Port))
+	}
+	if g := o.Peers.GroupSize; g < 2 || g > 32 {
+		errs = append(errs, fmt.Errorf("peers.groupSize %d: want 2 to 32 (a node lists its group and its upstream group, at most 64 peers)", g))
+	}
 	if c.ClientQPS < 0 {
 		errs = append(errs, fmt.Errorf("controller.clientQPS %v: must not be negative", c.ClientQPS))
 	}

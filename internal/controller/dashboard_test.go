@@ -29,7 +29,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 	}
 	defined := map[string]bool{}
 	name := regexp.MustCompile(`Name:\s+"(prewarm_[a-z_]+)"`)
-	for _, dir := range []string{".", "../agent", "../../pkg/engine"} {
+	for _, dir := range []string{".", "../agent", "../../pkg/engine", "../../pkg/engine/peer"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 		for _, f := range files {
 			src, err := os.ReadFile(f)

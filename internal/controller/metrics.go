@@ -11,6 +11,8 @@ type Metrics struct {
 	cacheTarget     *prometheus.GaugeVec
 	cacheReady      *prometheus.GaugeVec
 	cacheNodeState  *prometheus.GaugeVec
+	cacheOrigin     *prometheus.GaugeVec
+	cachePeer       *prometheus.GaugeVec
 	imageTarget     *prometheus.GaugeVec
 	imageCached     *prometheus.GaugeVec
 	gateWait        prometheus.Histogram
@@ -25,6 +27,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"namespace", "cache"}),
 		cacheReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_weights_cache_ready_nodes", Help: "Nodes that hold a weights cache, verified.",
+		}, []string{"namespace", "cache"}),
+		cacheOrigin: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_weights_cache_origin_bytes",
+			Help: "Bytes the nodes read from a weights cache's source, all together, as their agents report them (since each started).",
+		}, []string{"namespace", "cache"}),
+		cachePeer: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_weights_cache_peer_bytes",
+			Help: "Bytes of a weights cache the nodes took from each other instead of its source.",
 		}, []string{"namespace", "cache"}),
 		cacheNodeState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_weights_cache_nodes",
@@ -45,7 +55,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prewarm_reconcile_errors_total", Help: "Reconciles that ended in an error, by controller.",
 		}, []string{"controller"}),
 	}
-	reg.MustRegister(m.cacheTarget, m.cacheReady, m.cacheNodeState, m.imageTarget, m.imageCached, m.gateWait, m.reconcileErrors)
+	reg.MustRegister(m.cacheTarget, m.cacheReady, m.cacheOrigin, m.cachePeer, m.cacheNodeState, m.imageTarget, m.imageCached, m.gateWait, m.reconcileErrors)
 	for _, c := range []string{"endpoint", "jumpstart", "weightscache", "imagecache"} {
 		m.reconcileErrors.WithLabelValues(c) // present at 0, so rate() and alerts work from the start
 	}
@@ -62,10 +72,14 @@ func (m *Metrics) WeightsCache(c *inferencev1.ModelDataCacheConfig, deleted bool
 	if deleted {
 		m.cacheTarget.Delete(labels)
 		m.cacheReady.Delete(labels)
+		m.cacheOrigin.Delete(labels)
+		m.cachePeer.Delete(labels)
 		return
 	}
 	m.cacheTarget.With(labels).Set(float64(c.Status.TargetNodes))
 	m.cacheReady.With(labels).Set(float64(c.Status.ReadyNodes))
+	m.cacheOrigin.With(labels).Set(float64(c.Status.OriginBytes))
+	m.cachePeer.With(labels).Set(float64(c.Status.PeerBytes))
 	st := c.Status
 	pending := st.TargetNodes - st.ReadyNodes - st.DownloadingNodes - st.FailedNodes
 	for state, n := range map[inferencev1.CacheState]int32{

@@ -131,7 +131,7 @@ func (s *sandbox) measure(ctx context.Context) error {
 		warm[p.Spec.NodeName] = s.holds(ctx, p.Spec.NodeName, realseed.CacheUIDOf(&corev1.PodTemplateSpec{Spec: p.Spec}))
 	}
 	// The new node's agent (a DaemonSet pod) comes up as its inference pods do.
-	if err := s.startAgent(coldNode, conf); err != nil {
+	if err := s.startAgent(ctx, coldNode, conf); err != nil {
 		return err
 	}
 	s.say("  %s's agent started with its pods; it reads S3 through a byte counter", coldNode)

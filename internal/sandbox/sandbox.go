@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -359,11 +360,17 @@ func (s *sandbox) writeCatalog(ctx context.Context, commit string) error {
 
 // startAgent starts node n's agent with the configuration conf. It serves prewarm's CSI node
 // plugin under the node's kubelet directory, which the sandbox drives as the kubelet would.
-func (s *sandbox) startAgent(n, conf string) error {
-	return s.start("agent-"+n, "agent", append([]string{"--node-name=" + n, "--kubeconfig=" + s.kubeconfig(),
+func (s *sandbox) startAgent(ctx context.Context, n, conf string) error {
+	// Each agent serves its parts to the others on a loopback port, with a token of the
+	// agents' service account, as in a cluster.
+	peerArgs, err := testutil.PeerArgs(ctx, s.cluster.Client, n, s.o.Dir)
+	if err != nil {
+		return err
+	}
+	return s.start("agent-"+n, "agent", slices.Concat([]string{"--node-name=" + n, "--kubeconfig=" + s.kubeconfig(),
 		"--host-prefix=" + filepath.Join(s.o.Dir, "nodes", n), "--config=" + conf, "--reserve=0",
 		"--status-interval=500ms", "--metrics-bind-address=0", "--health-probe-bind-address=0"},
-		csikubelet.AgentArgs(s.kubeletDir(n), 5*time.Second)...)...)
+		peerArgs, csikubelet.AgentArgs(s.kubeletDir(n), 5*time.Second))...)
 }
 
 // kubeletDir is node n's kubelet directory.
@@ -380,7 +387,7 @@ func (s *sandbox) start(name, bin string, args ...string) error {
 	return nil
 }
 
-func (s *sandbox) startPrewarm(context.Context) error {
+func (s *sandbox) startPrewarm(ctx context.Context) error {
 	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY": s3fixture.SecretKey} {
 		if err := os.Setenv(k, v); err != nil {
 			return err
@@ -412,7 +419,7 @@ func (s *sandbox) startPrewarm(context.Context) error {
 	}
 	s.op = op
 	for _, n := range nodes {
-		if err := s.startAgent(n, conf); err != nil {
+		if err := s.startAgent(ctx, n, conf); err != nil {
 			return err
 		}
 	}

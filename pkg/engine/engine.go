@@ -38,6 +38,7 @@ type Engine struct {
 	retryBase        time.Duration
 	retryMax         time.Duration
 	limiter          *rate.Limiter
+	budget           *Budget
 	progress         func(Progress)
 	progressInterval time.Duration
 	verifiers        int

@@ -450,7 +450,13 @@ func (r *run) partFromSource(ctx context.Context, p part) (uint64, uint32, error
 				return 0, 0, err
 			}
 		}
+		release, err := e.budget.acquire(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
 		n, err := r.copyRange(ctx, p.handle.f, f.Path, off, end-off, r.inline[p.file], &crc, &partCRC)
+		release()
+		e.budget.observe(err)
 		off += n
 		if err == nil && off == end {
 			return crc, partCRC, nil
@@ -542,6 +548,11 @@ func (r *run) copyBody(ctx context.Context, body io.Reader, w io.WriterAt, path 
 		want := min(int64(len(buf)), n-written)
 		if lim := r.e.limiter; lim != nil {
 			if err := lim.WaitN(ctx, int(want)); err != nil {
+				return written, err
+			}
+		}
+		if fromSource {
+			if err := r.e.budget.wait(ctx, int(want)); err != nil {
 				return written, err
 			}
 		}

@@ -112,6 +112,11 @@ func (e *weightsEnv) startAgent(name, endpoint string, extra ...string) {
 		"--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--part-size=2MiB", "--concurrency=8",
 	}, extra...)
+	peerArgs, err := testutil.PeerArgs(e.ctx, e.c, name, e.logDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	args = append(peerArgs, args...)
 	logName := "agent-" + name
 	if n := e.restarts[name]; n > 0 {
 		logName += fmt.Sprintf("-%d", n)

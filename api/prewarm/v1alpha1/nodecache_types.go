@@ -40,6 +40,30 @@ type CacheRequest struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	RetainedSince string `json:"retainedSince,omitempty"`
+	// peers are other nodes of the cache's swarm, whose agents this node's agent takes parts
+	// from (and offers its own to) instead of reading every byte from the source.
+	// +optional
+	// +listType=map
+	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=64
+	Peers []CachePeer `json:"peers,omitempty"`
+}
+
+// CachePeer is another node whose agent shares a cache's parts with this node's.
+type CachePeer struct {
+	// node is the peer's node name.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+	// address is where the peer's agent serves parts (its NodeCache's status.peerAddress).
+	// +required
+	// +kubebuilder:validation:MaxLength=261
+	Address string `json:"address"`
+	// upstream marks a peer this node's group takes its parts from (a node that holds the
+	// cache, or a group that started before); the others are this node's group, which reads
+	// each part from the source (or the upstream) once, on one of its nodes.
+	// +optional
+	Upstream bool `json:"upstream,omitempty"`
 }
 
 // CacheSource is a model's address, typed: an S3 key prefix or a path is bytes, never URI
@@ -170,6 +194,12 @@ type CacheStatus struct {
 	// bytesPerSecond is the current download rate.
 	// +optional
 	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+	// originBytes is how many bytes the node read from the source for this copy.
+	// +optional
+	OriginBytes int64 `json:"originBytes,omitempty"`
+	// peerBytes is how many bytes of this copy the node took from peers, checked.
+	// +optional
+	PeerBytes int64 `json:"peerBytes,omitempty"`
 	// files is the number of the model's files.
 	// +optional
 	Files int32 `json:"files,omitempty"`
@@ -226,6 +256,11 @@ type NodeCacheStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	AgentVersion string `json:"agentVersion,omitempty"`
+	// peerAddress is host:port where the agent serves the parts it holds to other prewarm
+	// agents (empty: it does not).
+	// +optional
+	// +kubebuilder:validation:MaxLength=261
+	PeerAddress string `json:"peerAddress,omitempty"`
 	// heartbeatTime is when the agent last wrote this status.
 	// +optional
 	HeartbeatTime *metav1.Time `json:"heartbeatTime,omitempty"`

@@ -3,8 +3,12 @@
 package agentcmd
 
 import (
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,6 +24,7 @@ import (
 	"github.com/prewarm/prewarm/internal/csi"
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/peer"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
@@ -35,6 +40,13 @@ type agentFlags struct {
 	probeAddr   string
 	verbosity   int
 	csi         csi.Options
+	peers       peerFlags
+}
+
+// peerFlags say where the agent serves its parts to other agents, and how it proves to them
+// that it is one.
+type peerFlags struct {
+	bind, address, tokenFile, serviceAccount string
 }
 
 // NewAgentCommand returns the command tree of the agent binary.
@@ -73,6 +85,10 @@ the allowed roots.`,
 	f.StringVar(&af.csi.Registration, "csi-registration", "", "register the node plugin with the kubelet through this socket in its plugins_registry directory (empty: do not register)")
 	f.DurationVar(&opts.MountWait, "mount-wait", 90*time.Second, "how long the node plugin waits for a cache before telling the kubelet to call again (under the kubelet's 2m limit)")
 	f.StringVar(&af.csi.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory; the node plugin mounts only under its pods directory")
+	f.StringVar(&af.peers.bind, "peer-bind-address", "", "where to serve this node's parts to other agents (default :<peers.port>; 0 turns sharing off for this node)")
+	f.StringVar(&af.peers.address, "peer-address", "", "host:port other agents reach the peer server at (default $POD_IP:<peers.port>)")
+	f.StringVar(&af.peers.tokenFile, "peer-token-file", "/var/run/secrets/prewarm.io/peer/token", "the projected service account token (audience peers.audience) this agent presents to others")
+	f.StringVar(&af.peers.serviceAccount, "peer-service-account", "", "the service account whose tokens other agents present (default system:serviceaccount:$POD_NAMESPACE:$SERVICE_ACCOUNT)")
 	af.eng.Register(cmd)
 	cmd.AddCommand(newPrepareCommand())
 	return cmd
@@ -111,6 +127,9 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 		return err
 	}
 	if err := addHealthChecks(mgr, af.probeAddr); err != nil {
+		return err
+	}
+	if opts.Peers, err = setupPeers(mgr, opts, af.peers); err != nil {
 		return err
 	}
 	a, err := agent.New(mgr.GetClient(), *opts)
@@ -256,4 +275,40 @@ func settings(cmd *cobra.Command, opts *agent.Options, eng *cli.EngineFlags, res
 	eng.Prefer(cmd, ac.Concurrency, ac.PartSizeBytes())
 	opts.Engine, err = eng.EngineOptions()
 	return err
+}
+
+// setupPeers makes the agent's peer server (run by mgr) and what its downloads share parts
+// with; nil when sharing is off.
+func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Peers, error) {
+	pc := opts.Config.Peers
+	if pc.Disabled || pf.bind == "0" {
+		return nil, nil
+	}
+	port := strconv.Itoa(pc.Port)
+	if pf.bind == "" {
+		pf.bind = ":" + port
+	}
+	if pf.address == "" {
+		ip := os.Getenv("POD_IP")
+		if ip == "" {
+			return nil, errors.New("peer sharing needs --peer-address or $POD_IP (or peers.disabled, or --peer-bind-address=0)")
+		}
+		pf.address = net.JoinHostPort(ip, port)
+	}
+	if pf.serviceAccount == "" {
+		ns, sa := os.Getenv("POD_NAMESPACE"), os.Getenv("SERVICE_ACCOUNT")
+		if ns == "" || sa == "" {
+			return nil, errors.New("peer sharing needs --peer-service-account or $POD_NAMESPACE and $SERVICE_ACCOUNT")
+		}
+		pf.serviceAccount = "system:serviceaccount:" + ns + ":" + sa
+	}
+	reviewer := &agent.TokenReviewer{Client: mgr.GetClient(), Audience: pc.Audience, ServiceAccount: pf.serviceAccount}
+	server := peer.NewServer(peer.ServerOptions{Authorize: reviewer.Authorize, MaxPeers: pc.MaxPeers,
+		BytesPerSecond: pc.UploadRateBytes(), Registerer: opts.Registerer})
+	if err := mgr.Add(cli.HTTPServer(pf.bind, server)); err != nil {
+		return nil, err
+	}
+	return &agent.Peers{Server: server, Address: pf.address, Token: agent.TokenFile(pf.tokenFile),
+		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}},
+		Wait: pc.WaitDuration(), Metrics: peer.NewMetrics(opts.Registerer)}, nil
 }

@@ -293,12 +293,21 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 	}
 	var writes []write
 	full := map[string]bool{}
+	var peers map[string][]prewarmv1alpha1.CachePeer
+	if !r.Config.Peers.Disabled {
+		peers = assignPeers(uid, p.targets, byNode, r.Config.Peers.GroupSize)
+	}
 	for _, n := range slices.Concat(p.targets, p.retainedNodes) {
 		want := p.entry
+		asked := requestFor(byNode[n.Name], uid)
 		if keep, ok := p.retained[n.Name]; ok {
 			want.RetainedSince = keep.since
+			if asked != nil {
+				want.Peers = asked.Peers // downloads nothing: not worth a write
+			}
+		} else {
+			want.Peers = peers[n.Name]
 		}
-		asked := requestFor(byNode[n.Name], uid)
 		sealed, err := sealFor(byNode[n.Name], n.Name, uid, p.access, asked)
 		if err != nil {
 			return nil, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)

@@ -87,6 +87,8 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 		ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
 		ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond
 		st.TotalBytes = max(st.TotalBytes, rep.BytesTotal)
+		st.OriginBytes += rep.OriginBytes
+		st.PeerBytes += rep.PeerBytes
 		if rep.State == inferencev1.CacheReady && st.ResolvedRevision == "" {
 			st.ResolvedRevision = rep.Revision
 		}

@@ -82,6 +82,8 @@ type StatusError struct {
 	Code string
 	// Message says what failed, for people.
 	Message string
+	// RetryAfter is the answer's Retry-After header, when it had one.
+	RetryAfter string
 }
 
 func (e *StatusError) Error() string {

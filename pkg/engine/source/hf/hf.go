@@ -124,7 +124,7 @@ func (s *Source) statusError(resp *http.Response) error {
 	if msg == "" {
 		msg = resp.Status
 	}
-	base := &source.StatusError{StatusCode: resp.StatusCode, Code: code, Message: s.opts.RepoID + ": " + msg}
+	base := &source.StatusError{StatusCode: resp.StatusCode, Code: code, Message: s.opts.RepoID + ": " + msg, RetryAfter: resp.Header.Get("Retry-After")}
 	switch {
 	case code == "GatedRepo" && s.opts.Token == "":
 		return &source.AccessError{Gated: true, Err: base, Hint: "the repository is gated: accept its terms on the Hub, then pass a token that has access"}

@@ -214,10 +214,13 @@ func (s *Source) wrap(err error, what string) error {
 	if errors.As(err, &apiErr) {
 		code = apiErr.ErrorCode()
 	}
-	status := 0
+	status, retryAfter := 0, ""
 	var re *awshttp.ResponseError
 	if errors.As(err, &re) {
 		status = re.HTTPStatusCode()
+		if re.Response != nil {
+			retryAfter = re.Response.Header.Get("Retry-After")
+		}
 	}
 	switch {
 	case code == "AccessDenied" || code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" ||
@@ -228,7 +231,7 @@ func (s *Source) wrap(err error, what string) error {
 	case status == http.StatusPreconditionFailed:
 		return fmt.Errorf("%s: the object changed during the download: %w", what, err)
 	case status != 0:
-		return &source.StatusError{StatusCode: status, Code: code, Message: fmt.Sprintf("%s: %v", what, err)}
+		return &source.StatusError{StatusCode: status, Code: code, Message: fmt.Sprintf("%s: %v", what, err), RetryAfter: retryAfter}
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

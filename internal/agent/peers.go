@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/peer"
+)
+
+// Peers is how an agent shares the parts of its caches with other agents.
+type Peers struct {
+	// Server offers this node's parts; the agent offers each cache it downloads or holds.
+	Server *peer.Server
+	// Address is host:port where Server answers, reported in the NodeCache status for the
+	// controller to hand to other nodes.
+	Address string
+	// Token is the credentials this agent presents to others.
+	Token func() (string, error)
+	// Client sends the requests to peers.
+	Client *http.Client
+	// Wait and SlowPart are peer.SwarmOptions'.
+	Wait, SlowPart time.Duration
+	// Metrics count dropped peers and waits.
+	Metrics *peer.Metrics
+}
+
+// swarm is the Swarm a download of j's cache shares parts through, or nil.
+func (j *job) swarm(ctx context.Context) engine.Swarm {
+	p := j.a.opts.Peers
+	if p == nil || p.Server == nil {
+		return nil
+	}
+	var peers []peer.Peer
+	for _, cp := range j.current().Peers {
+		peers = append(peers, peer.Peer{Name: cp.Node, URL: "http://" + cp.Address, Upstream: cp.Upstream})
+	}
+	return peer.NewSwarm(peer.SwarmOptions{
+		Self: j.a.opts.NodeName, Key: j.req.UID, Peers: peers, Server: p.Server, Client: p.Client, Token: p.Token,
+		Wait: p.Wait, SlowPart: p.SlowPart, Metrics: p.Metrics,
+		Log: slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID))),
+	})
+}
+
+// offer offers a Ready cache's parts to the node's peers (when it has a part table: a cache
+// published before part CRCs were recorded offers nothing).
+func (a *Agent) offer(uid, model string, m *engine.Manifest) {
+	p := a.opts.Peers
+	if p == nil || p.Server == nil {
+		return
+	}
+	if cur := p.Server.Offered(uid); cur != nil && cur.Revision == m.Revision && cur.Parts() > 0 && allHeld(cur) {
+		return
+	}
+	plan, err := engine.OpenPublished(model)
+	if err != nil {
+		p.Server.Withdraw(uid)
+		return
+	}
+	p.Server.Offer(uid, plan)
+}
+
+func allHeld(p *engine.Plan) bool {
+	for i := range p.Parts() {
+		if _, ok := p.Held(i); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// withdraw stops offering cache uid (removed, damaged, or a download that failed).
+func (a *Agent) withdraw(uid string) {
+	if p := a.opts.Peers; p != nil && p.Server != nil {
+		p.Server.Withdraw(uid)
+	}
+}
+
+// budget is the node's origin budget for a source type (nil: none).
+func (a *Agent) budget(t inferencev1.ModelSourceType) *engine.Budget {
+	return a.budgets[t]
+}
+
+func newBudgets(o *Options) map[inferencev1.ModelSourceType]*engine.Budget {
+	out := map[inferencev1.ModelSourceType]*engine.Budget{}
+	for t, b := range map[inferencev1.ModelSourceType]struct {
+		n    int
+		rate int64
+	}{
+		inferencev1.ModelSourceS3:          {o.Config.S3.Budget.MaxConcurrency, o.Config.S3.Budget.MaxRateBytes()},
+		inferencev1.ModelSourceHuggingFace: {o.Config.HuggingFace.Budget.MaxConcurrency, o.Config.HuggingFace.Budget.MaxRateBytes()},
+	} {
+		if b.n > 0 || b.rate > 0 {
+			out[t] = engine.NewBudget(b.n, b.rate)
+		}
+	}
+	return out
+}
+
+// TokenReviewer authorizes peer requests: the bearer token must be a service account token of
+// prewarm's agents, for the peer audience, as the API server says (TokenReview). Answers are
+// kept for a minute, so that a swarm's many requests cost the API server one review per peer
+// and minute.
+type TokenReviewer struct {
+	Client client.Client
+	// Audience the token must be for.
+	Audience string
+	// ServiceAccount is the agents' own, system:serviceaccount:<namespace>:<name>.
+	ServiceAccount string
+
+	mu    sync.Mutex
+	known map[[32]byte]review
+}
+
+type review struct {
+	peer string
+	err  error
+	at   time.Time
+}
+
+// reviewTTL is how long an answer is kept.
+const reviewTTL = time.Minute
+
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+
+// Authorize is a peer.ServerOptions.Authorize.
+func (t *TokenReviewer) Authorize(r *http.Request) (string, error) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || strings.TrimSpace(tok) == "" {
+		return "", peer.ErrUnauthenticated
+	}
+	key := sha256.Sum256([]byte(tok))
+	t.mu.Lock()
+	if t.known == nil {
+		t.known = map[[32]byte]review{}
+	}
+	if rv, ok := t.known[key]; ok && time.Since(rv.at) < reviewTTL {
+		t.mu.Unlock()
+		return rv.peer, rv.err
+	}
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: tok, Audiences: []string{t.Audience}}}
+	if err := t.Client.Create(ctx, tr); err != nil {
+		return "", fmt.Errorf("reviewing the peer's token: %w", err) // not kept: the API server may be back soon
+	}
+	rv := review{at: time.Now()}
+	switch st := tr.Status; {
+	case !st.Authenticated:
+		rv.err = fmt.Errorf("%w: %s", peer.ErrUnauthenticated, st.Error)
+	case !slices.Contains(st.Audiences, t.Audience):
+		rv.err = fmt.Errorf("%w: the token is not for %s", peer.ErrUnauthenticated, t.Audience)
+	case st.User.Username != t.ServiceAccount:
+		rv.err = fmt.Errorf("%s is not a prewarm agent", st.User.Username)
+	default:
+		rv.peer = st.User.Username
+		if node := st.User.Extra["authentication.kubernetes.io/node-name"]; len(node) == 1 {
+			rv.peer = node[0] // bound to a pod: the peer's node
+		} else if pod := st.User.Extra["authentication.kubernetes.io/pod-name"]; len(pod) == 1 {
+			rv.peer = pod[0]
+		}
+	}
+	t.mu.Lock()
+	for k, old := range t.known { // keep the map to the live answers
+		if time.Since(old.at) >= reviewTTL {
+			delete(t.known, k)
+		}
+	}
+	t.known[key] = rv
+	t.mu.Unlock()
+	return rv.peer, rv.err
+}
+
+// TokenFile returns a peer.SwarmOptions.Token reading a projected service account token, which
+// the kubelet replaces before it expires: read again at most every 10 s.
+func TokenFile(path string) func() (string, error) {
+	var mu sync.Mutex
+	var tok string
+	var read time.Time
+	return func() (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if tok != "" && time.Since(read) < 10*time.Second {
+			return tok, nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", err
+		}
+		if tok = strings.TrimSpace(string(b)); tok == "" {
+			return "", errors.New(path + " is empty")
+		}
+		read = time.Now()
+		return tok, nil
+	}
+}

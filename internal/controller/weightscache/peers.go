@@ -1,0 +1,114 @@
+package weightscache
+
+import (
+	"cmp"
+	"hash/fnv"
+	"io"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// DefaultPeerGroup is how many nodes share one reading of the source (operator configuration
+// peerGroupSize).
+const DefaultPeerGroup = 16
+
+// assignPeers says which peers each target exchanges the cache's parts with, in swarms that
+// read the source about once however many nodes there are:
+//
+//   - the targets whose agents serve peers are the members; a member whose request already
+//     lists peers that are all still members, at the same addresses, keeps them (so a swarm
+//     costs one write per node when it forms, not one per change elsewhere);
+//   - the others (new targets, and those whose peers left) are ordered by a hash of the cache
+//     and their names and cut into groups of groupSize: each part is read from upstream by one
+//     node of the group and taken from it by the rest;
+//   - the first group's upstream is up to groupSize of the members that already had peers,
+//     Ready ones first (none: it reads the source); group g's is group (g−1)/2, a binary tree
+//     whose root alone reads the source.
+//
+// A target without a peer address gets no peers, and is no one's peer.
+func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache, groupSize int) map[string][]prewarmv1alpha1.CachePeer {
+	if groupSize < 2 {
+		return nil
+	}
+	addr := map[string]string{}
+	var members []string
+	for _, n := range targets {
+		if nc := byNode[n.Name]; nc != nil && nc.Status.PeerAddress != "" {
+			addr[n.Name] = nc.Status.PeerAddress
+			members = append(members, n.Name)
+		}
+	}
+	out := make(map[string][]prewarmv1alpha1.CachePeer, len(members))
+	var fresh, settled []string
+	for _, name := range members {
+		if asked := requestFor(byNode[name], uid); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
+			out[name] = asked.Peers
+			settled = append(settled, name)
+			continue
+		}
+		fresh = append(fresh, name)
+	}
+	if len(fresh) == 0 {
+		return out
+	}
+	slices.SortFunc(fresh, func(a, b string) int { return cmp.Compare(score(uid, a), score(uid, b)) })
+	// Upstream of the first group: settled members, Ready ones first, then by a hash that
+	// differs between caches, so that one node is not everyone's upstream.
+	ready := func(name string) bool {
+		rep := reportFor(byNode[name], uid)
+		return rep != nil && rep.State == inferencev1.CacheReady
+	}
+	slices.SortFunc(settled, func(a, b string) int {
+		if ra, rb := ready(a), ready(b); ra != rb {
+			if ra {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(score(uid+fresh[0], a), score(uid+fresh[0], b))
+	})
+	groups := slices.Collect(slices.Chunk(fresh, groupSize))
+	for g, group := range groups {
+		var upstream []string
+		if g == 0 {
+			upstream = settled[:min(len(settled), groupSize)]
+		} else {
+			upstream = groups[(g-1)/2]
+		}
+		for _, name := range group {
+			var peers []prewarmv1alpha1.CachePeer
+			for _, other := range group {
+				if other != name {
+					peers = append(peers, prewarmv1alpha1.CachePeer{Node: other, Address: addr[other]})
+				}
+			}
+			for _, up := range upstream {
+				peers = append(peers, prewarmv1alpha1.CachePeer{Node: up, Address: addr[up], Upstream: true})
+			}
+			out[name] = peers
+		}
+	}
+	return out
+}
+
+// peersCurrent reports whether every peer is still a member, at the address listed.
+func peersCurrent(peers []prewarmv1alpha1.CachePeer, addr map[string]string) bool {
+	for _, p := range peers {
+		if addr[p.Node] != p.Address {
+			return false
+		}
+	}
+	return true
+}
+
+func score(salt, name string) uint64 {
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, salt)
+	_, _ = io.WriteString(h, "/")
+	_, _ = io.WriteString(h, name)
+	return h.Sum64()
+}

@@ -1,0 +1,70 @@
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Peer identity of the agents the tests start as processes: the chart's service account, and
+// the audience of the default configuration.
+const (
+	PeerNamespace      = "hyperpod-inference-system"
+	PeerServiceAccount = "prewarm-agent"
+	PeerAudience       = "prewarm-peer"
+)
+
+// PeerUser is the user name of PeerServiceAccount's tokens.
+const PeerUser = "system:serviceaccount:" + PeerNamespace + ":" + PeerServiceAccount
+
+// PeerToken returns a token of PeerServiceAccount for audience, as the kubelet projects one
+// into an agent's pod.
+func PeerToken(ctx context.Context, c client.Client, audience string) (string, error) {
+	return ServiceAccountToken(ctx, c, PeerNamespace, PeerServiceAccount, audience)
+}
+
+// ServiceAccountToken returns a token of service account namespace/name for audience, creating
+// the namespace and the account when missing.
+func ServiceAccountToken(ctx context.Context, c client.Client, namespace, name, audience string) (string, error) {
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	for _, obj := range []client.Object{&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, sa.DeepCopy()} {
+		if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", err
+		}
+	}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: ptr.To[int64](3600)}}
+	if err := c.SubResource("token").Create(ctx, sa, tr); err != nil {
+		return "", fmt.Errorf("requesting a token of %s/%s: %w", namespace, name, err)
+	}
+	return tr.Status.Token, nil
+}
+
+// PeerArgs returns the flags that make an agent process serve its parts on a free loopback
+// port, with a token of the agents' service account in dir.
+func PeerArgs(ctx context.Context, c client.Client, node, dir string) ([]string, error) {
+	tok, err := PeerToken(ctx, c, PeerAudience)
+	if err != nil {
+		return nil, err
+	}
+	file := filepath.Join(dir, "peer-token-"+node)
+	if err := os.WriteFile(file, []byte(tok), 0o600); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return []string{"--peer-bind-address=" + addr, "--peer-address=" + addr, "--peer-token-file=" + file,
+		"--peer-service-account=" + PeerUser}, nil
+}
