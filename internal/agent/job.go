@@ -279,13 +279,9 @@ func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Sourc
 	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
 		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
 		engine.WithProgress(func(p engine.Progress) {
-			j.set(func(st *prewarmv1alpha1.CacheStatus) {
-				// What this copy cost the origin and the peers, over every download of it
-				// since the agent started.
-				st.OriginBytes += p.Fetched - last.Fetched
-				st.PeerBytes += p.FromPeers - last.FromPeers
-				Progressed(st, p)
-			})
+			// What this copy cost the origin and the peers adds up over every download of it
+			// since the agent started.
+			j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
 			last = p
 		}, o.StatusInterval))...)
 	err = fn(eng, src)

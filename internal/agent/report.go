@@ -27,8 +27,12 @@ func Listing(st *prewarmv1alpha1.CacheStatus, src prewarmv1alpha1.CacheSource) {
 	st.State, st.Reason, st.Message = inferencev1.CacheDownloading, prewarmv1alpha1.ReasonDownloading, "listing "+src.String()
 }
 
-// Progressed puts a download's progress into a cache's report.
-func Progressed(st *prewarmv1alpha1.CacheStatus, p engine.Progress) {
+// Progressed puts a download's progress into a cache's report; last is the download's progress
+// reported before (zero at first): what it read from the origin and took from peers since is
+// added to the copy's originBytes and peerBytes.
+func Progressed(st *prewarmv1alpha1.CacheStatus, p, last engine.Progress) {
+	st.OriginBytes += p.Fetched - last.Fetched
+	st.PeerBytes += p.FromPeers - last.FromPeers
 	st.BytesDone, st.BytesTotal, st.Files = p.BytesDone, p.BytesTotal, int32(p.FilesTotal)
 	st.BytesPerSecond = int64(p.BytesPerSecond)
 	if p.Phase != engine.PhaseDone && st.Reason != prewarmv1alpha1.ReasonCacheDamaged {

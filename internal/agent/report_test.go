@@ -15,7 +15,7 @@ func TestWritePolicy(t *testing.T) {
 	Listing(&cache, prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "b", Prefix: "p"})
 	at := func(done int64) prewarmv1alpha1.NodeCacheStatus {
 		c := cache
-		Progressed(&c, engine.Progress{BytesDone: done, BytesTotal: 100, Phase: engine.PhaseDownloading})
+		Progressed(&c, engine.Progress{BytesDone: done, BytesTotal: 100, Phase: engine.PhaseDownloading}, engine.Progress{})
 		return prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{c}}
 	}
 	ready := at(100)

@@ -236,13 +236,14 @@ func (s *Sim) advance(j *job, now time.Time) {
 	if st.State != inferencev1.CacheDownloading {
 		agent.Listing(st, j.req.Source)
 	}
+	done := min(s.o.ModelBytes, int64(float64(s.o.ModelBytes)*elapsed.Seconds()/s.o.Download.Seconds()))
+	// Every byte from the origin: the simulated agents share nothing.
+	p := engine.Progress{Phase: engine.PhaseDownloading, BytesDone: done, BytesTotal: s.o.ModelBytes,
+		FilesTotal: s.o.Files, BytesPerSecond: float64(s.o.ModelBytes) / s.o.Download.Seconds(), Fetched: done}
+	agent.Progressed(st, p, engine.Progress{Fetched: st.OriginBytes})
 	if elapsed >= s.o.Download {
 		agent.Verified(st, s.o.Files, s.o.ModelBytes, revision(j.req))
 		st.LastVerifiedTime = stamp(now) // the agent reads a new copy back once, as it does every verify interval
-	} else {
-		done := int64(float64(s.o.ModelBytes) * elapsed.Seconds() / s.o.Download.Seconds())
-		agent.Progressed(st, engine.Progress{Phase: engine.PhaseDownloading, BytesDone: done, BytesTotal: s.o.ModelBytes,
-			FilesTotal: s.o.Files, BytesPerSecond: float64(s.o.ModelBytes) / s.o.Download.Seconds()})
 	}
 	transition(st, before, now)
 }

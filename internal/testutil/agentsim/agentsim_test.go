@@ -24,6 +24,7 @@ import (
 	prewarmconfig "github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/agentsim"
+	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 )
 
@@ -74,7 +75,10 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 	}
 	policy := agent.WritePolicy{Interval: 100 * time.Millisecond, ProgressInterval: 100 * time.Millisecond, HeartbeatInterval: time.Minute}
 	testutil.RunAgent(t, ctx, api, "real", agent.Options{Config: cfg, HostPrefix: host, StatusInterval: policy.Interval,
-		ProgressInterval: policy.ProgressInterval, RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second, Version: "v-test"})
+		ProgressInterval: policy.ProgressInterval, RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second, Version: "v-test",
+		// Two seconds for the copy, as the simulated one takes: a local disk is fast enough to
+		// copy it between two status writes otherwise, and there would be no progress to compare.
+		Engine: []engine.Option{engine.WithRateLimit(96 << 20)}})
 	if _, err := agentsim.Start(ctx, api.Config, []string{"simulated"}, agentsim.Options{Policy: policy, Download: 2 * time.Second,
 		ModelBytes: 192<<20 + 100, Files: 3, Root: root, Version: "v-test"}); err != nil {
 		t.Fatal(err)

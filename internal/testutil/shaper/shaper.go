@@ -14,12 +14,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Options shape the proxy.
 type Options struct {
 	// BytesPerSecond caps each response body; 0 for no cap.
 	BytesPerSecond int64
+	// TotalBytesPerSecond caps all response bodies together (the origin's own link); 0 for
+	// no cap. It is read when the proxy starts.
+	TotalBytesPerSecond int64
 	// FirstByteLatency delays each response.
 	FirstByteLatency time.Duration
 	// Fault, when set, is asked for each request whether to fail it: with a status code
@@ -39,19 +44,26 @@ type Proxy struct {
 	opts   atomic.Pointer[Options]
 	server *http.Server
 	ln     net.Listener
+	total  *rate.Limiter
 }
 
 // Start listens on a loopback port and forwards to upstream.
-func Start(upstream string, opts Options) (*Proxy, error) {
+func Start(upstream string, opts Options) (*Proxy, error) { return StartOn("127.0.0.1:0", upstream, opts) }
+
+// StartOn is Start listening on addr.
+func StartOn(addr, upstream string, opts Options) (*Proxy, error) {
 	u, err := url.Parse(upstream)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	p := &Proxy{URL: "http://" + ln.Addr().String(), ln: ln}
+	if opts.TotalBytesPerSecond > 0 {
+		p.total = rate.NewLimiter(rate.Limit(opts.TotalBytesPerSecond), 64<<10)
+	}
 	p.opts.Store(&opts)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
@@ -124,6 +136,11 @@ func (w *shapedWriter) Write(b []byte) (int, error) {
 			return total, err
 		}
 		b = b[k:]
+		if lim := w.p.total; lim != nil {
+			if err := lim.WaitN(w.ctx, n); err != nil {
+				return total, err
+			}
+		}
 		if w.rate > 0 {
 			due := w.start.Add(time.Duration(float64(w.written) / float64(w.rate) * float64(time.Second)))
 			if d := time.Until(due); d > 0 {

@@ -1,0 +1,445 @@
+// Command fanout is make bench-fanout: how the time to warm N nodes, and what the origin sends,
+// grow with N when the agents share their parts. Each node is a network namespace with its own
+// agent process and disk folder, on a veth link shaped with tbf to --node-rate in each
+// direction; the origin (versitygw) is behind a proxy on the bridge capped at --origin-rate for
+// all nodes together. For N = 1, 2, 4, 8 (and N nodes with sharing off, for contrast) it creates
+// one cache for the N nodes and measures, from its creation, each node's time to Ready (its
+// NodeCache status, polled every 100 ms), T(N) (the last node's), and the bytes the origin
+// sent. It writes the figures into docs/benchmarks.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
+	"github.com/prewarm/prewarm/internal/testutil/shaper"
+)
+
+const (
+	bucket  = "fanout-models"
+	prefix  = "models/fanout"
+	root    = "/opt/dlami/nvme"
+	peerTCP = 9444
+)
+
+type options struct {
+	nodes       []int
+	modelBytes  int64
+	files       int
+	nodeRate    int64 // bytes per second
+	originRate  int64
+	partSize    string
+	concurrency int
+	baseline    bool
+	out, dir    string
+}
+
+func main() {
+	var o options
+	nodes := flag.String("nodes", "1,2,4,8", "swarm sizes, comma-separated")
+	model := flag.String("model", "256Mi", "model size")
+	flag.IntVar(&o.files, "files", 4, "files the model is split into")
+	nodeRate := flag.String("node-rate", "12.5M", "each node's link, bytes per second in each direction (12.5M: 100 Mbit/s)")
+	originRate := flag.String("origin-rate", "", "the origin's cap for all nodes together, bytes per second (default: --node-rate)")
+	flag.StringVar(&o.partSize, "part-size", "4Mi", "the agents' part size")
+	flag.IntVar(&o.concurrency, "concurrency", 8, "the agents' concurrency")
+	flag.BoolVar(&o.baseline, "baseline", true, "also run the largest N with sharing off")
+	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report to write into (its bench-fanout section; empty: print only)")
+	flag.StringVar(&o.dir, "dir", "", "work folder for logs and disks (default: a temporary one, removed)")
+	flag.Parse()
+	ctrllog.SetLogger(logr.Discard())
+	var err error
+	if o.nodes, err = ints(*nodes); err != nil {
+		log.Fatalf("--nodes: %v", err)
+	}
+	if o.modelBytes, err = bytesOf(*model); err != nil {
+		log.Fatalf("--model: %v", err)
+	}
+	if o.nodeRate, err = bytesOf(*nodeRate); err != nil {
+		log.Fatalf("--node-rate: %v", err)
+	}
+	o.originRate = o.nodeRate
+	if *originRate != "" {
+		if o.originRate, err = bytesOf(*originRate); err != nil {
+			log.Fatalf("--origin-rate: %v", err)
+		}
+	}
+	if os.Geteuid() != 0 {
+		log.Fatal(errNotRoot)
+	}
+	if err := run(o); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q: want positive numbers", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// bytesOf reads 256Mi, 12.5M, 1G: binary (Ki, Mi, Gi) or decimal (k, M, G) units.
+func bytesOf(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}}
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(s, u.suffix); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return int64(f * u.mult), err
+		}
+	}
+	return strconv.ParseInt(s, 10, 64)
+}
+
+// bench is what every run shares: the binaries, the cluster, the network, the origin.
+type bench struct {
+	o          options
+	dir        string
+	agent      string
+	cluster    *testutil.Cluster
+	net        *network
+	origin     *shaper.Proxy
+	kubeconfig string // the API server through the bridge
+	confPeers  string
+	confAlone  string
+	procs      []*testutil.Process
+	stops      []func()
+	cleanupS3  func()
+}
+
+type result struct {
+	nodes      int
+	peers      bool
+	times      []time.Duration // each node's time to Ready, sorted
+	originSent int64           // bytes the origin sent (bodies, listings included)
+	status     inferencev1.ModelDataCacheConfigStatus
+}
+
+func run(o options) error {
+	tmp, err := os.MkdirTemp("", "prewarm-bench-fanout-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if o.dir == "" {
+		o.dir = tmp
+	}
+	b := &bench{o: o, dir: o.dir}
+	defer b.close()
+	if err := b.setUp(tmp); err != nil {
+		return err
+	}
+	var results []result
+	runs := []struct {
+		n     int
+		peers bool
+	}{}
+	for _, n := range o.nodes {
+		runs = append(runs, struct {
+			n     int
+			peers bool
+		}{n, true})
+	}
+	if o.baseline {
+		runs = append(runs, struct {
+			n     int
+			peers bool
+		}{slices.Max(o.nodes), false})
+	}
+	for i, r := range runs {
+		res, err := b.runOnce(i, r.n, r.peers)
+		if err != nil {
+			return fmt.Errorf("%d nodes: %w", r.n, err)
+		}
+		log.Printf("%d nodes, sharing %v: T = %s, origin sent %.2f× the model", r.n, r.peers, res.times[len(res.times)-1].Round(10*time.Millisecond),
+			float64(res.originSent)/float64(o.modelBytes))
+		results = append(results, res)
+	}
+	rep := report{o: o, results: results}
+	fmt.Println(rep.markdown())
+	if o.out == "" {
+		return nil
+	}
+	return rep.write(o.out)
+}
+
+func (b *bench) setUp(tmp string) error {
+	o := b.o
+	build := exec.Command("go", "build", "-o", tmp+"/", "github.com/prewarm/prewarm/cmd/controller", "github.com/prewarm/prewarm/cmd/agent")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("building the controller and the agent: %w", err)
+	}
+	b.agent = filepath.Join(tmp, "agent")
+	var err error
+	if b.net, err = newNetwork(slices.Max(o.nodes), fmt.Sprintf("%dbit", 8*o.nodeRate)); err != nil {
+		return err
+	}
+	logs := filepath.Join(b.dir, "logs")
+	if b.cluster, err = testutil.StartClusterWith(testutil.ClusterOptions{LogDir: logs}); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	// The origin: versitygw on loopback, behind a proxy on the bridge with the origin's cap.
+	s3, err := s3fixture.Start(filepath.Join(b.dir, "s3"))
+	if err != nil {
+		return err
+	}
+	b.cleanupS3 = s3.Stop
+	if err := s3.CreateBucket(ctx, bucket); err != nil {
+		return err
+	}
+	per := o.modelBytes / int64(o.files)
+	for i := range o.files {
+		n := per
+		if i == o.files-1 {
+			n = o.modelBytes - per*int64(o.files-1)
+		}
+		key := fmt.Sprintf("%s/model-%05d-of-%05d.safetensors", prefix, i+1, o.files)
+		if err := s3.PutBytes(ctx, bucket, key, gen.Bytes(uint64(100+i), int(n))); err != nil {
+			return err
+		}
+	}
+	if b.origin, err = shaper.StartOn(b.net.hostIP()+":0", s3.Endpoint, shaper.Options{TotalBytesPerSecond: o.originRate}); err != nil {
+		return err
+	}
+	if err := b.bridgeKubeconfig(ctx); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		path     *string
+		disabled bool
+	}{{&b.confPeers, false}, {&b.confAlone, true}} {
+		op := config.Operator{CacheRoots: []string{root},
+			S3:           config.S3{Endpoint: b.origin.URL, PathStyle: true},
+			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
+			Agent:        config.Agent{ProgressInterval: "1s"},
+			Peers:        config.Peers{Disabled: c.disabled},
+		}
+		*c.path = filepath.Join(b.dir, fmt.Sprintf("config-%v.yaml", !c.disabled))
+		if err := op.Write(*c.path); err != nil {
+			return err
+		}
+	}
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY": s3fixture.SecretKey, "AWS_REGION": s3fixture.Region} {
+		os.Setenv(k, v)
+	}
+	p, err := testutil.StartProcess(logs, "controller", filepath.Join(tmp, "controller"), "--kubeconfig="+b.cluster.KubeconfigPath,
+		"--leader-elect=false", "--metrics-bind-address=0", "--health-probe-bind-address=0", "--config="+b.confPeers)
+	if err != nil {
+		return err
+	}
+	b.procs = append(b.procs, p)
+	return nil
+}
+
+// bridgeKubeconfig writes a kubeconfig that reaches the API server from the namespaces: through
+// a forwarder on the bridge, with the server's certificate checked for its own name.
+func (b *bench) bridgeKubeconfig(ctx context.Context) error {
+	cfg, err := clientcmd.LoadFromFile(b.cluster.KubeconfigPath)
+	if err != nil {
+		return err
+	}
+	for _, c := range cfg.Clusters {
+		target := strings.TrimPrefix(c.Server, "https://")
+		addr, stop, err := forward(ctx, b.net.hostIP()+":0", target)
+		if err != nil {
+			return err
+		}
+		b.stops = append(b.stops, stop)
+		c.Server, c.TLSServerName = "https://"+addr, "localhost"
+	}
+	b.kubeconfig = filepath.Join(b.dir, "kubeconfig-bridge")
+	return clientcmd.WriteToFile(*cfg, b.kubeconfig)
+}
+
+func (b *bench) close() {
+	for _, p := range slices.Backward(b.procs) {
+		p.Stop(10 * time.Second)
+	}
+	for _, stop := range b.stops {
+		stop()
+	}
+	if b.origin != nil {
+		_ = b.origin.Close()
+	}
+	if b.cleanupS3 != nil {
+		b.cleanupS3()
+	}
+	if b.cluster != nil {
+		_ = b.cluster.Stop()
+	}
+	if b.net != nil {
+		b.net.close()
+	}
+}
+
+// instanceTypes keep each run's nodes apart: a run's cache selects its own nodes only.
+var instanceTypes = []string{"ml.g5.12xlarge", "ml.g5.24xlarge", "ml.g5.48xlarge", "ml.g6e.48xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge"}
+
+// runOnce warms n nodes and measures it.
+func (b *bench) runOnce(k, n int, peers bool) (result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c := b.cluster.Client
+	itype := instanceTypes[k%len(instanceTypes)]
+	conf := b.confPeers
+	if !peers {
+		conf = b.confAlone
+	}
+	var nodes []string
+	var agents []*testutil.Process
+	defer func() {
+		for _, a := range agents {
+			a.Stop(10 * time.Second)
+		}
+	}()
+	logs := filepath.Join(b.dir, "logs")
+	for i := range n {
+		name := fmt.Sprintf("run%d-node%d", k, i)
+		nodes = append(nodes, name)
+		if _, err := b.cluster.AddNode(ctx, name, testutil.NodeOptions{InstanceType: itype, GPUs: 8}); err != nil {
+			return result{}, err
+		}
+		disk := filepath.Join(b.dir, "nodes", name)
+		if err := os.MkdirAll(filepath.Join(disk, root), 0o755); err != nil {
+			return result{}, err
+		}
+		args := []string{"netns", "exec", b.net.namespace(i), b.agent, "--node-name=" + name, "--kubeconfig=" + b.kubeconfig,
+			"--host-prefix=" + disk, "--config=" + conf, "--reserve=0", "--status-interval=250ms",
+			"--metrics-bind-address=0", "--health-probe-bind-address=0",
+			"--part-size=" + b.o.partSize, "--concurrency=" + strconv.Itoa(b.o.concurrency)}
+		if peers {
+			tok, err := testutil.PeerToken(ctx, c, testutil.PeerAudience)
+			if err != nil {
+				return result{}, err
+			}
+			file := filepath.Join(b.dir, "token-"+name)
+			if err := os.WriteFile(file, []byte(tok), 0o600); err != nil {
+				return result{}, err
+			}
+			addr := fmt.Sprintf("%s:%d", b.net.nodeIP(i), peerTCP)
+			args = append(args, "--peer-bind-address="+addr, "--peer-address="+addr, "--peer-token-file="+file,
+				"--peer-service-account="+testutil.PeerUser)
+		}
+		p, err := testutil.StartProcess(logs, "agent-"+name, "ip", args...)
+		if err != nil {
+			return result{}, err
+		}
+		agents = append(agents, p)
+	}
+	if peers {
+		// The agents report where they serve before the cache exists, as a running fleet's do.
+		if err := until(ctx, func() (bool, string) {
+			for _, name := range nodes {
+				nc := &prewarmv1alpha1.NodeCache{}
+				if err := c.Get(ctx, types.NamespacedName{Name: name}, nc); err != nil || nc.Status.PeerAddress == "" {
+					return false, name + " reports no peer address"
+				}
+			}
+			return true, ""
+		}); err != nil {
+			return result{}, err
+		}
+	}
+	sentBefore := b.origin.Served.Load()
+	iec := testutil.MakeInferenceEndpointConfig("default", fmt.Sprintf("fanout-%d", k)).Location(prefix).InstanceType(itype).Obj()
+	iec.Spec.ModelSourceConfig.S3Storage.BucketName = bucket
+	iec.Spec.ModelCacheConfig.ImageCache = nil
+	start := time.Now()
+	if err := c.Create(ctx, iec); err != nil {
+		return result{}, err
+	}
+	ready := map[string]time.Duration{}
+	var uid string
+	err := until(ctx, func() (bool, string) {
+		if uid == "" {
+			m := &inferencev1.ModelDataCacheConfig{}
+			if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: iec.Name + "-cache"}, m); err != nil {
+				return false, err.Error()
+			}
+			uid = string(m.UID)
+		}
+		for _, name := range nodes {
+			if _, ok := ready[name]; ok {
+				continue
+			}
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := c.Get(ctx, types.NamespacedName{Name: name}, nc); err != nil {
+				continue
+			}
+			if rep, ok := nc.Report(uid); ok && rep.State == inferencev1.CacheReady {
+				ready[name] = time.Since(start)
+			}
+		}
+		for _, a := range agents {
+			if done, err := a.Exited(); done {
+				return false, fmt.Sprintf("%s exited (%v): %s", a.Name, err, a.LogTail(2000))
+			}
+		}
+		return len(ready) == n, fmt.Sprintf("%d of %d nodes Ready", len(ready), n)
+	})
+	if err != nil {
+		return result{}, err
+	}
+	res := result{nodes: n, peers: peers, originSent: b.origin.Served.Load() - sentBefore}
+	for _, d := range ready {
+		res.times = append(res.times, d)
+	}
+	slices.Sort(res.times)
+	// The cache's status, once the controller has summed every node's report.
+	m := &inferencev1.ModelDataCacheConfig{}
+	_ = until(ctx, func() (bool, string) {
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: iec.Name + "-cache"}, m); err != nil {
+			return false, err.Error()
+		}
+		return m.Status.ReadyNodes == int32(n) && m.Status.OriginBytes+m.Status.PeerBytes >= int64(n)*b.o.modelBytes, "status not summed yet"
+	})
+	res.status = m.Status
+	return res, nil
+}
+
+// until polls cond every 100 ms until it holds or ctx ends.
+func until(ctx context.Context, cond func() (bool, string)) error {
+	last := ""
+	for {
+		ok, why := cond()
+		if ok {
+			return nil
+		}
+		last = why
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %s", ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/prewarm/prewarm/pkg/engine"
+)
+
+const (
+	beginMarker = "<!-- bench-fanout:begin (make bench-fanout writes this section) -->"
+	endMarker   = "<!-- bench-fanout:end -->"
+)
+
+type report struct {
+	o       options
+	results []result
+}
+
+// quantile is the q-quantile of sorted d (nearest rank).
+func quantile(d []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(d))+0.999999) - 1
+	return d[min(max(i, 0), len(d)-1)]
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+func (r report) markdown() string {
+	o := r.o
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n## Fan-out: N nodes warming one model together\n\n", beginMarker)
+	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --part-size %s --concurrency %d`), %s, on this machine (%d CPUs, %s).\n\n",
+		joinInts(o.nodes), engine.HumanBytes(o.modelBytes), o.files, o.nodeRate, o.originRate, o.partSize, o.concurrency,
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH)
+	fmt.Fprintf(&b, "Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
+		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
+		"Time to Ready is from the cache's creation to the node's NodeCache status saying Ready (polled every 100 ms; the agents write state changes every 250 ms). "+
+		"\"Origin sent\" is every byte the origin's proxy sent, listings included.\n\n",
+		engine.HumanBytes(o.nodeRate), engine.HumanBytes(o.originRate))
+	b.WriteString("| nodes | sharing | T(N) | T(N)/T(1) | per node p50 | per node p95 | origin sent / model | status originBytes / model | status peerBytes / model |\n")
+	b.WriteString("|---:|:---|---:|---:|---:|---:|---:|---:|---:|\n")
+	var t1 time.Duration
+	for _, res := range r.results {
+		if res.nodes == 1 && res.peers {
+			t1 = res.times[len(res.times)-1]
+		}
+	}
+	for _, res := range r.results {
+		t := res.times[len(res.times)-1]
+		ratio := "–"
+		if t1 > 0 {
+			ratio = fmt.Sprintf("%.2f", t.Seconds()/t1.Seconds())
+		}
+		sharing := "on"
+		if !res.peers {
+			sharing = "off"
+		}
+		m := float64(o.modelBytes)
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", res.nodes, sharing, secs(t), ratio,
+			secs(quantile(res.times, 0.5)), secs(quantile(res.times, 0.95)), float64(res.originSent)/m,
+			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m)
+	}
+	fmt.Fprintf(&b, "\n%s\n", endMarker)
+	return b.String()
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// write replaces the report's bench-fanout section (or appends it).
+func (r report) write(path string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	text, section := string(old), r.markdown()
+	if i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker); i >= 0 && j > i {
+		text = text[:i] + strings.TrimSuffix(section, "\n") + text[j+len(endMarker):]
+	} else {
+		text = strings.TrimRight(text, "\n") + "\n\n" + section
+	}
+	return os.WriteFile(path, []byte(text), 0o644)
+}
