@@ -42,7 +42,7 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 			last, lastShown = text, time.Now()
 		}
 		if ready {
-			return nil
+			return s.printSharing(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -50,6 +50,22 @@ func (s *sandbox) waitReady(ctx context.Context) error {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// printSharing says what S3 sent the nodes that warmed the seed's S3 cache together, and what
+// they took from each other (kwok runs, where the agents read S3 through a counter).
+func (s *sandbox) printSharing(ctx context.Context) error {
+	if s.s3Sent == nil {
+		return nil
+	}
+	m := &inferencev1.ModelDataCacheConfig{}
+	if err := s.cluster.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model-cache"}, m); err != nil {
+		return err
+	}
+	size, sent := s.modelBytes(), s.s3Sent.Served.Load()
+	s.say("\n  The %d nodes warmed example-model-cache together: S3 sent %s (%.2f× the model, listings included); they took %s from each other.",
+		m.Status.TargetNodes, engine.HumanBytes(sent), float64(sent)/float64(size), engine.HumanBytes(m.Status.PeerBytes))
+	return nil
 }
 
 func indent(text string) string {
@@ -139,7 +155,8 @@ func (s *sandbox) measure(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.printResults(results, proxy.Served.Load())
+	uid := realseed.CacheUIDOf(&corev1.PodTemplateSpec{Spec: pods[0].Spec})
+	s.printResults(results, proxy.Served.Load(), s.peerBytes(ctx, coldNode, uid))
 	if err := s.waitAllReady(ctx); err != nil {
 		return err
 	}
@@ -219,7 +236,25 @@ func (s *sandbox) checkModel(dir string) error {
 	return nil
 }
 
-func (s *sandbox) printResults(results []PodResult, s3Bytes int64) {
+// peerBytes is what node's agent took from its peers for cache uid.
+func (s *sandbox) peerBytes(ctx context.Context, node, uid string) int64 {
+	var n int64
+	_ = testutil.Until(ctx, 10*time.Second, func() error {
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := s.cluster.Client.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+			return err
+		}
+		rep, ok := nc.Report(uid)
+		if !ok || rep.State != inferencev1.CacheReady {
+			return errors.New("not reported Ready yet")
+		}
+		n = rep.PeerBytes
+		return nil
+	})
+	return n
+}
+
+func (s *sandbox) printResults(results []PodResult, s3Bytes, peerBytes int64) {
 	size := s.modelBytes()
 	s.say("\n  Each pod's model volume, served by its node's agent (prewarm's CSI node plugin), all asked at once, model %s:\n", engine.HumanBytes(size))
 	tw := tabwriter.NewWriter(s.o.Out, 0, 4, 2, ' ', 0)
@@ -233,8 +268,8 @@ func (s *sandbox) printResults(results []PodResult, s3Bytes int64) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%.3f s\n", r.Pod, r.Node, word, r.Seconds)
 	}
 	_ = tw.Flush()
-	s.say("\n  Read from S3 for %d pods: %s, one download for the %d cold pods on %s; had each cold pod read the model itself: %s.",
-		len(results), engine.HumanBytes(s3Bytes), cold, coldNode, engine.HumanBytes(int64(cold)*size))
+	s.say("\n  The %d cold pods on %s share one download: %s from S3 and %s from the warm nodes; had each cold pod read the model itself, S3 would have sent %s.",
+		cold, coldNode, engine.HumanBytes(s3Bytes), engine.HumanBytes(peerBytes), engine.HumanBytes(int64(cold)*size))
 }
 
 // table fetches an API path as a Table, from whichever cluster runs.

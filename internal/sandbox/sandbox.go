@@ -28,6 +28,7 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/internal/testutil/realseed"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
+	"github.com/prewarm/prewarm/internal/testutil/shaper"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -74,6 +75,8 @@ type sandbox struct {
 	logs    string
 	cluster *testutil.Cluster
 	s3      *s3fixture.Server
+	// s3Sent counts what S3 sends the agents of the first nodes.
+	s3Sent *shaper.Proxy
 	hub     *hubfixture.Hub
 	procs   []*testutil.Process
 	files   map[string]int64 // the model's files and sizes
@@ -250,6 +253,9 @@ func (s *sandbox) stop() {
 	if s.cluster != nil {
 		_ = s.cluster.Stop()
 	}
+	if s.s3Sent != nil {
+		_ = s.s3Sent.Close()
+	}
 	if s.s3 != nil {
 		s.s3.Stop()
 	}
@@ -396,9 +402,15 @@ func (s *sandbox) startPrewarm(ctx context.Context) error {
 	// One operator configuration for the controller and every agent, as the prewarm-config
 	// ConfigMap is in a cluster.
 	conf := filepath.Join(s.o.Dir, "config.yaml")
+	// The agents read S3 through a byte counter: the nodes warming the seed's cache together
+	// share its parts, and S3 sends about one model for them all.
+	var err error
+	if s.s3Sent, err = shaper.Start(s.s3.Endpoint, shaper.Options{}); err != nil {
+		return err
+	}
 	op := config.Operator{
 		CacheRoots:  []string{root},
-		S3:          config.S3{Endpoint: s.s3.Endpoint, PathStyle: true},
+		S3:          config.S3{Endpoint: s.s3Sent.URL, PathStyle: true},
 		HuggingFace: config.HuggingFace{Endpoint: s.hub.URL},
 		// The seed's bucket is read with the agents' own identity, for every namespace.
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},

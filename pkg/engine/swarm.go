@@ -32,6 +32,9 @@ type Swarm interface {
 	// Bad reports that peer's part i did not arrive whole or did not match: the peer is not
 	// asked again by this Fetch.
 	Bad(peer string, i int, err error)
+	// Leads reports whether this node reads part i for others (it owns it): the Fetch asks for
+	// such parts ahead of the others, so that they are there when the others want them.
+	Leads(i int) bool
 	// Leave is called when the Fetch ends.
 	Leave()
 }

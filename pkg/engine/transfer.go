@@ -60,8 +60,21 @@ func (r *run) download(ctx context.Context) error {
 		workers.Add(1)
 		g.Go(func() error {
 			defer workers.Done()
-			return p.work(ctx)
+			return p.work(ctx, p.parts)
 		})
+	}
+	if r.swarm != nil {
+		// The parts this node leads have workers of their own: reading them from the source
+		// never waits behind parts that wait for peers.
+		for range max(1, r.e.concurrency/2) {
+			workers.Add(1)
+			g.Go(func() error {
+				defer workers.Done()
+				return p.work(ctx, p.leading)
+			})
+		}
+	} else {
+		close(p.leading)
 	}
 	g.Go(func() error {
 		workers.Wait()
@@ -86,6 +99,7 @@ func (r *run) download(ctx context.Context) error {
 type pipeline struct {
 	r        *run
 	parts    chan part   // producer → workers
+	leading  chan part   // producer → the workers of the parts this node leads (with a swarm)
 	records  chan record // workers → journal
 	toVerify chan int    // files fully written → verifiers
 	verified chan int    // files verified → journal
@@ -101,6 +115,7 @@ func (r *run) newPipeline() *pipeline {
 	p := &pipeline{
 		r:           r,
 		parts:       make(chan part, r.e.concurrency),
+		leading:     make(chan part, r.e.concurrency),
 		records:     make(chan record, 4*r.e.concurrency),
 		toVerify:    make(chan int, n),
 		verified:    make(chan int, n),
@@ -126,6 +141,9 @@ func (r *run) newPipeline() *pipeline {
 func (p *pipeline) produce(ctx context.Context) error {
 	defer close(p.parts)
 	r := p.r
+	if r.swarm != nil {
+		return p.produceLeading(ctx)
+	}
 	for idx, f := range r.listing.Files {
 		if r.resume.verified[idx] {
 			continue
@@ -159,6 +177,63 @@ func (p *pipeline) produce(ctx context.Context) error {
 	return nil
 }
 
+// produceLeading is produce with a swarm: the parts this node leads go to their own workers,
+// the others, in file order, to the rest; both queues are fed as they drain.
+func (p *pipeline) produceLeading(ctx context.Context) error {
+	defer close(p.leading)
+	r := p.r
+	var lead, rest []part
+	for idx, f := range r.listing.Files {
+		if r.resume.verified[idx] {
+			continue
+		}
+		todo := r.missingParts(idx, f)
+		if len(todo) == 0 && f.Size > 0 {
+			p.toVerify <- idx
+			continue
+		}
+		h, err := r.openFile(idx, f)
+		if err != nil {
+			return err
+		}
+		if f.Size == 0 {
+			if err := h.f.Close(); err != nil {
+				return err
+			}
+			p.toVerify <- idx
+			continue
+		}
+		h.remaining.Store(int64(len(todo)))
+		for _, pt := range todo {
+			pt.handle = h
+			if i, ok := r.plan.index(idx, pt.off); ok && r.swarm.Leads(i) {
+				lead = append(lead, pt)
+			} else {
+				rest = append(rest, pt)
+			}
+		}
+	}
+	for len(lead) > 0 || len(rest) > 0 {
+		var leadCh, restCh chan part
+		var nextLead, nextRest part
+		if len(lead) > 0 {
+			leadCh, nextLead = p.leading, lead[0]
+		}
+		if len(rest) > 0 {
+			restCh, nextRest = p.parts, rest[0]
+		}
+		select {
+		case leadCh <- nextLead:
+			lead = lead[1:]
+		case restCh <- nextRest:
+			rest = rest[1:]
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
 // missingParts is file idx cut into parts, less those an earlier run wrote (counted as done).
 func (r *run) missingParts(idx int, f source.File) []part {
 	cov := r.resume.written[idx]
@@ -176,9 +251,9 @@ func (r *run) missingParts(idx int, f source.File) []part {
 
 // work fetches parts, records each in the journal, and hands a file to the verifiers when
 // its last part is written.
-func (p *pipeline) work(ctx context.Context) error {
+func (p *pipeline) work(ctx context.Context, parts <-chan part) error {
 	r := p.r
-	for pt := range p.parts {
+	for pt := range parts {
 		crc, sum, err := r.fetchPart(ctx, pt)
 		if err != nil {
 			return err

@@ -95,7 +95,8 @@ func TestCSINodePluginEndToEnd(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = counted.Close() })
 	e.addNode("csi-warm", "ml.g5.24xlarge", s3srv.Endpoint, e.csiArgs("csi-warm")...)
-	e.addNode("csi-cold", "ml.g5.xlarge", counted.URL, e.csiArgs("csi-cold")...)
+	// Sharing off on csi-cold: its S3 reads are what shows the pods sharing one download.
+	e.addNode("csi-cold", "ml.g5.xlarge", counted.URL, append(e.csiArgs("csi-cold"), noSharing)...)
 	e.startController("--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect", "--leader-election-namespace=default", "--metrics-bind-address=0", "--health-probe-bind-address=0",
 		"--config="+e.config(s3srv.Endpoint), "--gate-timeout=3m", "--agent-image=prewarm/agent:e2e")
 	for _, ns := range []string{"team-a", "team-b"} {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -53,12 +54,18 @@ func TestSandboxUpExit(t *testing.T) {
 	if warm != 3 || cold != 2 {
 		t.Errorf("%d warm and %d cold pods, want 3 and 2", warm, cold)
 	}
-	// The two cold pods share the one download their node's agent makes: S3 serves the model once.
-	if want := "Read from S3 for 5 pods: " + size[1] + ", one download for the 2 cold pods on g5-cold"; !strings.Contains(text, want) {
+	// The two cold pods share the one download their node's agent makes, from the warm nodes.
+	if want := "The 2 cold pods on g5-cold share one download: "; !strings.Contains(text, want) {
 		t.Errorf("output lacks %q", want)
 	}
+	// The three nodes warming the seed's cache together read it from S3 about once.
+	shared := regexp.MustCompile(`The 3 nodes warmed example-model-cache together: S3 sent [0-9.]+ [kMG]?B \(([0-9.]+)× the model`).FindStringSubmatch(text)
+	if shared == nil {
+		t.Errorf("output does not say what S3 sent the three warming nodes:\n%s", text)
+	} else if r, err := strconv.ParseFloat(shared[1], 64); err != nil || r > 1.5 {
+		t.Errorf("S3 sent %s× the model to three nodes warming together; want about 1×", shared[1])
+	}
 	for _, want := range []string{
-		"Read from S3 for 5 pods: ",
 		"$ kubectl get modeldatacacheconfig",
 		"$ kubectl get inferenceimagecache -n hyperpod-inference-system",
 		"example-model-cache", "example-jumpstart-model-cache", "iic-vllm-openai-ml-g5-24xlarge-",

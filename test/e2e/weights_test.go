@@ -103,6 +103,9 @@ func (e *weightsEnv) addNode(name, instanceType, endpoint string, agentArgs ...s
 	e.startAgent(name, endpoint, agentArgs...)
 }
 
+// noSharing is the agent flag that turns sharing parts off on one node.
+const noSharing = "--peer-bind-address=0"
+
 func (e *weightsEnv) startAgent(name, endpoint string, extra ...string) {
 	e.t.Helper()
 	args := append([]string{
@@ -670,7 +673,9 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 
 	t.Run("a node that joins is warmed; its agent stopped or killed mid-download resumes", func(t *testing.T) {
 		proxy := slow
-		e.addNode("g5-d", "ml.g5.24xlarge", proxy.URL, "--concurrency=2")
+		// Sharing off on g5-d: what this shows is the agent's own reading of S3 (stopped, killed,
+		// resumed); TestNodesWarmingTogetherReadTheSourceAboutOnce shows the sharing.
+		e.addNode("g5-d", "ml.g5.24xlarge", proxy.URL, "--concurrency=2", noSharing)
 		var done int64
 		downloadingPast := func(pct int64) func() (bool, string) {
 			return func() (bool, string) {
@@ -700,7 +705,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 			t.Errorf("the agent did not stop its download on SIGTERM before exiting (%s); log:\n%s", took, stopped.LogTail(2000))
 		}
 		t.Logf("SIGTERM at %d bytes: the agent stopped in %s", done, took.Round(time.Millisecond))
-		e.startAgent("g5-d", proxy.URL, "--concurrency=2")
+		e.startAgent("g5-d", proxy.URL, "--concurrency=2", noSharing)
 
 		e.eventually(60*time.Second, "g5-d downloading past 60%", downloadingPast(60))
 		agent := e.agents["g5-d"]
@@ -710,7 +715,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		if beforeRestart >= total {
 			t.Fatalf("the download was already over (%d of %d bytes) when the agent was killed", beforeRestart, total)
 		}
-		e.startAgent("g5-d", proxy.URL, "--concurrency=2")
+		e.startAgent("g5-d", proxy.URL, "--concurrency=2", noSharing)
 		m := e.waitCache("example-model-cache", 4)
 		_ = m
 		assertTree(t, e.cacheDir("g5-d", uid), model)

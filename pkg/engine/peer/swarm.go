@@ -52,6 +52,9 @@ type SwarmOptions struct {
 	// SlowPart is the most time one part may take from a peer: a slower peer is dropped
 	// (default 2 min).
 	SlowPart time.Duration
+	// Streams is how many parts this node takes from peers at once (default 4): the rest of its
+	// link stays for the parts it reads from the source, which the others wait for.
+	Streams int
 	// JoinWait is the most time Join waits for the peers to answer, so that nodes starting
 	// together split the parts between them from the first one (default 2 s).
 	JoinWait time.Duration
@@ -98,6 +101,7 @@ type Swarm struct {
 
 	mu      sync.Mutex
 	changed chan struct{} // closed when a peer's holdings or liveness change
+	streams chan struct{} // parts being taken from peers
 }
 
 type peerState struct {
@@ -125,6 +129,9 @@ func NewSwarm(o SwarmOptions) *Swarm {
 	if o.JoinWait <= 0 {
 		o.JoinWait = 2 * time.Second
 	}
+	if o.Streams <= 0 {
+		o.Streams = 4
+	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
@@ -134,7 +141,7 @@ func NewSwarm(o SwarmOptions) *Swarm {
 	if o.Token == nil {
 		o.Token = func() (string, error) { return "", nil }
 	}
-	s := &Swarm{opts: o, changed: make(chan struct{})}
+	s := &Swarm{opts: o, changed: make(chan struct{}), streams: make(chan struct{}, o.Streams)}
 	for _, p := range o.Peers {
 		if p.Name != o.Self && p.URL != "" {
 			s.peers = append(s.peers, &peerState{Peer: p})
@@ -160,6 +167,7 @@ func (s *Swarm) Join(plan *engine.Plan) {
 	}
 	deadline := time.NewTimer(s.opts.JoinWait)
 	defer deadline.Stop()
+	defer func() { s.opts.Log.Info("sharing parts", "peers", len(s.peers), "live", s.live(), "parts", plan.Parts()) }()
 	for {
 		changed := s.changes()
 		if s.allLive() {
@@ -171,6 +179,16 @@ func (s *Swarm) Join(plan *engine.Plan) {
 			return
 		}
 	}
+}
+
+func (s *Swarm) live() int {
+	n := 0
+	for _, p := range s.peers {
+		if live, _ := p.usable(0, time.Now()); live {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *Swarm) allLive() bool {
@@ -336,6 +354,11 @@ func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 	for {
 		changed := s.changes()
 		if p := s.holder(i); p != nil {
+			select {
+			case s.streams <- struct{}{}:
+			case <-ctx.Done():
+				return engine.PeerPart{}, ctx.Err()
+			}
 			pp, err := s.fetch(ctx, p, i)
 			if err == nil {
 				if waited {
@@ -369,6 +392,10 @@ func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 		t.Stop()
 	}
 }
+
+// Leads reports whether this node owns part i with no upstream to take it from: it reads it
+// from the source for its group.
+func (s *Swarm) Leads(i int) bool { return s.owner(i) && !s.hasUpstream() }
 
 // refused handles a holder that did not send part i: busy (try others for a second), no longer
 // holding it, or unreachable (not live until its /have answers again).
@@ -430,11 +457,16 @@ func (s *Swarm) hasUpstream() bool {
 	return false
 }
 
+// rendezvous is node's score for part i: the same on every node, and spread so that each of a
+// group's nodes wins about as many parts (FNV alone is not: names that differ in one byte keep
+// their order over every suffix, hence the splitmix64 finalizer).
 func rendezvous(node string, i int) uint64 {
 	h := fnv.New64a()
 	_, _ = io.WriteString(h, node)
-	_, _ = fmt.Fprintf(h, "/%d", i)
-	return h.Sum64()
+	x := h.Sum64() ^ (uint64(i)+1)*0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }
 
 // fetch asks p for part i. The body must arrive within SlowPart.
@@ -456,9 +488,10 @@ func (s *Swarm) fetch(ctx context.Context, p *peerState, i int) (engine.PeerPart
 	if err != nil {
 		p.inflight.Add(-1)
 		cancel()
+		<-s.streams
 		return engine.PeerPart{}, err
 	}
-	body := &partBody{ReadCloser: resp.Body, done: func() { p.inflight.Add(-1); cancel() }, ctx: ctx}
+	body := &partBody{ReadCloser: resp.Body, done: func() { p.inflight.Add(-1); cancel(); <-s.streams }, ctx: ctx}
 	return engine.PeerPart{Body: body, CRC32C: uint32(crc), Peer: p.Name}, nil
 }
 

@@ -45,12 +45,14 @@ const (
 type options struct {
 	nodes       []int
 	modelBytes  int64
+	model       string // as given
 	files       int
 	nodeRate    int64 // bytes per second
 	originRate  int64
 	partSize    string
 	concurrency int
 	baseline    bool
+	trace       bool
 	out, dir    string
 }
 
@@ -61,9 +63,10 @@ func main() {
 	flag.IntVar(&o.files, "files", 4, "files the model is split into")
 	nodeRate := flag.String("node-rate", "12.5M", "each node's link, bytes per second in each direction (12.5M: 100 Mbit/s)")
 	originRate := flag.String("origin-rate", "", "the origin's cap for all nodes together, bytes per second (default: --node-rate)")
-	flag.StringVar(&o.partSize, "part-size", "4Mi", "the agents' part size")
+	flag.StringVar(&o.partSize, "part-size", "1Mi", "the agents' part size (1Mi: a part is 1/256 of the default model, as 16Mi is of a 4 GiB one)")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "the agents' concurrency")
 	flag.BoolVar(&o.baseline, "baseline", true, "also run the largest N with sharing off")
+	flag.BoolVar(&o.trace, "trace", false, "log the origin's rate every second")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report to write into (its bench-fanout section; empty: print only)")
 	flag.StringVar(&o.dir, "dir", "", "work folder for logs and disks (default: a temporary one, removed)")
 	flag.Parse()
@@ -72,6 +75,7 @@ func main() {
 	if o.nodes, err = ints(*nodes); err != nil {
 		log.Fatalf("--nodes: %v", err)
 	}
+	o.model = *model
 	if o.modelBytes, err = bytesOf(*model); err != nil {
 		log.Fatalf("--model: %v", err)
 	}
@@ -371,6 +375,23 @@ func (b *bench) runOnce(k, n int, peers bool) (result, error) {
 		}
 	}
 	sentBefore := b.origin.Served.Load()
+	if b.o.trace {
+		tctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			last := sentBefore
+			for t := time.NewTicker(time.Second); ; {
+				select {
+				case <-tctx.Done():
+					return
+				case <-t.C:
+				}
+				now := b.origin.Served.Load()
+				log.Printf("origin %.1f MB/s", float64(now-last)/1e6)
+				last = now
+			}
+		}()
+	}
 	iec := testutil.MakeInferenceEndpointConfig("default", fmt.Sprintf("fanout-%d", k)).Location(prefix).InstanceType(itype).Obj()
 	iec.Spec.ModelSourceConfig.S3Storage.BucketName = bucket
 	iec.Spec.ModelCacheConfig.ImageCache = nil

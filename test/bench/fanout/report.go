@@ -33,13 +33,13 @@ func (r report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Fan-out: N nodes warming one model together\n\n", beginMarker)
 	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --part-size %s --concurrency %d`), %s, on this machine (%d CPUs, %s).\n\n",
-		joinInts(o.nodes), engine.HumanBytes(o.modelBytes), o.files, o.nodeRate, o.originRate, o.partSize, o.concurrency,
+		joinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.partSize, o.concurrency,
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH)
-	fmt.Fprintf(&b, "Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
+	fmt.Fprintf(&b, "A model of %s in %d files. Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
 		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
 		"Time to Ready is from the cache's creation to the node's NodeCache status saying Ready (polled every 100 ms; the agents write state changes every 250 ms). "+
 		"\"Origin sent\" is every byte the origin's proxy sent, listings included.\n\n",
-		engine.HumanBytes(o.nodeRate), engine.HumanBytes(o.originRate))
+		engine.HumanBytes(o.modelBytes), o.files, engine.HumanBytes(o.nodeRate), engine.HumanBytes(o.originRate))
 	b.WriteString("| nodes | sharing | T(N) | T(N)/T(1) | per node p50 | per node p95 | origin sent / model | status originBytes / model | status peerBytes / model |\n")
 	b.WriteString("|---:|:---|---:|---:|---:|---:|---:|---:|---:|\n")
 	var t1 time.Duration
@@ -63,6 +63,7 @@ func (r report) markdown() string {
 			secs(quantile(res.times, 0.5)), secs(quantile(res.times, 0.95)), float64(res.originSent)/m,
 			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m)
 	}
+	b.WriteString("\nWhat limits T(N), and what was tried: [docs/peers.md](peers.md), \"Measured\".\n")
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
 	return b.String()
 }
