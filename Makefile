@@ -91,6 +91,10 @@ bench-nodes: testbin ## On real kubelet nodes: pod start warm vs cold, image cac
 
 BENCH_SCALE_FLAGS ?=
 
+.PHONY: bench-fanout
+bench-fanout: testbin ## N = 1, 2, 4, 8 nodes as network namespaces (tbf-shaped links, a capped origin) sharing one model; writes the fan-out section of docs/benchmarks.md. Root.
+	go run ./test/bench/fanout $(BENCH_FANOUT_FLAGS)
+
 .PHONY: bench-scale
 bench-scale: testbin ## The control plane on 500 to 5,000 kwok nodes with simulated agents, 1 to 50 caches; writes the scale section of docs/benchmarks.md.
 	go run ./test/bench/scale $(BENCH_SCALE_FLAGS)

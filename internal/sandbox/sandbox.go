@@ -77,11 +77,11 @@ type sandbox struct {
 	s3      *s3fixture.Server
 	// s3Sent counts what S3 sends the agents of the first nodes.
 	s3Sent *shaper.Proxy
-	hub     *hubfixture.Hub
-	procs   []*testutil.Process
-	files   map[string]int64 // the model's files and sizes
-	real    *realseed.Env    // the real-node run (Kind real)
-	op      config.Operator  // the operator configuration of the kwok run
+	hub    *hubfixture.Hub
+	procs  []*testutil.Process
+	files  map[string]int64 // the model's files and sizes
+	real   *realseed.Env    // the real-node run (Kind real)
+	op     config.Operator  // the operator configuration of the kwok run
 }
 
 // step is one step of the sandbox.

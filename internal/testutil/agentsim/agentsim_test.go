@@ -24,8 +24,8 @@ import (
 	prewarmconfig "github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/agentsim"
-	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 const uid = "77777777-7777-4777-8777-777777777777"

@@ -343,6 +343,10 @@ func (e *Env) values() map[string]any {
 			Controller:   config.Controller{GateTimeout: "10m"},
 			// Progress every second: the tests act at points of a download.
 			Agent: config.Agent{Reserve: "1Gi", MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: "16Mi", ProgressInterval: "1s"},
+			// Sharing off: these runs time a cold node reading S3 (at S3's pace, 120 MB/s in
+			// one of them) and count what S3 sends it; with sharing, the cold node would take the
+			// model from the warm one. Sharing is measured by make bench-fanout and the e2e tests.
+			Peers: config.Peers{Disabled: true},
 		},
 	}
 }

@@ -48,7 +48,9 @@ type Proxy struct {
 }
 
 // Start listens on a loopback port and forwards to upstream.
-func Start(upstream string, opts Options) (*Proxy, error) { return StartOn("127.0.0.1:0", upstream, opts) }
+func Start(upstream string, opts Options) (*Proxy, error) {
+	return StartOn("127.0.0.1:0", upstream, opts)
+}
 
 // StartOn is Start listening on addr.
 func StartOn(addr, upstream string, opts Options) (*Proxy, error) {

@@ -167,7 +167,9 @@ func (s *Swarm) Join(plan *engine.Plan) {
 	}
 	deadline := time.NewTimer(s.opts.JoinWait)
 	defer deadline.Stop()
-	defer func() { s.opts.Log.Info("sharing parts", "peers", len(s.peers), "live", s.live(), "parts", plan.Parts()) }()
+	defer func() {
+		s.opts.Log.Info("sharing parts", "peers", len(s.peers), "live", s.live(), "parts", plan.Parts())
+	}()
 	for {
 		changed := s.changes()
 		if s.allLive() {
