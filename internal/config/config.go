@@ -316,6 +316,34 @@ func Parse(b []byte) (Operator, error) {
 	return o, nil
 }
 
+// validateSharing checks the peers and the origin budgets.
+func (o Operator) validateSharing() []error {
+	var errs []error
+	if d, err := time.ParseDuration(o.Peers.Wait); o.Peers.Wait != "" && (err != nil || d <= 0) {
+		errs = append(errs, fmt.Errorf("peers.wait %q: want a positive duration such as 30s", o.Peers.Wait))
+	}
+	for field, v := range map[string]string{"peers.uploadRate": o.Peers.UploadRate, "s3.budget.maxRate": o.S3.Budget.MaxRate,
+		"huggingFace.budget.maxRate": o.HuggingFace.Budget.MaxRate} {
+		if q, err := resource.ParseQuantity(v); v != "" && (err != nil || q.Value() < 0) {
+			errs = append(errs, fmt.Errorf("%s %q: want a rate in bytes per second such as 500Mi, or 0", field, v))
+		}
+	}
+	for field, n := range map[string]int{"s3.budget.maxConcurrency": o.S3.Budget.MaxConcurrency,
+		"huggingFace.budget.maxConcurrency": o.HuggingFace.Budget.MaxConcurrency, "peers.maxPeers": o.Peers.MaxPeers} {
+		if n < 0 {
+			errs = append(errs, fmt.Errorf("%s %d: must not be negative", field, n))
+		}
+	}
+	if p := o.Peers; p.Port < 1 || p.Port > 65535 {
+		errs = append(errs, fmt.Errorf("peers.port %d: want a TCP port", p.Port))
+	}
+	if g := o.Peers.GroupSize; g < 2 || g > 32 {
+		errs = append(errs, fmt.Errorf("peers.groupSize %d: want 2 to 32 (a node lists its group and its upstream group, at most 64 peers)", g))
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) }) // maps: a stable order
+	return errs
+}
+
 // Validate says everything that is wrong with o.
 func (o Operator) Validate() error {
 	var errs []error
@@ -369,19 +397,7 @@ func (o Operator) Validate() error {
 	checkCount("controller.concurrentReconciles", c.ConcurrentReconciles)
 	checkCount("agent.maxParallel", a.MaxParallel)
 	checkCount("agent.concurrency", a.Concurrency)
-	checkDuration("peers.wait", o.Peers.Wait)
-	checkSize("peers.uploadRate", o.Peers.UploadRate, 0)
-	checkSize("s3.budget.maxRate", o.S3.Budget.MaxRate, 0)
-	checkSize("huggingFace.budget.maxRate", o.HuggingFace.Budget.MaxRate, 0)
-	checkCount("s3.budget.maxConcurrency", o.S3.Budget.MaxConcurrency)
-	checkCount("huggingFace.budget.maxConcurrency", o.HuggingFace.Budget.MaxConcurrency)
-	checkCount("peers.maxPeers", o.Peers.MaxPeers)
-	if p := o.Peers; p.Port < 1 || p.Port > 65535 {
-		errs = append(errs, fmt.Errorf("peers.port %d: want a TCP port", p.Port))
-	}
-	if g := o.Peers.GroupSize; g < 2 || g > 32 {
-		errs = append(errs, fmt.Errorf("peers.groupSize %d: want 2 to 32 (a node lists its group and its upstream group, at most 64 peers)", g))
-	}
+	errs = append(errs, o.validateSharing()...)
 	if c.ClientQPS < 0 {
 		errs = append(errs, fmt.Errorf("controller.clientQPS %v: must not be negative", c.ClientQPS))
 	}

@@ -107,3 +107,29 @@ sourceAccess:
 		}
 	}
 }
+
+func TestSharingSettingsAreValidated(t *testing.T) {
+	for _, tc := range []struct {
+		conf, want string
+	}{
+		{"peers: {groupSize: 1}", "peers.groupSize 1: want 2 to 32"},
+		{"peers: {groupSize: 40}", "peers.groupSize 40: want 2 to 32"},
+		{"peers: {port: 70000}", "peers.port 70000: want a TCP port"},
+		{"peers: {wait: soon}", `peers.wait "soon": want a positive duration`},
+		{"peers: {maxPeers: -1}", "peers.maxPeers -1: must not be negative"},
+		{"s3: {budget: {maxRate: fast}}", `s3.budget.maxRate "fast": want a rate`},
+		{"huggingFace: {budget: {maxConcurrency: -2}}", "huggingFace.budget.maxConcurrency -2: must not be negative"},
+	} {
+		_, err := config.Parse([]byte(tc.conf))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one saying %q", tc.conf, err, tc.want)
+		}
+	}
+	o, err := config.Parse([]byte("peers: {groupSize: 8, uploadRate: 500Mi}\ns3: {budget: {maxConcurrency: 32, maxRate: 1Gi}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Peers.GroupSize != 8 || o.Peers.UploadRateBytes() != 500<<20 || o.S3.Budget.MaxRateBytes() != 1<<30 || o.Peers.Port != 9444 || o.Peers.WaitDuration() != 30*time.Second {
+		t.Errorf("parsed %+v %+v", o.Peers, o.S3.Budget)
+	}
+}

@@ -85,7 +85,6 @@ type node struct {
 	server *peer.Server
 	http   *httptest.Server
 	dest   string
-	peers  []peer.Peer
 }
 
 const goodToken = "peer-token"
