@@ -45,14 +45,20 @@ func (j *job) swarm(ctx context.Context) engine.Swarm {
 	if p == nil || p.Server == nil {
 		return nil
 	}
-	var peers []peer.Peer
-	for _, cp := range j.current().Peers {
-		peers = append(peers, peer.Peer{Name: cp.Node, URL: "http://" + cp.Address, Upstream: cp.Upstream})
+	peersNow := func() []peer.Peer {
+		var peers []peer.Peer
+		for _, cp := range j.current().Peers {
+			peers = append(peers, peer.Peer{Name: cp.Node, URL: "http://" + cp.Address, Upstream: cp.Upstream})
+		}
+		return peers
 	}
 	return peer.NewSwarm(peer.SwarmOptions{
-		Self: j.a.opts.NodeName, Key: j.req.UID, Peers: peers, Server: p.Server, Client: p.Client, Token: p.Token,
+		Self: j.a.opts.NodeName, Key: j.req.UID, Peers: peersNow(), Server: p.Server, Client: p.Client, Token: p.Token,
 		Wait: p.Wait, SlowPart: p.SlowPart, Metrics: p.Metrics,
-		Log: slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID))),
+		// The controller lists a node's peers once their agents report where they serve, which
+		// may be after this node's download started: it takes them on as they come.
+		Refresh: peersNow,
+		Log:     slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID))),
 	})
 }
 

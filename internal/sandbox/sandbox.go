@@ -20,7 +20,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/csikubelet"
@@ -434,6 +436,20 @@ func (s *sandbox) startPrewarm(ctx context.Context) error {
 		if err := s.startAgent(ctx, n, conf); err != nil {
 			return err
 		}
+	}
+	// As a DaemonSet's rollout is waited for: each agent up, saying where it serves its parts,
+	// before the seed's caches are asked of the nodes.
+	err = testutil.Until(ctx, time.Minute, func() error {
+		for _, n := range nodes {
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := s.cluster.Client.Get(ctx, types.NamespacedName{Name: n}, nc); err != nil || nc.Status.PeerAddress == "" {
+				return fmt.Errorf("the agent of %s has not reported yet", n)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	s.say("  controller and %d agents started; each node's disk is %s/nodes/<node>%s", len(nodes), s.o.Dir, root)
 	return nil

@@ -60,7 +60,7 @@ func (h nodeCacheEvents) Update(ctx context.Context, e event.TypedUpdateEvent[cl
 // changedCaches compares two versions of a NodeCache: the caches whose request, state or demand
 // changed (now), and those whose report changed in progress only (later).
 func changedCaches(before, after *prewarmv1alpha1.NodeCache) (now, later []string) {
-	keyChanged := before.Status.CredentialsKey != after.Status.CredentialsKey ||
+	keyChanged := before.Status.CredentialsKey != after.Status.CredentialsKey || before.Status.PeerAddress != after.Status.PeerAddress ||
 		(before.Status.HeartbeatTime == nil) != (after.Status.HeartbeatTime == nil)
 	was := cachesIn(before)
 	for _, uid := range cachesIn(after) {

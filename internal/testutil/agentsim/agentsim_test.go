@@ -93,9 +93,14 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 	if rs, ss := transitions(real), transitions(sim); !slices.Equal(trimQueued(rs), trimQueued(ss)) {
 		t.Errorf("states written: real agent %v, simulated %v", rs, ss)
 	}
-	// Every state's reports carry the same fields.
+	// Every state's reports carry the same fields. A Pending (queued) report may be missing on
+	// either side, as above: a busy machine may let a download start before the first write.
 	for state, fields := range fieldsByState(real) {
-		if got := fieldsByState(sim)[state]; !slices.Equal(got, fields) {
+		got, ok := fieldsByState(sim)[state]
+		if !ok && state == string(inferencev1.CachePending) {
+			continue
+		}
+		if !slices.Equal(got, fields) {
 			t.Errorf("%s reports: the real agent sets %v, the simulated one %v", state, fields, got)
 		}
 	}

@@ -34,6 +34,7 @@ type memSource struct {
 	order   []string
 	served  atomic.Int64
 	barrier *sync.WaitGroup
+	delay   time.Duration // before each read
 }
 
 func newModel(t *testing.T, sizes ...int) *memSource {
@@ -72,7 +73,14 @@ func (m *memSource) List(context.Context) (source.Listing, error) {
 	return l, nil
 }
 
-func (m *memSource) OpenRange(_ context.Context, path string, off, n int64) (io.ReadCloser, error) {
+func (m *memSource) OpenRange(ctx context.Context, path string, off, n int64) (io.ReadCloser, error) {
+	if m.delay > 0 {
+		select {
+		case <-time.After(m.delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	m.served.Add(n)
 	return io.NopCloser(bytes.NewReader(m.files[path][off : off+n])), nil
 }
@@ -442,3 +450,33 @@ func TestAServerSendsToAtMostKPeersAtOnce(t *testing.T) {
 }
 
 func crc32c(b []byte) uint32 { return crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)) }
+
+// A peer the controller lists after the download started is taken on: the rest of the parts come
+// from it.
+func TestPeersListedLaterAreTakenOn(t *testing.T) {
+	m := newModel(t, 2<<20)
+	a := newNode(t, "a", peer.ServerOptions{}, nil)
+	seed(t, a, m)
+	m.served.Store(0)
+	m.delay = 20 * time.Millisecond // 32 parts, one at a time: over half a second from the source
+	b := newNode(t, "b", peer.ServerOptions{}, nil)
+	var calls atomic.Int64
+	sw := peer.NewSwarm(peer.SwarmOptions{Self: "b", Key: "cache-uid", Server: b.server,
+		Token: func() (string, error) { return goodToken + ":b", nil }, RefreshInterval: 10 * time.Millisecond,
+		Refresh: func() []peer.Peer {
+			if calls.Add(1) < 3 {
+				return nil // not listed yet
+			}
+			return []peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}}
+		}})
+	e := engine.New(engine.WithPartSize(partSize), engine.WithConcurrency(1))
+	res, err := e.Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest, Swarm: sw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDest(t, m, b.dest)
+	t.Logf("%d bytes from the source, %d from the peer listed later", res.Fetched, res.FromPeers)
+	if res.FromPeers == 0 || res.Fetched == 0 {
+		t.Errorf("%d bytes from the source and %d from the peer: want the first parts from the source, the rest from the peer once listed", res.Fetched, res.FromPeers)
+	}
+}

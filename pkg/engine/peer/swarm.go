@@ -58,6 +58,11 @@ type SwarmOptions struct {
 	// JoinWait is the most time Join waits for the peers to answer, so that nodes starting
 	// together split the parts between them from the first one (default 2 s).
 	JoinWait time.Duration
+	// Refresh, when set, is asked every RefreshInterval (1 s) for the peers as they are now (the
+	// controller may list them after the download started); the swarm follows new ones and
+	// drops those no longer listed.
+	Refresh         func() []Peer
+	RefreshInterval time.Duration
 	// Log receives what the swarm decides (default: discarded).
 	Log *slog.Logger
 	// Metrics, when set, counts dropped peers and waits (NewMetrics).
@@ -92,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 type Swarm struct {
 	opts  SwarmOptions
 	plan  *engine.Plan
-	peers []*peerState
+	peers atomic.Pointer[[]*peerState] // replaced whole when Refresh changes them
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -132,6 +137,9 @@ func NewSwarm(o SwarmOptions) *Swarm {
 	if o.Streams <= 0 {
 		o.Streams = 4
 	}
+	if o.RefreshInterval <= 0 {
+		o.RefreshInterval = time.Second
+	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
@@ -142,12 +150,55 @@ func NewSwarm(o SwarmOptions) *Swarm {
 		o.Token = func() (string, error) { return "", nil }
 	}
 	s := &Swarm{opts: o, changed: make(chan struct{}), streams: make(chan struct{}, o.Streams)}
+	var peers []*peerState
 	for _, p := range o.Peers {
 		if p.Name != o.Self && p.URL != "" {
-			s.peers = append(s.peers, &peerState{Peer: p})
+			peers = append(peers, &peerState{Peer: p})
 		}
 	}
+	s.peers.Store(&peers)
 	return s
+}
+
+// list is the current peers.
+func (s *Swarm) list() []*peerState { return *s.peers.Load() }
+
+// refresh takes on the peers Refresh returns now: new ones are followed, those no longer listed
+// are dropped (reason "left").
+func (s *Swarm) refresh() {
+	want := map[string]Peer{}
+	for _, p := range s.opts.Refresh() {
+		if p.Name != s.opts.Self && p.URL != "" {
+			want[p.Name] = p
+		}
+	}
+	cur := s.list()
+	var next []*peerState
+	changed := false
+	for _, p := range cur {
+		if w, ok := want[p.Name]; ok && w == p.Peer {
+			next = append(next, p)
+			delete(want, p.Name)
+			continue
+		}
+		s.drop(p, "left", errors.New("no longer listed as a peer"))
+		changed = true
+	}
+	for _, p := range want {
+		ps := &peerState{Peer: p}
+		next = append(next, ps)
+		changed = true
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.follow(ps)
+		}()
+	}
+	if changed {
+		s.peers.Store(&next)
+		s.opts.Log.Info("peers changed", "peers", len(next))
+		s.notify()
+	}
 }
 
 // Join starts offering plan and following the peers' holdings.
@@ -158,17 +209,33 @@ func (s *Swarm) Join(plan *engine.Plan) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.joined = time.Now()
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			s.follow(p)
 		}()
 	}
+	if s.opts.Refresh != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			t := time.NewTicker(s.opts.RefreshInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-s.ctx.Done():
+					return
+				case <-t.C:
+					s.refresh()
+				}
+			}
+		}()
+	}
 	deadline := time.NewTimer(s.opts.JoinWait)
 	defer deadline.Stop()
 	defer func() {
-		s.opts.Log.Info("sharing parts", "peers", len(s.peers), "live", s.live(), "parts", plan.Parts())
+		s.opts.Log.Info("sharing parts", "peers", len(s.list()), "live", s.live(), "parts", plan.Parts())
 	}()
 	for {
 		changed := s.changes()
@@ -185,7 +252,7 @@ func (s *Swarm) Join(plan *engine.Plan) {
 
 func (s *Swarm) live() int {
 	n := 0
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		if live, _ := p.usable(0, time.Now()); live {
 			n++
 		}
@@ -194,7 +261,7 @@ func (s *Swarm) live() int {
 }
 
 func (s *Swarm) allLive() bool {
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		if live, _ := p.usable(0, time.Now()); !live && p.droppedFor() == "" {
 			return false
 		}
@@ -422,7 +489,7 @@ func (s *Swarm) holder(i int) *peerState {
 	now := time.Now()
 	var best *peerState
 	var bestScore uint64
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		if _, holds := p.usable(i, now); !holds {
 			continue
 		}
@@ -439,7 +506,7 @@ func (s *Swarm) holder(i int) *peerState {
 // among itself and the group's live peers.
 func (s *Swarm) owner(i int) bool {
 	mine := rendezvous(s.opts.Self, i)
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		if p.Upstream {
 			continue
 		}
@@ -451,7 +518,7 @@ func (s *Swarm) owner(i int) bool {
 }
 
 func (s *Swarm) hasUpstream() bool {
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		if live, _ := p.usable(0, time.Now()); live && p.Upstream {
 			return true
 		}
@@ -531,7 +598,7 @@ func (s *Swarm) Bad(peer string, i int, err error) {
 	case errors.Is(err, errSlow):
 		reason = "slow"
 	}
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		if p.Name == peer {
 			s.drop(p, reason, err)
 		}
@@ -556,7 +623,7 @@ func (s *Swarm) drop(p *peerState, reason string, err error) {
 // Dropped returns the peers this Swarm stopped asking, with why.
 func (s *Swarm) Dropped() map[string]string {
 	out := map[string]string{}
-	for _, p := range s.peers {
+	for _, p := range s.list() {
 		if why := p.droppedFor(); why != "" {
 			out[p.Name] = why
 		}
