@@ -1,0 +1,168 @@
+package weightscache
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// fleetOf is n target nodes whose agents serve peers, and their NodeCaches.
+func fleetOf(n int) ([]*corev1.Node, map[string]*prewarmv1alpha1.NodeCache) {
+	var nodes []*corev1.Node
+	byNode := map[string]*prewarmv1alpha1.NodeCache{}
+	for i := range n {
+		name := fmt.Sprintf("node-%04d", i)
+		nodes = append(nodes, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		byNode[name] = &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Status: prewarmv1alpha1.NodeCacheStatus{PeerAddress: fmt.Sprintf("10.0.%d.%d:9444", i/250, i%250)}}
+	}
+	return nodes, byNode
+}
+
+// ask records the assignment as the nodes' requests, as the reconciler's writes would.
+func ask(uid string, byNode map[string]*prewarmv1alpha1.NodeCache, peers map[string][]prewarmv1alpha1.CachePeer) {
+	for name, nc := range byNode {
+		nc.Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: peers[name]}}
+	}
+}
+
+func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
+	const uid, group = "cache-1", 4
+	nodes, byNode := fleetOf(10)
+	peers := assignPeers(uid, nodes, byNode, group)
+	// 10 fresh nodes: groups of 4, 4 and 2; every node lists the rest of its group, and groups
+	// 1 and 2 list group 0 as their upstream; group 0 has none (it reads the source).
+	groupOf := map[string]int{}
+	var groups [][]string
+	for _, n := range nodes {
+		var members []string
+		for _, p := range peers[n.Name] {
+			if !p.Upstream {
+				members = append(members, p.Node)
+			}
+		}
+		members = append(members, n.Name)
+		slices.Sort(members)
+		g := slices.IndexFunc(groups, func(m []string) bool { return slices.Equal(m, members) })
+		if g < 0 {
+			groups, g = append(groups, members), len(groups)
+		}
+		groupOf[n.Name] = g
+	}
+	sizes := []int{}
+	for _, g := range groups {
+		sizes = append(sizes, len(g))
+	}
+	slices.Sort(sizes)
+	if !slices.Equal(sizes, []int{2, 4, 4}) {
+		t.Fatalf("group sizes %v, want 2, 4, 4", sizes)
+	}
+	roots := 0
+	for _, n := range nodes {
+		var up []string
+		for _, p := range peers[n.Name] {
+			if p.Upstream {
+				up = append(up, p.Node)
+			}
+			if p.Address != byNode[p.Node].Status.PeerAddress {
+				t.Errorf("%s lists %s at %s, want its reported address", n.Name, p.Node, p.Address)
+			}
+		}
+		if len(up) == 0 {
+			roots++
+			continue
+		}
+		// The upstream is a whole other group.
+		slices.Sort(up)
+		if g := slices.IndexFunc(groups, func(m []string) bool { return slices.Equal(m, up) }); g < 0 || g == groupOf[n.Name] {
+			t.Errorf("%s's upstream %v is not another group", n.Name, up)
+		}
+	}
+	if roots != 4 {
+		t.Errorf("%d nodes read the source, want one group of 4", roots)
+	}
+
+	// Written, nothing changes: the next reconcile asks for the same peers (no writes).
+	ask(uid, byNode, peers)
+	if again := assignPeers(uid, nodes, byNode, group); !equalPeers(again, peers) {
+		t.Error("a second assignment with nothing changed differs from the first")
+	}
+
+	// A node leaves: only the requests that named it change.
+	gone := nodes[3].Name
+	rest := slices.DeleteFunc(slices.Clone(nodes), func(n *corev1.Node) bool { return n.Name == gone })
+	after := assignPeers(uid, rest, byNode, group)
+	changed := 0
+	for _, n := range rest {
+		named := slices.ContainsFunc(peers[n.Name], func(p prewarmv1alpha1.CachePeer) bool { return p.Node == gone })
+		same := slices.Equal(after[n.Name], peers[n.Name])
+		if !named && !same {
+			t.Errorf("%s did not name %s but was asked again", n.Name, gone)
+		}
+		if slices.ContainsFunc(after[n.Name], func(p prewarmv1alpha1.CachePeer) bool { return p.Node == gone }) {
+			t.Errorf("%s still lists %s, which left", n.Name, gone)
+		}
+		if !same {
+			changed++
+		}
+	}
+	if changed > 3*group {
+		t.Errorf("%d requests rewritten after one node left, want at most %d", changed, 3*group)
+	}
+
+	// A node that joins a swarm of Ready nodes takes its parts from them.
+	for _, nc := range byNode {
+		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheReady}}
+	}
+	ask(uid, byNode, after)
+	more, moreByNode := fleetOf(11)
+	newcomer := more[10]
+	byNode[newcomer.Name] = moreByNode[newcomer.Name]
+	joined := assignPeers(uid, append(rest, newcomer), byNode, group)
+	var up int
+	for _, p := range joined[newcomer.Name] {
+		if !p.Upstream {
+			t.Errorf("the newcomer's peer %s is not upstream: it is alone in its group", p.Node)
+		}
+		up++
+	}
+	if up == 0 || up > group {
+		t.Errorf("the newcomer has %d upstream peers, want 1 to %d", up, group)
+	}
+	for _, n := range rest {
+		if !slices.Equal(joined[n.Name], after[n.Name]) {
+			t.Errorf("%s was asked again when a node joined", n.Name)
+		}
+	}
+
+	// An agent that serves no peers is no one's peer, and gets none.
+	byNode[nodes[0].Name].Status.PeerAddress = ""
+	for name, ps := range assignPeers(uid, nodes, byNode, group) {
+		if name == nodes[0].Name {
+			t.Errorf("%s serves no peers but was given %v", name, ps)
+		}
+		for _, p := range ps {
+			if p.Node == nodes[0].Name {
+				t.Errorf("%s lists %s, which serves no peers", name, p.Node)
+			}
+		}
+	}
+}
+
+func equalPeers(a, b map[string][]prewarmv1alpha1.CachePeer) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
