@@ -29,53 +29,82 @@ const DefaultPeerGroup = 16
 //     Ready ones first (none: it reads the source); group g's is group (g−1)/2, a binary tree
 //     whose root alone reads the source.
 //
-// A target without a peer address gets no peers, and is no one's peer.
+// A target without a peer address is no one's peer; it takes its parts from the members that
+// already had a swarm.
 func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache, groupSize int) map[string][]prewarmv1alpha1.CachePeer {
 	if groupSize < 2 {
 		return nil
 	}
 	addr := map[string]string{}
-	var members []string
+	var members, silent []string
 	for _, n := range targets {
 		if nc := byNode[n.Name]; nc != nil && nc.Status.PeerAddress != "" {
 			addr[n.Name] = nc.Status.PeerAddress
 			members = append(members, n.Name)
+		} else {
+			silent = append(silent, n.Name)
 		}
 	}
-	out := make(map[string][]prewarmv1alpha1.CachePeer, len(members))
-	var fresh, settled []string
-	for _, name := range members {
-		if asked := requestFor(byNode[name], uid); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
-			out[name] = asked.Peers
-			settled = append(settled, name)
-			continue
-		}
-		fresh = append(fresh, name)
-	}
-	if len(fresh) == 0 {
-		return out
-	}
-	slices.SortFunc(fresh, func(a, b string) int { return cmp.Compare(score(uid, a), score(uid, b)) })
-	// Upstream of the first group: settled members, Ready ones first, then by a hash that
-	// differs between caches, so that one node is not everyone's upstream.
 	ready := func(name string) bool {
 		rep := reportFor(byNode[name], uid)
 		return rep != nil && rep.State == inferencev1.CacheReady
 	}
-	slices.SortFunc(settled, func(a, b string) int {
-		if ra, rb := ready(a), ready(b); ra != rb {
-			if ra {
-				return -1
+	out := make(map[string][]prewarmv1alpha1.CachePeer, len(members))
+	var fresh, settled []string
+	for _, name := range members {
+		asked := requestFor(byNode[name], uid)
+		current := asked != nil && peersCurrent(asked.Peers, addr)
+		switch {
+		case current && len(asked.Peers) > 0:
+			out[name] = asked.Peers
+			settled = append(settled, name)
+		case ready(name):
+			// It holds the cache: it needs no peers (those that left are dropped), and is one.
+			if current {
+				out[name] = asked.Peers
 			}
-			return 1
+			settled = append(settled, name)
+		default:
+			fresh = append(fresh, name)
 		}
-		return cmp.Compare(score(uid+fresh[0], a), score(uid+fresh[0], b))
-	})
+	}
+	slices.SortFunc(fresh, func(a, b string) int { return cmp.Compare(score(uid, a), score(uid, b)) })
+	// Upstreams are settled members, Ready ones first, then by a hash salted with who asks, so
+	// that one node is not everyone's upstream.
+	upstreamFor := func(salt string) []string {
+		up := slices.Clone(settled)
+		slices.SortFunc(up, func(a, b string) int {
+			if ra, rb := ready(a), ready(b); ra != rb {
+				if ra {
+					return -1
+				}
+				return 1
+			}
+			return cmp.Compare(score(salt, a), score(salt, b))
+		})
+		return up[:min(len(up), groupSize)]
+	}
+	// A target whose agent has not said where it serves yet (a node that just joined) is no
+	// one's peer, but takes its parts from the settled members from its first request on.
+	for _, name := range silent {
+		if asked := requestFor(byNode[name], uid); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
+			out[name] = asked.Peers
+			continue
+		}
+		var peers []prewarmv1alpha1.CachePeer
+		for _, up := range upstreamFor(uid + name) {
+			peers = append(peers, prewarmv1alpha1.CachePeer{Node: up, Address: addr[up], Upstream: true})
+		}
+		out[name] = peers
+	}
+	if len(fresh) == 0 {
+		return out
+	}
 	groups := slices.Collect(slices.Chunk(fresh, groupSize))
 	for g, group := range groups {
 		var upstream []string
 		if g == 0 {
-			upstream = settled[:min(len(settled), groupSize)]
+			upstream = upstreamFor(uid + group[0])
 		} else {
 			upstream = groups[(g-1)/2]
 		}

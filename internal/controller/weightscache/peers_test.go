@@ -141,17 +141,37 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 		}
 	}
 
-	// An agent that serves no peers is no one's peer, and gets none.
-	byNode[nodes[0].Name].Status.PeerAddress = ""
-	for name, ps := range assignPeers(uid, nodes, byNode, group) {
-		if name == nodes[0].Name {
-			t.Errorf("%s serves no peers but was given %v", name, ps)
+	// A lone Ready node (no peers: it downloaded alone) is the upstream of one that joins, and is
+	// not asked again.
+	lone, loneByNode := fleetOf(2)
+	loneByNode[lone[0].Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid}}
+	loneByNode[lone[0].Name].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheReady}}
+	pair := assignPeers(uid, lone, loneByNode, group)
+	if len(pair[lone[0].Name]) != 0 || len(pair[lone[1].Name]) != 1 || !pair[lone[1].Name][0].Upstream || pair[lone[1].Name][0].Node != lone[0].Name {
+		t.Errorf("a node joining a lone Ready one: %v", pair)
+	}
+
+	// A node whose agent has not reported where it serves (it just joined) is no one's peer, but
+	// takes its parts from the Ready nodes from its first request on; once it reports, its
+	// request stays as it is.
+	late, lateByNode := fleetOf(12)
+	silent := late[11]
+	byNode[silent.Name] = lateByNode[silent.Name]
+	address := byNode[silent.Name].Status.PeerAddress
+	byNode[silent.Name].Status.PeerAddress = ""
+	first := assignPeers(uid, append(rest, silent), byNode, group)
+	if len(first[silent.Name]) == 0 || slices.ContainsFunc(first[silent.Name], func(p prewarmv1alpha1.CachePeer) bool { return !p.Upstream }) {
+		t.Errorf("the silent node's peers %v, want Ready nodes upstream", first[silent.Name])
+	}
+	for name, ps := range first {
+		if slices.ContainsFunc(ps, func(p prewarmv1alpha1.CachePeer) bool { return p.Node == silent.Name }) {
+			t.Errorf("%s lists the silent node", name)
 		}
-		for _, p := range ps {
-			if p.Node == nodes[0].Name {
-				t.Errorf("%s lists %s, which serves no peers", name, p.Node)
-			}
-		}
+	}
+	byNode[silent.Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: first[silent.Name]}}
+	byNode[silent.Name].Status.PeerAddress = address
+	if reported := assignPeers(uid, append(rest, silent), byNode, group); !slices.Equal(reported[silent.Name], first[silent.Name]) {
+		t.Errorf("the node's request changed once it reported: %v, then %v", first[silent.Name], reported[silent.Name])
 	}
 }
 
