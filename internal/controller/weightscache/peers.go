@@ -72,6 +72,7 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 	// Upstreams are settled members, Ready ones first, then by a hash salted with who asks, so
 	// that one node is not everyone's upstream.
 	upstreamFor := func(salt string) []string {
+		salt = uid + salt
 		up := slices.Clone(settled)
 		slices.SortFunc(up, func(a, b string) int {
 			if ra, rb := ready(a), ready(b); ra != rb {
@@ -92,7 +93,7 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 			continue
 		}
 		var peers []prewarmv1alpha1.CachePeer
-		for _, up := range upstreamFor(uid + name) {
+		for _, up := range upstreamFor(name) {
 			peers = append(peers, prewarmv1alpha1.CachePeer{Node: up, Address: addr[up], Upstream: true})
 		}
 		out[name] = peers
@@ -100,11 +101,18 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 	if len(fresh) == 0 {
 		return out
 	}
+	groupFresh(fresh, groupSize, addr, upstreamFor, out)
+	return out
+}
+
+// groupFresh cuts the fresh members (ordered) into groups, each listing the rest of its group
+// and its upstream: upstreamFor's for the first group, group (g−1)/2 for group g.
+func groupFresh(fresh []string, groupSize int, addr map[string]string, upstreamFor func(salt string) []string, out map[string][]prewarmv1alpha1.CachePeer) {
 	groups := slices.Collect(slices.Chunk(fresh, groupSize))
 	for g, group := range groups {
 		var upstream []string
 		if g == 0 {
-			upstream = upstreamFor(uid + group[0])
+			upstream = upstreamFor(group[0])
 		} else {
 			upstream = groups[(g-1)/2]
 		}
@@ -121,7 +129,6 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 			out[name] = peers
 		}
 	}
-	return out
 }
 
 // peersCurrent reports whether every peer is still a member, at the address listed.
