@@ -140,10 +140,23 @@ func (r *run) newPipeline() *pipeline {
 // produce hands out the parts not yet written, file by file, so that files finish early.
 func (p *pipeline) produce(ctx context.Context) error {
 	defer close(p.parts)
-	r := p.r
-	if r.swarm != nil {
+	if p.r.swarm != nil {
 		return p.produceLeading(ctx)
 	}
+	return p.eachMissing(func(pt part) error {
+		select {
+		case p.parts <- pt:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+}
+
+// eachMissing calls fn with every part not yet written, in file order, each with its file
+// opened; files with nothing left to write go to the verifiers.
+func (p *pipeline) eachMissing(fn func(part) error) error {
+	r := p.r
 	for idx, f := range r.listing.Files {
 		if r.resume.verified[idx] {
 			continue
@@ -167,10 +180,8 @@ func (p *pipeline) produce(ctx context.Context) error {
 		h.remaining.Store(int64(len(todo)))
 		for _, pt := range todo {
 			pt.handle = h
-			select {
-			case p.parts <- pt:
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := fn(pt); err != nil {
+				return err
 			}
 		}
 	}
@@ -183,35 +194,16 @@ func (p *pipeline) produceLeading(ctx context.Context) error {
 	defer close(p.leading)
 	r := p.r
 	var lead, rest []part
-	for idx, f := range r.listing.Files {
-		if r.resume.verified[idx] {
-			continue
+	err := p.eachMissing(func(pt part) error {
+		if i, ok := r.plan.index(pt.file, pt.off); ok && r.swarm.Leads(i) {
+			lead = append(lead, pt)
+		} else {
+			rest = append(rest, pt)
 		}
-		todo := r.missingParts(idx, f)
-		if len(todo) == 0 && f.Size > 0 {
-			p.toVerify <- idx
-			continue
-		}
-		h, err := r.openFile(idx, f)
-		if err != nil {
-			return err
-		}
-		if f.Size == 0 {
-			if err := h.f.Close(); err != nil {
-				return err
-			}
-			p.toVerify <- idx
-			continue
-		}
-		h.remaining.Store(int64(len(todo)))
-		for _, pt := range todo {
-			pt.handle = h
-			if i, ok := r.plan.index(idx, pt.off); ok && r.swarm.Leads(i) {
-				lead = append(lead, pt)
-			} else {
-				rest = append(rest, pt)
-			}
-		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	for len(lead) > 0 || len(rest) > 0 {
 		var leadCh, restCh chan part

@@ -72,7 +72,7 @@ func main() {
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard())
 	var err error
-	if o.nodes, err = ints(*nodes); err != nil {
+	if o.nodes, err = testutil.Ints(*nodes); err != nil {
 		log.Fatalf("--nodes: %v", err)
 	}
 	o.model = *model
@@ -94,18 +94,6 @@ func main() {
 	if err := run(o); err != nil {
 		log.Fatal(err)
 	}
-}
-
-func ints(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("%q: want positive numbers", s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 // bytesOf reads 256Mi, 12.5M, 1G: binary (Ki, Mi, Gi) or decimal (k, M, G) units.

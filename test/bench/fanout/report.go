@@ -2,11 +2,11 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"runtime"
 	"strings"
 	"time"
 
+	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -33,7 +33,7 @@ func (r report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Fan-out: N nodes warming one model together\n\n", beginMarker)
 	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --part-size %s --concurrency %d`), %s, on this machine (%d CPUs, %s).\n\n",
-		joinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.partSize, o.concurrency,
+		testutil.JoinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.partSize, o.concurrency,
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH)
 	fmt.Fprintf(&b, "A model of %s in %d files. Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
 		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
@@ -68,25 +68,7 @@ func (r report) markdown() string {
 	return b.String()
 }
 
-func joinInts(v []int) string {
-	s := make([]string, len(v))
-	for i, n := range v {
-		s[i] = fmt.Sprint(n)
-	}
-	return strings.Join(s, ",")
-}
-
-// write replaces the report's bench-fanout section (or appends it).
+// write replaces the report's section of the file at path (or appends it).
 func (r report) write(path string) error {
-	old, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	text, section := string(old), r.markdown()
-	if i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker); i >= 0 && j > i {
-		text = text[:i] + strings.TrimSuffix(section, "\n") + text[j+len(endMarker):]
-	} else {
-		text = strings.TrimRight(text, "\n") + "\n\n" + section
-	}
-	return os.WriteFile(path, []byte(text), 0o644)
+	return testutil.WriteSection(path, beginMarker, endMarker, r.markdown())
 }

@@ -21,7 +21,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -89,27 +88,15 @@ func main() {
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard()) // the informers' and clients' own logs; the controller logs to its file
 	var err error
-	if o.nodes, err = ints(*nodes); err != nil {
+	if o.nodes, err = testutil.Ints(*nodes); err != nil {
 		log.Fatalf("--nodes: %v", err)
 	}
-	if o.caches, err = ints(*caches); err != nil {
+	if o.caches, err = testutil.Ints(*caches); err != nil {
 		log.Fatalf("--caches: %v", err)
 	}
 	if err := run(o); err != nil {
 		log.Fatal(err)
 	}
-}
-
-func ints(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("%q: want positive numbers", s)
-		}
-		out = append(out, n)
-	}
-	return out, nil
 }
 
 func run(o options) error {

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's CPU times (100 on Linux).
@@ -171,7 +173,7 @@ func (r report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Scale: the control plane on a large fleet\n\n", beginMarker)
 	fmt.Fprintf(&b, "`make bench-scale` (`go run ./test/bench/scale --nodes %s --caches %s --download %s --max-node-caches %d`), %s, on this machine (%d CPUs, %s).\n",
-		joinInts(r.opts.nodes), joinInts(r.opts.caches), r.opts.download, r.opts.maxNodeCaches, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
+		testutil.JoinInts(r.opts.nodes), testutil.JoinInts(r.opts.caches), r.opts.download, r.opts.maxNodeCaches, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
 	b.WriteString(`A real kube-apiserver and etcd, kube-controller-manager, kube-scheduler and kwok; the real controller
 binary at its default settings; every node's agent simulated by internal/testutil/agentsim (the agent's own
 reports and write policy; each download takes the --download time). Nodes have 8 GPUs and one of ten instance
@@ -258,27 +260,9 @@ func largestFirst(m map[string]float64) []string {
 	return slices.SortedFunc(maps.Keys(m), func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), strings.Compare(a, b)) })
 }
 
-func joinInts(v []int) string {
-	var s []string
-	for _, n := range v {
-		s = append(s, strconv.Itoa(n))
-	}
-	return strings.Join(s, ",")
-}
-
-// write replaces the report's bench-scale section (or appends it).
+// write replaces the report's section of the file at path (or appends it).
 func (r report) write(path string) error {
-	old, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	text, section := string(old), r.markdown()
-	if i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker); i >= 0 && j > i {
-		text = text[:i] + strings.TrimSuffix(section, "\n") + text[j+len(endMarker):]
-	} else {
-		text = strings.TrimRight(text, "\n") + "\n\n" + section
-	}
-	return os.WriteFile(path, []byte(text), 0o644)
+	return testutil.WriteSection(path, beginMarker, endMarker, r.markdown())
 }
 
 // clientFigures are the controller's own metrics since it started, by controller: reconciles,
