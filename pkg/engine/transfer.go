@@ -76,12 +76,6 @@ func (r *run) download(ctx context.Context) error {
 	} else {
 		close(p.leading)
 	}
-	g.Go(func() error {
-		workers.Wait()
-		close(p.records)
-		return nil
-	})
-	g.Go(p.keepJournal)
 	for range r.e.verifiers {
 		workers.Add(1) // a verifier may journal parts it fetched again
 		g.Go(func() error {
@@ -89,6 +83,13 @@ func (r *run) download(ctx context.Context) error {
 			return p.verify(ctx)
 		})
 	}
+	// Every Add above happens before this Wait starts.
+	g.Go(func() error {
+		workers.Wait()
+		close(p.records)
+		return nil
+	})
+	g.Go(p.keepJournal)
 	stopProgress := r.reportProgress()
 	err := g.Wait()
 	stopProgress()
