@@ -60,8 +60,9 @@ testbin: ## Build the test binaries (kube-apiserver, etcd, kwok, versitygw, ...)
 	bash hack/testbin.sh >/dev/null
 
 .PHONY: test
-test: verify lint testbin ## Check generated files and formatting, lint, then run every test: unit, integration (real kube-apiserver), e2e and architecture.
+test: verify lint testbin ## Check generated files and formatting, lint, then run every test: unit, integration (real kube-apiserver), e2e and architecture; then the engine's on tmpfs and ramfs.
 	go test $(GO_TEST_FLAGS) ./...
+	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh
 
 VERSION ?= $(shell git describe --tags --always --dirty)
 PLATFORMS ?= linux/amd64

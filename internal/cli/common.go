@@ -31,6 +31,7 @@ type EngineFlags struct {
 	concurrency int
 	partSize    string
 	limitRate   string
+	directIO    bool
 }
 
 // Register adds the flags to cmd.
@@ -39,6 +40,7 @@ func (f *EngineFlags) Register(cmd *cobra.Command) {
 	fs.IntVar(&f.concurrency, "concurrency", engine.DefaultConcurrency, "ranged reads in flight at once, per cache")
 	fs.StringVar(&f.partSize, "part-size", "16MiB", "size of each ranged read")
 	fs.StringVar(&f.limitRate, "limit-rate", "", "cap each download's rate, in bytes per second (e.g. 500MB)")
+	fs.BoolVar(&f.directIO, "direct-io", true, "write files verified as they stream in with O_DIRECT, past the page cache (the page cache where the filesystem refuses it)")
 }
 
 // Prefer takes concurrency and part size from a configuration, for the flags not set on the
@@ -64,7 +66,7 @@ func (f *EngineFlags) EngineOptions() ([]engine.Option, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--part-size: %w", err)
 	}
-	opts := []engine.Option{engine.WithConcurrency(f.concurrency), engine.WithPartSize(part)}
+	opts := []engine.Option{engine.WithConcurrency(f.concurrency), engine.WithPartSize(part), engine.WithDirectIO(f.directIO)}
 	if f.limitRate != "" {
 		limit, err := ParseBytes(f.limitRate)
 		if err != nil {

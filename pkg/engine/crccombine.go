@@ -4,7 +4,8 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"hash/crc32"
-	"hash/crc64"
+
+	"github.com/minio/crc64nvme"
 
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -76,7 +77,7 @@ var (
 	crc32cTable = crc32.MakeTable(crc32.Castagnoli)
 
 	crc64NVMEKind = newCRCKind(64, 0x9a6c9329ac4bc9b5,
-		func(c uint64, p []byte) uint64 { return crc64.Update(c, crc64NVME, p) },
+		crc64nvme.Update, // carry-less multiply (PCLMULQDQ, VPCLMULQDQ) where the CPU has it
 		func(c uint64) string {
 			var b [8]byte
 			binary.BigEndian.PutUint64(b[:], c)

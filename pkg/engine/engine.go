@@ -44,6 +44,7 @@ type Engine struct {
 	verifiers        int
 	freeSpace        func(dir string) (int64, error)
 	syncInterval     time.Duration
+	directIO         bool
 	metrics          *metrics
 	now              func() time.Time
 }
@@ -99,6 +100,7 @@ func New(opts ...Option) *Engine {
 		verifiers:        max(1, runtime.GOMAXPROCS(0)),
 		freeSpace:        freeBytes,
 		syncInterval:     2 * time.Second,
+		directIO:         true,
 		now:              time.Now,
 	}
 	for _, o := range opts {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -227,6 +228,11 @@ func freeBytes(dir string) (int64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, err
+	}
+	if st.Blocks == 0 {
+		// A filesystem that keeps no count of its blocks (ramfs, some FUSE filesystems) says
+		// none are free and none exist: there is nothing to check against.
+		return math.MaxInt64, nil
 	}
 	return int64(st.Bavail) * st.Bsize, nil
 }

@@ -11,6 +11,7 @@ type metrics struct {
 	retries      prometheus.Counter
 	peerBytes    prometheus.Counter
 	peerFailures prometheus.Counter
+	directBytes  prometheus.Counter
 }
 
 // newMetrics registers the engine's metrics with reg, or keeps them unregistered when reg is
@@ -28,6 +29,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		})),
 		peerFailures: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_peer_failures_total", Help: "Parts from peers that did not arrive whole or did not match their checksum.",
+		})),
+		directBytes: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prewarm_engine_direct_written_bytes_total", Help: "Bytes written with direct I/O (O_DIRECT), past the page cache.",
 		})),
 	}
 }

@@ -24,19 +24,12 @@ import (
 // concurrency × chunkSize whatever the part size.
 const chunkSize = 1 << 20
 
-var chunkPool = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
+var chunkPool = sync.Pool{New: func() any { return alignedChunk() }}
 
 type part struct {
 	file   int
 	off, n int64
 	handle *fileHandle
-}
-
-// fileHandle is one file being written: opened once, shared by its parts, closed when the
-// last part is written.
-type fileHandle struct {
-	f         *os.File
-	remaining atomic.Int64 // parts not yet written
 }
 
 type record struct {
@@ -109,6 +102,8 @@ type pipeline struct {
 	// is how the verifiers know to stop.
 	pending     atomic.Int64
 	allVerified chan struct{}
+
+	opened []*fileHandle // by the producer; finish closes those a failure left open
 }
 
 func (r *run) newPipeline() *pipeline {
@@ -171,8 +166,9 @@ func (p *pipeline) eachMissing(fn func(part) error) error {
 		if err != nil {
 			return err
 		}
+		p.opened = append(p.opened, h)
 		if f.Size == 0 {
-			if err := h.f.Close(); err != nil {
+			if err := h.close(); err != nil {
 				return err
 			}
 			p.toVerify <- idx
@@ -266,7 +262,7 @@ func (p *pipeline) work(ctx context.Context, parts <-chan part) error {
 			return ctx.Err()
 		}
 		if pt.handle.remaining.Add(-1) == 0 {
-			if err := pt.handle.f.Close(); err != nil {
+			if err := pt.handle.close(); err != nil {
 				return err
 			}
 			p.toVerify <- pt.file
@@ -365,7 +361,7 @@ func (p *pipeline) refetchPeerParts(ctx context.Context, idx int) (bool, error) 
 		return false, err
 	}
 	defer fh.Close()
-	h := &fileHandle{f: fh}
+	h := &fileHandle{f: fh, metrics: r.e.metrics}
 	for _, i := range parts {
 		_, off, n := r.plan.Part(i)
 		had := r.plan.crcs[i].Load()
@@ -403,6 +399,9 @@ func (p *pipeline) refetchPeerParts(ctx context.Context, idx int) (bool, error) 
 // from here; a file that failed verification is removed, so that the next run fetches it again.
 func (p *pipeline) finish(err error) error {
 	r := p.r
+	for _, h := range p.opened {
+		_ = h.close() // a no-op for files whose last part was written
+	}
 	for len(p.verified) > 0 {
 		r.journal.verified(<-p.verified)
 	}
@@ -487,7 +486,14 @@ func (r *run) openFile(idx int, f source.File) (*fileHandle, error) {
 			}
 		}
 	}
-	return &fileHandle{f: file}, nil
+	h := &fileHandle{f: file, metrics: r.e.metrics}
+	if r.e.directIO && r.inline[idx] != nil && f.Size >= directAlign {
+		if h.direct, err = r.openDirect(rel); err != nil {
+			file.Close()
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // fetchPart gets one part, from a peer when the Fetch has a swarm and a peer holds it,
@@ -522,7 +528,7 @@ func (r *run) partFromSource(ctx context.Context, p part) (uint64, uint32, error
 		if err != nil {
 			return 0, 0, err
 		}
-		n, err := r.copyRange(ctx, p.handle.f, f.Path, off, end-off, r.inline[p.file], &crc, &partCRC)
+		n, err := r.copyRange(ctx, p.handle, f.Path, off, end-off, r.inline[p.file], &crc, &partCRC)
 		release()
 		e.budget.observe(err)
 		off += n
@@ -569,7 +575,7 @@ func (r *run) partFromPeers(ctx context.Context, p part) (crc uint64, partCRC ui
 			continue
 		}
 		crc, partCRC = 0, 0
-		n, err := r.copyBody(ctx, pp.Body, p.handle.f, path, p.off, p.n, r.inline[p.file], &crc, &partCRC, false)
+		n, err := r.copyBody(ctx, pp.Body, p.handle, path, p.off, p.n, r.inline[p.file], &crc, &partCRC, false)
 		pp.Body.Close()
 		switch {
 		case err == nil && n == p.n && partCRC == pp.CRC32C:
@@ -593,27 +599,27 @@ func (r *run) partFromPeers(ctx context.Context, p part) (crc uint64, partCRC ui
 	return 0, 0, false, nil
 }
 
-// copyRange streams [off, off+n) of the source file into w at the same offsets, updating *crc
+// copyRange streams [off, off+n) of the source file into h at the same offsets, updating *crc
 // with the bytes written when kind is set, and *partCRC (CRC32C) always. It returns the bytes
 // written, which are all good even when err is not nil.
-func (r *run) copyRange(ctx context.Context, w io.WriterAt, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32) (int64, error) {
+func (r *run) copyRange(ctx context.Context, h *fileHandle, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32) (int64, error) {
 	body, err := r.src.OpenRange(ctx, path, off, n)
 	if err != nil {
 		return 0, err
 	}
 	defer body.Close()
-	return r.copyBody(ctx, body, w, path, off, n, kind, crc, partCRC, true)
+	return r.copyBody(ctx, body, h, path, off, n, kind, crc, partCRC, true)
 }
 
 // copyBody is copyRange's loop over a body already open. Bytes from the source count as done
 // and fetched as they land; a peer's count once the whole part is checked.
-func (r *run) copyBody(ctx context.Context, body io.Reader, w io.WriterAt, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32, fromSource bool) (int64, error) {
+func (r *run) copyBody(ctx context.Context, body io.Reader, h *fileHandle, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32, fromSource bool) (int64, error) {
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	buf := *bufp
 	var written int64
 	for written < n {
-		want := min(int64(len(buf)), n-written)
+		want := writeLen(off+written, min(int64(len(buf)), n-written))
 		if lim := r.e.limiter; lim != nil {
 			if err := lim.WaitN(ctx, int(want)); err != nil {
 				return written, err
@@ -626,7 +632,7 @@ func (r *run) copyBody(ctx context.Context, body io.Reader, w io.WriterAt, path 
 		}
 		got, rerr := io.ReadFull(body, buf[:want])
 		if got > 0 {
-			if _, werr := w.WriteAt(buf[:got], off+written); werr != nil {
+			if werr := h.writeAt(buf[:got], off+written); werr != nil {
 				return written, fmt.Errorf("writing %s: %w", path, werr)
 			}
 			if kind != nil {

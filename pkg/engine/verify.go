@@ -12,19 +12,17 @@ import (
 	"fmt"
 	"hash"
 	"hash/crc32"
-	"hash/crc64"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"github.com/minio/crc64nvme"
 	"golang.org/x/time/rate"
 
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
-
-var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5) // CRC-64/NVME, reflected
 
 // checker picks the checksum to verify a file with: sha256, then the S3 full-object CRCs
 // (fast to compute, and as good as MD5 at catching damage), then MD5, then the git blob id. It
@@ -35,7 +33,7 @@ func checker(c source.Checksums, size int64) (kind, want string, h hash.Hash, en
 	case c.SHA256 != "":
 		return "sha256", strings.ToLower(c.SHA256), sha256.New(), hexEnc
 	case c.CRC64NVME != "":
-		return "crc64nvme", c.CRC64NVME, crc64.New(crc64NVME), base64.StdEncoding.EncodeToString
+		return "crc64nvme", c.CRC64NVME, crc64nvme.New(), base64.StdEncoding.EncodeToString
 	case c.CRC32C != "":
 		return "crc32c", c.CRC32C, crc32.New(crc32.MakeTable(crc32.Castagnoli)), base64.StdEncoding.EncodeToString
 	case c.MD5 != "":
@@ -117,7 +115,7 @@ func (r *run) record(ctx context.Context, idx int) error {
 	defer file.Close()
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
-	h := crc64.New(crc64NVME)
+	h := crc64nvme.New()
 	if err := hashFile(ctx, h, file, *bufp, nil, nil); err != nil {
 		return fmt.Errorf("reading %s to record its checksum: %w", r.listing.Files[idx].Path, err)
 	}
@@ -165,7 +163,7 @@ func (s *stopped) Unwrap() error { return s.err }
 // CRC64NVME returns the S3 full-object CRC64NVME checksum of data, base64 as S3 sends it.
 func CRC64NVME(data []byte) string {
 	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], crc64.Checksum(data, crc64NVME))
+	binary.BigEndian.PutUint64(b[:], crc64nvme.Checksum(data))
 	return base64.StdEncoding.EncodeToString(b[:])
 }
 

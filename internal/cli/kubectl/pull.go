@@ -25,6 +25,7 @@ type pullOptions struct {
 	tokenFile   string
 	limitRate   string
 	progress    string
+	directIO    bool
 }
 
 func newPullCommand() *cobra.Command {
@@ -57,6 +58,7 @@ a pull of what DEST already holds returns at once.`,
 	f.StringVar(&o.revision, "revision", "", "Hugging Face branch, tag or commit (default main)")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding a Hugging Face token (default: $HF_TOKEN)")
 	f.StringVar(&o.limitRate, "limit-rate", "", "cap the download rate, in bytes per second (e.g. 500MB)")
+	f.BoolVar(&o.directIO, "direct-io", true, "write files verified as they stream in with O_DIRECT, past the page cache (the page cache where the filesystem refuses it)")
 	f.StringVar(&o.progress, "progress", "auto", "progress display: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	return cmd
 }
@@ -107,6 +109,7 @@ func (o *pullOptions) run(cmd *cobra.Command, src, dest string) error {
 		engine.WithConcurrency(o.concurrency),
 		engine.WithPartSize(partSize),
 		engine.WithRateLimit(limit),
+		engine.WithDirectIO(o.directIO),
 		engine.WithProgress(display.update, display.interval),
 	)
 	res, err := e.Fetch(ctx, engine.Request{Source: s, Dest: dest})

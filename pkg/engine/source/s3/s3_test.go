@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/prewarm/prewarm/internal/testutil/gen"
@@ -137,6 +140,26 @@ func TestListGivesSizesAndMD5(t *testing.T) {
 }
 
 // A listing longer than one page is followed to its end.
+// The CRC64NVME the AWS SDK computed on upload (the checksum S3 keeps and the engine verifies
+// against) is the engine's, for every object of the model.
+func TestEngineCRC64NVMEIsTheSDKs(t *testing.T) {
+	for p, data := range model {
+		out, err := server.Client.HeadObject(context.Background(), &s3.HeadObjectInput{
+			Bucket: aws.String(bucket), Key: aws.String(prefix + "/" + p), ChecksumMode: types.ChecksumModeEnabled,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sdk := aws.ToString(out.ChecksumCRC64NVME)
+		if sdk == "" {
+			t.Fatalf("%s: no CRC64NVME stored; the SDK's default upload checksum is needed for this test", p)
+		}
+		if got := engine.CRC64NVME(data); got != sdk {
+			t.Errorf("%s: engine %s, SDK %s", p, got, sdk)
+		}
+	}
+}
+
 func TestListFollowsPages(t *testing.T) {
 	var listCalls atomic.Int64
 	proxy, err := shaper.Start(server.Endpoint, shaper.Options{Fault: func(r *http.Request, _ int64) (int, int64) {
