@@ -21,6 +21,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -38,7 +39,7 @@ const (
 
 type tool struct {
 	name string
-	cmd  func(endpoint, dest string) *exec.Cmd
+	cmd  func(endpoint, prefix, dest string) *exec.Cmd
 	// syncAfter: the tool does not sync its files itself; the harness runs sync -f inside the
 	// timed region.
 	syncAfter bool
@@ -47,31 +48,89 @@ type tool struct {
 type sample struct {
 	seconds float64
 	rssMiB  float64
+	cpu     float64 // user + system seconds of the tool's process
+	server  float64 // user + system seconds of the S3 server during the run
+}
+
+// layout is one model the tools download.
+type layout struct {
+	name, prefix, desc string
+	files              map[string]int64
+}
+
+// layouts are the two shapes of model make bench measures: a few large shards (as most
+// checkpoints are published), and many mid-size files with awkward names (spaces, non-ASCII, an
+// empty file), where per-file costs and the number of transfers in flight count.
+func layouts(shards, shardMiB, files, fileMiB int) []layout {
+	large := layout{name: "large", prefix: "models/bench-model", files: map[string]int64{
+		"config.json": 700, "generation_config.json": 200, "tokenizer.json": 9 << 20, "tokenizer_config.json": 50 << 10,
+	}}
+	for i := 1; i <= shards; i++ {
+		large.files[fmt.Sprintf("model-%05d-of-%05d.safetensors", i, shards)] = int64(shardMiB) << 20
+	}
+	large.desc = fmt.Sprintf("%d shards of %d MiB plus four small files", shards, shardMiB)
+	many := layout{name: "many", prefix: "models/bench-many", files: map[string]int64{
+		"config.json": 1200, "tokenizer.json": 7 << 20, "README (model card).md": 5 << 10, "empty.txt": 0,
+	}}
+	for i := 1; i <= files; i++ {
+		many.files[fmt.Sprintf("layers/layer %02d – gewichte.safetensors", i)] = int64(fileMiB) << 20
+	}
+	many.desc = fmt.Sprintf("%d files of %d MiB under names with spaces and non-ASCII, plus an empty file and three small ones", files, fileMiB)
+	return []layout{large, many}
+}
+
+func (l layout) total() int64 {
+	var n int64
+	for _, v := range l.files {
+		n += v
+	}
+	return n
+}
+
+// config is make bench's flags.
+type config struct {
+	workDir          string
+	shards, shardMiB int
+	files, fileMiB   int
+	reps             int
+	out              string
+	connMBps         float64
+	latency          time.Duration
+	concurrency      int
+	partSize         string
+	only             string
+	profiles         string
+	layouts          string
+	shapedLayouts    string
+	profileCPU       bool
 }
 
 func main() {
-	var (
-		workDir     = flag.String("dir", "/var/tmp/prewarm-bench", "work folder (model data and downloads; needs about 3x the model size free)")
-		shards      = flag.Int("shards", 3, "number of weight shards")
-		shardMiB    = flag.Int("shard-mib", 1024, "size of each shard, MiB")
-		reps        = flag.Int("reps", 3, "runs per tool and profile")
-		out         = flag.String("out", "docs/benchmarks.md", "report to write (empty: print only)")
-		connMBps    = flag.Float64("shaped-conn-mbps", 10, "shaped profile: bandwidth cap per connection, MB/s")
-		latency     = flag.Duration("shaped-latency", 20*time.Millisecond, "shaped profile: first-byte latency")
-		concurrency = flag.Int("concurrency", 0, "prewarm --concurrency (0: its default)")
-		partSize    = flag.String("part-size", "", "prewarm --part-size (empty: its default)")
-		only        = flag.String("tools", "", "comma-separated tools to run (default all)")
-		profiles    = flag.String("profiles", "raw,shaped", "profiles to run")
-	)
+	var c config
+	flag.StringVar(&c.workDir, "dir", "/var/tmp/prewarm-bench", "work folder (model data and downloads; needs about 3x the model sizes free)")
+	flag.IntVar(&c.shards, "shards", 3, "large layout: number of weight shards")
+	flag.IntVar(&c.shardMiB, "shard-mib", 1024, "large layout: size of each shard, MiB")
+	flag.IntVar(&c.files, "files", 40, "many layout: number of mid-size files")
+	flag.IntVar(&c.fileMiB, "file-mib", 64, "many layout: size of each, MiB")
+	flag.IntVar(&c.reps, "reps", 3, "runs per tool, profile and layout")
+	flag.StringVar(&c.out, "out", "docs/benchmarks.md", "report to write (empty: print only)")
+	flag.Float64Var(&c.connMBps, "shaped-conn-mbps", 10, "shaped profile: bandwidth cap per connection, MB/s")
+	flag.DurationVar(&c.latency, "shaped-latency", 20*time.Millisecond, "shaped profile: first-byte latency")
+	flag.IntVar(&c.concurrency, "concurrency", 0, "prewarm --concurrency (0: its default)")
+	flag.StringVar(&c.partSize, "part-size", "", "prewarm --part-size (empty: its default)")
+	flag.StringVar(&c.only, "tools", "", "comma-separated tools to run (default all)")
+	flag.StringVar(&c.profiles, "profiles", "raw,shaped", "profiles to run")
+	flag.StringVar(&c.layouts, "layouts", "large,many", "model layouts to run on raw loopback")
+	flag.StringVar(&c.shapedLayouts, "shaped-layouts", "large", "model layouts to run through the shaping proxy")
+	flag.BoolVar(&c.profileCPU, "cpuprofile", true, "after the timed runs, profile one prewarm pull per layout (raw) and report where its CPU goes")
 	flag.Parse()
-	if err := run(*workDir, *shards, *shardMiB, *reps, *out, *connMBps, *latency, *concurrency, *partSize, *only, *profiles); err != nil {
+	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "s3bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(workDir string, shards, shardMiB, reps int, outPath string, connMBps float64, latency time.Duration,
-	concurrency int, partSize, only, profileList string) error {
+func run(c config) error {
 	ctx := context.Background()
 	bin, err := s3fixture.BinDir()
 	if err != nil {
@@ -82,122 +141,191 @@ func run(workDir string, shards, shardMiB, reps int, outPath string, connMBps fl
 	if err != nil {
 		return fmt.Errorf("the AWS CLI is needed: apt-get install awscli (%w)", err)
 	}
-	if err := os.MkdirAll(workDir, 0o755); err != nil {
+	if err := os.MkdirAll(c.workDir, 0o755); err != nil {
 		return err
 	}
-	tools, err := buildTools(workDir)
+	tools, err := buildTools(c.workDir)
 	if err != nil {
 		return err
 	}
-	srv, err := s3fixture.Start(filepath.Join(workDir, "s3"))
+	srv, err := s3fixture.Start(filepath.Join(c.workDir, "s3"))
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	total, err := ensureModel(ctx, srv, shards, int64(shardMiB)<<20)
-	if err != nil {
-		return err
+	all := layouts(c.shards, c.shardMiB, c.files, c.fileMiB)
+	var biggest int64
+	for _, l := range all {
+		if err := ensureModel(ctx, srv, l); err != nil {
+			return err
+		}
+		biggest = max(biggest, l.total())
+		fmt.Printf("layout %s: %s = %.2f GB\n", l.name, l.desc, float64(l.total())/1e9)
 	}
-	fmt.Printf("model: %d shards of %d MiB + small files = %.2f GB\n", shards, shardMiB, float64(total)/1e9)
 
 	env := append(os.Environ(), "AWS_ACCESS_KEY_ID="+s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY="+s3fixture.SecretKey,
 		"AWS_REGION="+s3fixture.Region, "AWS_CA_BUNDLE=", "AWS_PAGER=")
-	rcloneRemote := func(endpoint string) string {
+	selected := selectTools(allTools(tools, rclone, aws, c), c.only)
+
+	ceilings := map[string]float64{}
+	disk, err := diskCeilings(filepath.Join(c.workDir, "disk-probe"), biggest)
+	if err != nil {
+		return err
+	}
+	for k, v := range disk {
+		ceilings[k] = v
+		fmt.Printf("%s: %.2f GB/s\n", k, v)
+	}
+
+	var sections []section
+	for _, profile := range strings.Split(c.profiles, ",") {
+		endpoint := srv.Endpoint
+		var proxy *shaper.Proxy
+		which := c.layouts
+		switch profile {
+		case "raw":
+		case "shaped":
+			proxy, err = shaper.Start(srv.Endpoint, shaper.Options{BytesPerSecond: int64(c.connMBps * 1e6), FirstByteLatency: c.latency})
+			if err != nil {
+				return err
+			}
+			endpoint, which = proxy.URL, c.shapedLayouts
+		default:
+			return fmt.Errorf("unknown profile %q", profile)
+		}
+		for _, l := range all {
+			if !strings.Contains(","+which+",", ","+l.name+",") {
+				continue
+			}
+			sec, err := runSection(ctx, srv, endpoint, profile, l, selected, env, c)
+			if err != nil {
+				return err
+			}
+			sections = append(sections, sec)
+		}
+		if proxy != nil {
+			proxy.Close()
+		}
+	}
+	var profiles []cpuProfile
+	if c.profileCPU {
+		for _, l := range all {
+			if !strings.Contains(","+c.layouts+",", ","+l.name+",") {
+				continue
+			}
+			p, err := profilePull(tools["kubectl-prewarm"], srv.Endpoint, l, c, env)
+			if err != nil {
+				return err
+			}
+			profiles = append(profiles, p)
+		}
+	}
+	report := render(selected, sections, ceilings, profiles, c, strings.Join(os.Args[1:], " "))
+	fmt.Println()
+	fmt.Println(report)
+	if c.out != "" {
+		return os.WriteFile(c.out, []byte(report+keptSections(c.out)), 0o644)
+	}
+	return nil
+}
+
+// section is one profile on one layout: the server's ceiling there and every tool's runs.
+type section struct {
+	profile string
+	layout  layout
+	ceiling float64
+	// ceilingCPU is the CPU-seconds per GB the server and the reading client spent at the
+	// ceiling.
+	ceilingServerCPU, ceilingClientCPU float64
+	results                            map[string][]sample
+}
+
+func runSection(ctx context.Context, srv *s3fixture.Server, endpoint, profile string, l layout, tools []tool, env []string, c config) (section, error) {
+	sec := section{profile: profile, layout: l, results: map[string][]sample{}}
+	if err := coldWritesWarmServer(filepath.Join(c.workDir, "s3", bucket, l.prefix)); err != nil {
+		return sec, err
+	}
+	srvBefore, err := srv.CPUSeconds()
+	if err != nil {
+		return sec, err
+	}
+	selfBefore := selfCPU()
+	ceil, err := serverCeiling(ctx, srv, endpoint, l)
+	if err != nil {
+		return sec, err
+	}
+	srvAfter, err := srv.CPUSeconds()
+	if err != nil {
+		return sec, err
+	}
+	gb := float64(l.total()) / 1e9
+	sec.ceiling = ceil
+	sec.ceilingServerCPU, sec.ceilingClientCPU = (srvAfter-srvBefore)/gb, (selfCPU()-selfBefore)/gb
+	fmt.Printf("[%s %s] server ceiling: %.2f GB/s (server %.2f, client %.2f CPU-s/GB)\n", profile, l.name, ceil, sec.ceilingServerCPU, sec.ceilingClientCPU)
+	total := l.total()
+	for rep := 0; rep < c.reps; rep++ {
+		for _, t := range rotate(tools, rep) {
+			s, err := runOnce(t, srv, endpoint, l, filepath.Join(c.workDir, "dest"), filepath.Join(c.workDir, "s3", bucket, l.prefix), env)
+			if err != nil {
+				return sec, fmt.Errorf("[%s %s] %s: %w", profile, l.name, t.name, err)
+			}
+			sec.results[t.name] = append(sec.results[t.name], s)
+			fmt.Printf("[%s %s] rep %d %-28s %6.2fs  %6.2f GB/s  CPU %5.1fs  server CPU %5.1fs  peak RSS %6.0f MiB\n",
+				profile, l.name, rep+1, t.name, s.seconds, float64(total)/1e9/s.seconds, s.cpu, s.server, s.rssMiB)
+		}
+	}
+	return sec, nil
+}
+
+func allTools(built map[string]string, rclone, aws string, c config) []tool {
+	prewarmArgs := []string{"--progress", "none"}
+	if c.concurrency > 0 {
+		prewarmArgs = append(prewarmArgs, "--concurrency", fmt.Sprint(c.concurrency))
+	}
+	if c.partSize != "" {
+		prewarmArgs = append(prewarmArgs, "--part-size", c.partSize)
+	}
+	rcloneRemote := func(endpoint, prefix string) string {
 		return fmt.Sprintf(":s3,provider=Other,access_key_id=%s,secret_access_key=%s,endpoint='%s',force_path_style=true,region=%s:%s/%s",
 			s3fixture.AccessKey, s3fixture.SecretKey, endpoint, s3fixture.Region, bucket, prefix)
 	}
-	prewarmArgs := []string{"--progress", "none"}
-	if concurrency > 0 {
-		prewarmArgs = append(prewarmArgs, "--concurrency", fmt.Sprint(concurrency))
+	pull := func(extra ...string) func(ep, prefix, dest string) *exec.Cmd {
+		return func(ep, prefix, dest string) *exec.Cmd {
+			args := append([]string{"pull", "s3://" + bucket + "/" + prefix, dest, "--endpoint", ep}, prewarmArgs...)
+			return exec.Command(built["kubectl-prewarm"], append(args, extra...)...)
+		}
 	}
-	if partSize != "" {
-		prewarmArgs = append(prewarmArgs, "--part-size", partSize)
+	tm := func(extra ...string) func(ep, prefix, dest string) *exec.Cmd {
+		return func(ep, prefix, dest string) *exec.Cmd {
+			return exec.Command(built["tmget"], append([]string{"-endpoint", ep, "-bucket", bucket, "-prefix", prefix, "-dest", dest}, extra...)...)
+		}
 	}
-	all := []tool{
-		{name: "prewarm", cmd: func(ep, dest string) *exec.Cmd {
-			return exec.Command(tools["kubectl-prewarm"], append([]string{"pull", "s3://" + bucket + "/" + prefix, dest, "--endpoint", ep}, prewarmArgs...)...)
+	return []tool{
+		{name: "prewarm", cmd: pull()},
+		{name: "prewarm (page cache)", cmd: pull("--direct-io=false")},
+		{name: "rclone (defaults)", syncAfter: true, cmd: func(ep, prefix, dest string) *exec.Cmd {
+			return exec.Command(rclone, "copy", rcloneRemote(ep, prefix), dest)
 		}},
-		{name: "rclone (defaults)", syncAfter: true, cmd: func(ep, dest string) *exec.Cmd {
-			return exec.Command(rclone, "copy", rcloneRemote(ep), dest)
-		}},
-		{name: "rclone (tuned)", syncAfter: true, cmd: func(ep, dest string) *exec.Cmd {
-			return exec.Command(rclone, "copy", rcloneRemote(ep), dest, "--transfers", "8", "--checkers", "16",
+		{name: "rclone (tuned)", syncAfter: true, cmd: func(ep, prefix, dest string) *exec.Cmd {
+			return exec.Command(rclone, "copy", rcloneRemote(ep, prefix), dest, "--transfers", "8", "--checkers", "16",
 				"--multi-thread-streams", "32", "--multi-thread-cutoff", "64Mi", "--multi-thread-chunk-size", "16Mi")
 		}},
-		{name: "transfermanager (defaults)", cmd: func(ep, dest string) *exec.Cmd {
-			return exec.Command(tools["tmget"], "-endpoint", ep, "-bucket", bucket, "-prefix", prefix, "-dest", dest)
-		}},
-		{name: "transfermanager (128)", cmd: func(ep, dest string) *exec.Cmd {
-			return exec.Command(tools["tmget"], "-endpoint", ep, "-bucket", bucket, "-prefix", prefix, "-dest", dest, "-concurrency", "128")
-		}},
-		{name: "aws cli", syncAfter: true, cmd: func(ep, dest string) *exec.Cmd {
+		{name: "transfermanager (defaults)", cmd: tm()},
+		{name: "transfermanager (128)", cmd: tm("-concurrency", "128")},
+		{name: "aws cli", syncAfter: true, cmd: func(ep, prefix, dest string) *exec.Cmd {
 			return exec.Command(aws, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", ep, "s3://"+bucket+"/"+prefix, dest)
 		}},
 	}
+}
+
+func selectTools(all []tool, only string) []tool {
 	var selected []tool
 	for _, t := range all {
 		if only == "" || strings.Contains(","+only+",", ","+t.name+",") || strings.Contains(only, strings.Fields(t.name)[0]) {
 			selected = append(selected, t)
 		}
 	}
-
-	ceilings := map[string]float64{}
-	diskGBps, err := diskCeiling(filepath.Join(workDir, "disk-probe"), total)
-	if err != nil {
-		return err
-	}
-	ceilings["disk write (sequential, fsync)"] = diskGBps
-	fmt.Printf("disk write ceiling: %.2f GB/s\n", diskGBps)
-
-	results := map[string]map[string][]sample{}
-	var profileNames []string
-	for _, profile := range strings.Split(profileList, ",") {
-		endpoint := srv.Endpoint
-		var proxy *shaper.Proxy
-		switch profile {
-		case "raw":
-		case "shaped":
-			proxy, err = shaper.Start(srv.Endpoint, shaper.Options{BytesPerSecond: int64(connMBps * 1e6), FirstByteLatency: latency})
-			if err != nil {
-				return err
-			}
-			endpoint = proxy.URL
-		default:
-			return fmt.Errorf("unknown profile %q", profile)
-		}
-		profileNames = append(profileNames, profile)
-		if err := coldWritesWarmServer(filepath.Join(workDir, "s3", bucket)); err != nil {
-			return err
-		}
-		ceil, err := serverCeiling(ctx, srv, endpoint, total)
-		if err != nil {
-			return err
-		}
-		ceilings["S3 server, "+profile+" (64 ranged GETs in flight, to /dev/null)"] = ceil
-		fmt.Printf("[%s] server ceiling: %.2f GB/s\n", profile, ceil)
-		results[profile] = map[string][]sample{}
-		for rep := 0; rep < reps; rep++ {
-			order := rotate(selected, rep)
-			for _, t := range order {
-				s, err := runOnce(t, endpoint, filepath.Join(workDir, "dest"), filepath.Join(workDir, "s3", bucket), env, total)
-				if err != nil {
-					return fmt.Errorf("[%s] %s: %w", profile, t.name, err)
-				}
-				results[profile][t.name] = append(results[profile][t.name], s)
-				fmt.Printf("[%s] rep %d %-18s %6.2fs  %6.2f GB/s  peak RSS %6.0f MiB\n", profile, rep+1, t.name, s.seconds, float64(total)/1e9/s.seconds, s.rssMiB)
-			}
-		}
-		if proxy != nil {
-			proxy.Close()
-		}
-	}
-	report := render(selected, profileNames, results, ceilings, total, shards, shardMiB, reps, connMBps, latency, strings.Join(os.Args[1:], " "))
-	fmt.Println()
-	fmt.Println(report)
-	if outPath != "" {
-		return os.WriteFile(outPath, []byte(report+keptSections(outPath)), 0o644)
-	}
-	return nil
+	return selected
 }
 
 func rotate(ts []tool, k int) []tool {
@@ -223,48 +351,40 @@ func buildTools(workDir string) (map[string]string, error) {
 	return out, nil
 }
 
-// ensureModel uploads the generated model unless the bucket already holds it.
-func ensureModel(ctx context.Context, srv *s3fixture.Server, shards int, shardSize int64) (int64, error) {
-	small := map[string]int64{"config.json": 700, "generation_config.json": 200, "tokenizer.json": 9 << 20, "tokenizer_config.json": 50 << 10}
-	want := map[string]int64{}
-	for k, v := range small {
-		want[k] = v
-	}
-	for i := 1; i <= shards; i++ {
-		want[fmt.Sprintf("model-%05d-of-%05d.safetensors", i, shards)] = shardSize
-	}
-	var total int64
-	for _, n := range want {
-		total += n
-	}
+// ensureModel uploads a layout's files unless the bucket already holds them.
+func ensureModel(ctx context.Context, srv *s3fixture.Server, l layout) error {
 	have := map[string]int64{}
 	_ = srv.CreateBucket(ctx, bucket)
-	p := s3.NewListObjectsV2Paginator(srv.Client, &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix + "/")})
+	p := s3.NewListObjectsV2Paginator(srv.Client, &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(l.prefix + "/")})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		for _, o := range page.Contents {
-			have[strings.TrimPrefix(aws.ToString(o.Key), prefix+"/")] = aws.ToInt64(o.Size)
+			have[strings.TrimPrefix(aws.ToString(o.Key), l.prefix+"/")] = aws.ToInt64(o.Size)
 		}
 	}
-	seed := uint64(1)
-	for name, size := range want {
-		seed++
-		if have[name] == size {
+	names := make([]string, 0, len(l.files))
+	for name := range l.files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for i, name := range names {
+		size := l.files[name]
+		if n, ok := have[name]; ok && n == size {
 			continue
 		}
-		fmt.Printf("uploading %s (%d MiB)\n", name, size>>20)
-		if err := srv.Put(ctx, bucket, prefix+"/"+name, io.LimitReader(gen.Reader(seed), size), size); err != nil {
-			return 0, err
+		fmt.Printf("uploading %s/%s (%d MiB)\n", l.prefix, name, size>>20)
+		if err := srv.Put(ctx, bucket, l.prefix+"/"+name, io.LimitReader(gen.Reader(uint64(i+2)), size), size); err != nil {
+			return err
 		}
 	}
-	return total, nil
+	return nil
 }
 
 // runOnce downloads into an empty dest, syncs when the tool does not, and checks the sizes.
-func runOnce(t tool, endpoint, dest, serverData string, env []string, total int64) (sample, error) {
+func runOnce(t tool, srv *s3fixture.Server, endpoint string, l layout, dest, serverData string, env []string) (sample, error) {
 	if err := os.RemoveAll(dest); err != nil {
 		return sample{}, err
 	}
@@ -274,10 +394,14 @@ func runOnce(t tool, endpoint, dest, serverData string, env []string, total int6
 	if err := coldWritesWarmServer(serverData); err != nil {
 		return sample{}, err
 	}
-	cmd := t.cmd(endpoint, dest)
+	cmd := t.cmd(endpoint, l.prefix, dest)
 	cmd.Env = env
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	srvBefore, err := srv.CPUSeconds()
+	if err != nil {
+		return sample{}, err
+	}
 	start := time.Now()
 	if err := cmd.Run(); err != nil {
 		return sample{}, fmt.Errorf("%w: %s", err, stderr.String())
@@ -289,28 +413,36 @@ func runOnce(t tool, endpoint, dest, serverData string, env []string, total int6
 	}
 	elapsed := time.Since(start).Seconds()
 	rss := float64(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) / 1024
-	got, err := treeSize(dest)
+	cpu := (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	srvAfter, err := srv.CPUSeconds()
 	if err != nil {
 		return sample{}, err
 	}
-	if got != total {
-		return sample{}, fmt.Errorf("downloaded %d bytes, want %d", got, total)
+	if err := checkTree(dest, l); err != nil {
+		return sample{}, fmt.Errorf("%s: %w", t.name, err)
 	}
-	return sample{seconds: elapsed, rssMiB: rss}, nil
+	return sample{seconds: elapsed, rssMiB: rss, cpu: cpu, server: srvAfter - srvBefore}, nil
 }
 
-func treeSize(dir string) (int64, error) {
-	var n int64
-	err := filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+// checkTree checks that dest holds every file of the layout at its size.
+func checkTree(dest string, l layout) error {
+	for name, size := range l.files {
+		info, err := os.Stat(filepath.Join(dest, filepath.FromSlash(name)))
 		if err != nil {
 			return err
 		}
-		if info.Mode().IsRegular() && !strings.HasPrefix(info.Name(), ".prewarm") {
-			n += info.Size()
+		if info.Size() != size {
+			return fmt.Errorf("%s: %d bytes, want %d", name, info.Size(), size)
 		}
-		return nil
-	})
-	return n, err
+	}
+	return nil
+}
+
+// selfCPU is this process's user and system seconds so far.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // dropCaches empties the page cache (root only).
@@ -338,28 +470,60 @@ func coldWritesWarmServer(serverData string) error {
 	})
 }
 
-// diskCeiling writes size bytes with 1 MiB writes across 4 files in parallel, then fsyncs.
-func diskCeiling(dir string, size int64) (float64, error) {
+// diskCeilings measures the disk's write rate the ways a downloader can write: through the page
+// cache, and with O_DIRECT at a shallow and a deep queue (the engine keeps up to its concurrency
+// in flight).
+func diskCeilings(dir string, size int64) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, w := range []struct {
+		writers int
+		direct  bool
+	}{{4, false}, {4, true}, {16, true}} {
+		how := "writes through the page cache"
+		if w.direct {
+			how = "O_DIRECT writes"
+		}
+		name := fmt.Sprintf("disk write (%d writers, 1 MiB %s, then fsync)", w.writers, how)
+		gbps, err := diskCeiling(dir, size, w.writers, w.direct)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out[name] = gbps
+	}
+	return out, nil
+}
+
+// diskCeiling writes size bytes with 1 MiB writes across writers files in parallel, then
+// fsyncs.
+func diskCeiling(dir string, size int64, writers int, direct bool) (float64, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	buf := gen.Bytes(5, 1<<20)
+	const chunk = 1 << 20
+	raw := gen.Bytes(5, chunk+4096)
+	skip := (4096 - int(uintptr(unsafe.Pointer(&raw[0]))%4096)) % 4096
+	buf := raw[skip : skip+chunk]
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if direct {
+		flags |= syscall.O_DIRECT
+	}
+	per := size / int64(writers) / chunk // writes per writer
 	dropCaches()
 	start := time.Now()
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for i := 0; i < 4; i++ {
+	errs := make(chan error, writers)
+	for i := range writers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f, err := os.Create(filepath.Join(dir, fmt.Sprint(i)))
+			f, err := os.OpenFile(filepath.Join(dir, fmt.Sprint(i)), flags, 0o644)
 			if err != nil {
 				errs <- err
 				return
 			}
 			defer f.Close()
-			for w := int64(0); w < size/4; w += int64(len(buf)) {
+			for range per {
 				if _, err := f.Write(buf); err != nil {
 					errs <- err
 					return
@@ -375,11 +539,11 @@ func diskCeiling(dir string, size int64) (float64, error) {
 			return 0, err
 		}
 	}
-	return float64(size) / 1e9 / time.Since(start).Seconds(), nil
+	return float64(per*int64(writers)*chunk) / 1e9 / time.Since(start).Seconds(), nil
 }
 
 // serverCeiling reads every shard with 64 ranged GETs of 16 MiB in flight, into io.Discard.
-func serverCeiling(ctx context.Context, srv *s3fixture.Server, endpoint string, total int64) (float64, error) {
+func serverCeiling(ctx context.Context, srv *s3fixture.Server, endpoint string, l layout) (float64, error) {
 	client := s3.NewFromConfig(aws.Config{Region: s3fixture.Region, Credentials: srv.Client.Options().Credentials,
 		HTTPClient: s3src.NewTransport(64)}, func(o *s3.Options) {
 		o.BaseEndpoint = aws.String(endpoint)
@@ -390,7 +554,7 @@ func serverCeiling(ctx context.Context, srv *s3fixture.Server, endpoint string, 
 		off, n int64
 	}
 	var work []rng
-	p := s3.NewListObjectsV2Paginator(client, &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix + "/")})
+	p := s3.NewListObjectsV2Paginator(client, &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(l.prefix + "/")})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
@@ -431,7 +595,7 @@ func serverCeiling(ctx context.Context, srv *s3fixture.Server, endpoint string, 
 	}
 	close(ch)
 	wg.Wait()
-	return float64(total) / 1e9 / time.Since(start).Seconds(), firstErr
+	return float64(l.total()) / 1e9 / time.Since(start).Seconds(), firstErr
 }
 
 func median(xs []float64) float64 {
@@ -455,62 +619,6 @@ func machineFacts() []string {
 		facts = append(facts, "work folder on "+strings.TrimSpace(string(out)))
 	}
 	return facts
-}
-
-func render(tools []tool, profiles []string, results map[string]map[string][]sample, ceilings map[string]float64,
-	total int64, shards, shardMiB, reps int, connMBps float64, latency time.Duration, args string) string {
-	var b strings.Builder
-	cmdline := strings.TrimSpace("go run ./test/bench/s3bench " + args)
-	fmt.Fprintf(&b, "# Benchmarks\n\nProduced by `make bench` (`%s`) on %s. Where the time goes, and what the goals are: [performance.md](performance.md). The real-node section is `make bench-nodes`'; the scale section is `make bench-scale`', explained in [scale.md](scale.md).\n\n", cmdline, time.Now().UTC().Format("2006-01-02"))
-	fmt.Fprintf(&b, "Machine: %s.\n\n", strings.Join(machineFacts(), "; "))
-	fmt.Fprintf(&b, "Model: %d shards of %d MiB plus four small files, %.2f GB in all, served by versitygw (posix backend) on loopback. "+
-		"Each run starts from an empty destination and a dropped page cache, with the server's objects then read into memory (a remote S3 serves from its own fleet, "+
-		"so the local disk should only write), and ends with every file synced to disk "+
-		"(tools that do not sync their files get `sync -f` inside the timed region). Tools alternate run by run; %d runs each; medians shown.\n\n",
-		shards, shardMiB, float64(total)/1e9, reps)
-	fmt.Fprintf(&b, "Profiles: **raw** is plain loopback; **shaped** goes through a proxy (in the benchmark process) that caps each response at %.0f MB/s and delays its first byte by %s, "+
-		"as one S3 connection behaves. The cap is scaled to this machine: filling its loopback path (the server ceiling below) takes about as many connections "+
-		"as filling a large GPU node takes on AWS (a 400 Gb/s NIC over roughly 5 Gb/s per S3 connection: about 80), which is what separates a downloader that keeps "+
-		"many ranged reads in flight from one that keeps a few.\n\n", connMBps, latency)
-	b.WriteString("## Ceilings, measured in the same session\n\n| what | GB/s |\n|---|---|\n")
-	var keys []string
-	for k := range ceilings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "| %s | %.2f |\n", k, ceilings[k])
-	}
-	for _, p := range profiles {
-		fmt.Fprintf(&b, "\n## %s\n\n| tool | median s | GB/s | prewarm is × faster | peak RSS MiB |\n|---|---|---|---|---|\n", p)
-		base := median(secs(results[p]["prewarm"]))
-		for _, t := range tools {
-			ss := results[p][t.name]
-			if len(ss) == 0 {
-				continue
-			}
-			m := median(secs(ss))
-			ratio := "—"
-			if t.name != "prewarm" && base > 0 {
-				ratio = fmt.Sprintf("%.2f×", m/base)
-			}
-			var rss []float64
-			for _, s := range ss {
-				rss = append(rss, s.rssMiB)
-			}
-			sort.Float64s(rss)
-			fmt.Fprintf(&b, "| %s | %.2f | %.2f | %s | %.0f |\n", t.name, m, float64(total)/1e9/m, ratio, rss[len(rss)-1])
-		}
-	}
-	return b.String()
-}
-
-func secs(ss []sample) []float64 {
-	var out []float64
-	for _, s := range ss {
-		out = append(out, s.seconds)
-	}
-	return out
 }
 
 // keptSections returns the sections other benchmarks write into the same report (between
