@@ -213,7 +213,7 @@ func run(c config) error {
 			if !strings.Contains(","+c.layouts+",", ","+l.name+",") {
 				continue
 			}
-			p, err := profilePull(tools["kubectl-prewarm"], srv.Endpoint, l, c, env)
+			p, err := profilePull(tools["kubectl-prewarm"], srv, l, c, env)
 			if err != nil {
 				return err
 			}

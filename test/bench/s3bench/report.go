@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 )
 
 // cpuProfile is one profiled prewarm pull: its time, its CPU, and where that CPU went.
@@ -22,6 +24,32 @@ type cpuProfile struct {
 	top            string             // go tool pprof -top, trimmed
 	groups         map[string]float64 // share of the samples under each group of functions
 	samplesSeconds float64
+	server         float64            // the S3 server's CPU-seconds during the pull
+	machine        map[string]float64 // the machine's time during the pull, by /proc/stat column, in CPU-seconds
+}
+
+// machineColumns are /proc/stat's cpu columns, in order.
+var machineColumns = []string{"user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"}
+
+// machineTicks reads the machine-wide cpu line of /proc/stat, in CPU-seconds.
+func machineTicks() (map[string]float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return nil, err
+	}
+	f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0])
+	out := map[string]float64{}
+	for i, name := range machineColumns {
+		if i+1 >= len(f) {
+			break
+		}
+		v, err := strconv.ParseFloat(f[i+1], 64)
+		if err != nil {
+			return nil, err
+		}
+		out[name] = v / 100 // USER_HZ
+	}
+	return out, nil
 }
 
 // profileGroups are the kinds of work a pull's CPU goes to, each matched (cumulatively) by
@@ -38,7 +66,8 @@ var profileGroups = []struct{ name, re string }{
 }
 
 // profilePull runs one prewarm pull of l with --cpuprofile and summarises the profile.
-func profilePull(prewarm, endpoint string, l layout, c config, env []string) (cpuProfile, error) {
+func profilePull(prewarm string, srv *s3fixture.Server, l layout, c config, env []string) (cpuProfile, error) {
+	endpoint := srv.Endpoint
 	p := cpuProfile{layout: l}
 	dest := filepath.Join(c.workDir, "dest")
 	if err := os.RemoveAll(dest); err != nil {
@@ -59,11 +88,32 @@ func profilePull(prewarm, endpoint string, l layout, c config, env []string) (cp
 	cmd.Env = env
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	srvBefore, err := srv.CPUSeconds()
+	if err != nil {
+		return p, err
+	}
+	before, err := machineTicks()
+	if err != nil {
+		return p, err
+	}
 	start := time.Now()
 	if err := cmd.Run(); err != nil {
 		return p, fmt.Errorf("profiled pull: %w: %s", err, stderr.String())
 	}
 	p.seconds = time.Since(start).Seconds()
+	after, err := machineTicks()
+	if err != nil {
+		return p, err
+	}
+	srvAfter, err := srv.CPUSeconds()
+	if err != nil {
+		return p, err
+	}
+	p.server = srvAfter - srvBefore
+	p.machine = map[string]float64{}
+	for k, v := range after {
+		p.machine[k] = v - before[k]
+	}
 	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
 	p.user = time.Duration(ru.Utime.Nano()).Seconds()
 	p.system = time.Duration(ru.Stime.Nano()).Seconds()
@@ -215,6 +265,18 @@ func renderProfile(b *strings.Builder, p cpuProfile) {
 	fmt.Fprintf(b, "\n## Where prewarm's CPU goes: raw, %s layout\n\n", p.layout.name)
 	fmt.Fprintf(b, "One more pull after the timed runs, with `--cpuprofile`: %.2f s, %.1f CPU-seconds user and %.1f system (of %d available: %.0f %% of the machine); %.1f s of samples.\n\n",
 		p.seconds, p.user, p.system, runtime.NumCPU(), 100*(p.user+p.system)/(float64(runtime.NumCPU())*p.seconds), p.samplesSeconds)
+	var all float64
+	for _, v := range p.machine {
+		all += v
+	}
+	if all > 0 {
+		b.WriteString("The whole machine meanwhile (`/proc/stat`), against what the two processes account for:\n\n| where | CPU-seconds | share |\n|---|---|---|\n")
+		for _, k := range machineColumns {
+			fmt.Fprintf(b, "| %s | %.2f | %.0f %% |\n", k, p.machine[k], 100*p.machine[k]/all)
+		}
+		fmt.Fprintf(b, "| of which prewarm (user + system) | %.2f | %.0f %% |\n", p.user+p.system, 100*(p.user+p.system)/all)
+		fmt.Fprintf(b, "| of which the S3 server | %.2f | %.0f %% |\n\n", p.server, 100*p.server/all)
+	}
 	b.WriteString("| work | share of the pull's samples (cumulative) |\n|---|---|\n")
 	for _, g := range profileGroups {
 		fmt.Fprintf(b, "| %s | %.1f %% |\n", g.name, p.groups[g.name])
