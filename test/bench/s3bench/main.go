@@ -103,6 +103,7 @@ type config struct {
 	layouts          string
 	shapedLayouts    string
 	profileCPU       bool
+	baseline         string
 }
 
 func main() {
@@ -122,6 +123,7 @@ func main() {
 	flag.StringVar(&c.profiles, "profiles", "raw,shaped", "profiles to run")
 	flag.StringVar(&c.layouts, "layouts", "large,many", "model layouts to run on raw loopback")
 	flag.StringVar(&c.shapedLayouts, "shaped-layouts", "large", "model layouts to run through the shaping proxy")
+	flag.StringVar(&c.baseline, "baseline-prewarm", "", "another kubectl-prewarm binary (say, built from an earlier commit) to run side by side as \"prewarm (baseline)\"")
 	flag.BoolVar(&c.profileCPU, "cpuprofile", true, "after the timed runs, profile one prewarm pull per layout (raw) and report where its CPU goes")
 	flag.Parse()
 	if err := run(c); err != nil {
@@ -300,7 +302,7 @@ func allTools(built map[string]string, rclone, aws string, c config) []tool {
 			return exec.Command(built["tmget"], append([]string{"-endpoint", ep, "-bucket", bucket, "-prefix", prefix, "-dest", dest}, extra...)...)
 		}
 	}
-	return []tool{
+	tools := []tool{
 		{name: "prewarm", cmd: pull()},
 		{name: "prewarm (page cache)", cmd: pull("--direct-io=false")},
 		{name: "rclone (defaults)", syncAfter: true, cmd: func(ep, prefix, dest string) *exec.Cmd {
@@ -316,6 +318,12 @@ func allTools(built map[string]string, rclone, aws string, c config) []tool {
 			return exec.Command(aws, "s3", "cp", "--recursive", "--only-show-errors", "--endpoint-url", ep, "s3://"+bucket+"/"+prefix, dest)
 		}},
 	}
+	if c.baseline != "" {
+		tools = append(tools, tool{name: "prewarm (baseline)", cmd: func(ep, prefix, dest string) *exec.Cmd {
+			return exec.Command(c.baseline, append([]string{"pull", "s3://" + bucket + "/" + prefix, dest, "--endpoint", ep}, prewarmArgs...)...)
+		}})
+	}
+	return tools
 }
 
 func selectTools(all []tool, only string) []tool {
