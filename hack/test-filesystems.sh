@@ -35,7 +35,6 @@ for fs in tmpfs ramfs; do
 	mount -t "$fs" "${opts[@]}" "$fs" "$dir"
 	mounts+=("$dir")
 	echo "engine tests with TMPDIR on $fs ($dir)"
-	# shellcheck disable=SC2086 # flags are words
-	# shellcheck disable=SC2086
+	# shellcheck disable=SC2086 # the flags and package lists are words
 	TMPDIR=$dir go test $flags ${pkgs[$fs]}
 done

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -53,17 +52,6 @@ func (r *run) openDirect(rel string) (*os.File, error) {
 	return f, nil
 }
 
-// fileHandle is one file being written: opened once, shared by its parts, closed when the
-// last part is written.
-type fileHandle struct {
-	f         *os.File
-	direct    *os.File    // the same file with O_DIRECT, or nil
-	noDirect  atomic.Bool // set when a direct write was refused: the page cache from then on
-	remaining atomic.Int64
-	closed    atomic.Bool
-	metrics   *metrics
-}
-
 // writeAt writes p at off: its aligned body directly when the handle can, the rest through the
 // page cache.
 func (h *fileHandle) writeAt(p []byte, off int64) error {
@@ -89,11 +77,8 @@ func (h *fileHandle) writeAt(p []byte, off int64) error {
 	return err
 }
 
-// close closes both descriptors, once.
+// close closes both descriptors.
 func (h *fileHandle) close() error {
-	if h.closed.Swap(true) {
-		return nil
-	}
 	var derr error
 	if h.direct != nil {
 		derr = h.direct.Close()

@@ -32,6 +32,16 @@ type part struct {
 	handle *fileHandle
 }
 
+// fileHandle is one file being written: opened once, shared by its parts, closed when the
+// last part is written.
+type fileHandle struct {
+	f         *os.File
+	direct    *os.File     // the same file with O_DIRECT, or nil
+	noDirect  atomic.Bool  // set when a direct write was refused: the page cache from then on
+	remaining atomic.Int64 // parts not yet written; the last one's worker closes the file
+	metrics   *metrics
+}
+
 type record struct {
 	file   int
 	off, n int64
@@ -400,7 +410,9 @@ func (p *pipeline) refetchPeerParts(ctx context.Context, idx int) (bool, error) 
 func (p *pipeline) finish(err error) error {
 	r := p.r
 	for _, h := range p.opened {
-		_ = h.close() // a no-op for files whose last part was written
+		if h.remaining.Load() > 0 { // the others were closed when their last part was written
+			_ = h.close()
+		}
 	}
 	for len(p.verified) > 0 {
 		r.journal.verified(<-p.verified)

@@ -6,7 +6,6 @@ import (
 	"crypto/sha1" //nolint:gosec // git blob ids
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -162,9 +161,7 @@ func (s *stopped) Unwrap() error { return s.err }
 
 // CRC64NVME returns the S3 full-object CRC64NVME checksum of data, base64 as S3 sends it.
 func CRC64NVME(data []byte) string {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], crc64nvme.Checksum(data))
-	return base64.StdEncoding.EncodeToString(b[:])
+	return crc64NVMEKind.encoder(crc64nvme.Checksum(data))
 }
 
 // combinedCRC returns a file's CRC from its parts' CRCs, when the parts tile the file exactly

@@ -48,9 +48,12 @@ type tool struct {
 type sample struct {
 	seconds float64
 	rssMiB  float64
-	cpu     float64 // user + system seconds of the tool's process
+	user    float64 // user and system seconds of the tool's process
+	system  float64
 	server  float64 // user + system seconds of the S3 server during the run
 }
+
+func (s sample) cpu() float64 { return s.user + s.system }
 
 // layout is one model the tools download.
 type layout struct {
@@ -247,23 +250,17 @@ func runSection(ctx context.Context, srv *s3fixture.Server, endpoint, profile st
 	if err := coldWritesWarmServer(filepath.Join(c.workDir, "s3", bucket, l.prefix)); err != nil {
 		return sec, err
 	}
-	srvBefore, err := srv.CPUSeconds()
-	if err != nil {
-		return sec, err
-	}
 	selfBefore := selfCPU()
-	ceil, err := serverCeiling(ctx, srv, endpoint, l)
-	if err != nil {
-		return sec, err
-	}
-	srvAfter, err := srv.CPUSeconds()
+	srvCPU, err := serverCPUDuring(srv, func() (err error) {
+		sec.ceiling, err = serverCeiling(ctx, srv, endpoint, l)
+		return err
+	})
 	if err != nil {
 		return sec, err
 	}
 	gb := float64(l.total()) / 1e9
-	sec.ceiling = ceil
-	sec.ceilingServerCPU, sec.ceilingClientCPU = (srvAfter-srvBefore)/gb, (selfCPU()-selfBefore)/gb
-	fmt.Printf("[%s %s] server ceiling: %.2f GB/s (server %.2f, client %.2f CPU-s/GB)\n", profile, l.name, ceil, sec.ceilingServerCPU, sec.ceilingClientCPU)
+	sec.ceilingServerCPU, sec.ceilingClientCPU = srvCPU/gb, (selfCPU()-selfBefore)/gb
+	fmt.Printf("[%s %s] server ceiling: %.2f GB/s (server %.2f, client %.2f CPU-s/GB)\n", profile, l.name, sec.ceiling, sec.ceilingServerCPU, sec.ceilingClientCPU)
 	total := l.total()
 	for rep := 0; rep < c.reps; rep++ {
 		for _, t := range rotate(tools, rep) {
@@ -273,29 +270,32 @@ func runSection(ctx context.Context, srv *s3fixture.Server, endpoint, profile st
 			}
 			sec.results[t.name] = append(sec.results[t.name], s)
 			fmt.Printf("[%s %s] rep %d %-28s %6.2fs  %6.2f GB/s  CPU %5.1fs  server CPU %5.1fs  peak RSS %6.0f MiB\n",
-				profile, l.name, rep+1, t.name, s.seconds, float64(total)/1e9/s.seconds, s.cpu, s.server, s.rssMiB)
+				profile, l.name, rep+1, t.name, s.seconds, float64(total)/1e9/s.seconds, s.cpu(), s.server, s.rssMiB)
 		}
 	}
 	return sec, nil
 }
 
-func allTools(built map[string]string, rclone, aws string, c config) []tool {
-	prewarmArgs := []string{"--progress", "none"}
+// pullCommand is bin (kubectl-prewarm, or another build of it) pulling prefix from ep into
+// dest with the benchmark's engine settings, then extra.
+func pullCommand(bin string, c config, ep, prefix, dest string, extra ...string) *exec.Cmd {
+	args := []string{"pull", "s3://" + bucket + "/" + prefix, dest, "--endpoint", ep, "--progress", "none"}
 	if c.concurrency > 0 {
-		prewarmArgs = append(prewarmArgs, "--concurrency", fmt.Sprint(c.concurrency))
+		args = append(args, "--concurrency", fmt.Sprint(c.concurrency))
 	}
 	if c.partSize != "" {
-		prewarmArgs = append(prewarmArgs, "--part-size", c.partSize)
+		args = append(args, "--part-size", c.partSize)
 	}
+	return exec.Command(bin, append(args, extra...)...)
+}
+
+func allTools(built map[string]string, rclone, aws string, c config) []tool {
 	rcloneRemote := func(endpoint, prefix string) string {
 		return fmt.Sprintf(":s3,provider=Other,access_key_id=%s,secret_access_key=%s,endpoint='%s',force_path_style=true,region=%s:%s/%s",
 			s3fixture.AccessKey, s3fixture.SecretKey, endpoint, s3fixture.Region, bucket, prefix)
 	}
-	pull := func(extra ...string) func(ep, prefix, dest string) *exec.Cmd {
-		return func(ep, prefix, dest string) *exec.Cmd {
-			args := append([]string{"pull", "s3://" + bucket + "/" + prefix, dest, "--endpoint", ep}, prewarmArgs...)
-			return exec.Command(built["kubectl-prewarm"], append(args, extra...)...)
-		}
+	pull := func(bin string, extra ...string) func(ep, prefix, dest string) *exec.Cmd {
+		return func(ep, prefix, dest string) *exec.Cmd { return pullCommand(bin, c, ep, prefix, dest, extra...) }
 	}
 	tm := func(extra ...string) func(ep, prefix, dest string) *exec.Cmd {
 		return func(ep, prefix, dest string) *exec.Cmd {
@@ -303,8 +303,8 @@ func allTools(built map[string]string, rclone, aws string, c config) []tool {
 		}
 	}
 	tools := []tool{
-		{name: "prewarm", cmd: pull()},
-		{name: "prewarm (page cache)", cmd: pull("--direct-io=false")},
+		{name: "prewarm", cmd: pull(built["kubectl-prewarm"])},
+		{name: "prewarm (page cache)", cmd: pull(built["kubectl-prewarm"], "--direct-io=false")},
 		{name: "rclone (defaults)", syncAfter: true, cmd: func(ep, prefix, dest string) *exec.Cmd {
 			return exec.Command(rclone, "copy", rcloneRemote(ep, prefix), dest)
 		}},
@@ -319,9 +319,7 @@ func allTools(built map[string]string, rclone, aws string, c config) []tool {
 		}},
 	}
 	if c.baseline != "" {
-		tools = append(tools, tool{name: "prewarm (baseline)", cmd: func(ep, prefix, dest string) *exec.Cmd {
-			return exec.Command(c.baseline, append([]string{"pull", "s3://" + bucket + "/" + prefix, dest, "--endpoint", ep}, prewarmArgs...)...)
-		}})
+		tools = append(tools, tool{name: "prewarm (baseline)", cmd: pull(c.baseline)})
 	}
 	return tools
 }
@@ -406,30 +404,42 @@ func runOnce(t tool, srv *s3fixture.Server, endpoint string, l layout, dest, ser
 	cmd.Env = env
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	srvBefore, err := srv.CPUSeconds()
-	if err != nil {
-		return sample{}, err
-	}
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		return sample{}, fmt.Errorf("%w: %s", err, stderr.String())
-	}
-	if t.syncAfter {
-		if err := exec.Command("sync", "-f", dest).Run(); err != nil {
-			return sample{}, err
+	var elapsed float64
+	srvCPU, err := serverCPUDuring(srv, func() error {
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%w: %s", err, stderr.String())
 		}
-	}
-	elapsed := time.Since(start).Seconds()
-	rss := float64(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) / 1024
-	cpu := (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
-	srvAfter, err := srv.CPUSeconds()
+		if t.syncAfter {
+			if err := exec.Command("sync", "-f", dest).Run(); err != nil {
+				return err
+			}
+		}
+		elapsed = time.Since(start).Seconds()
+		return nil
+	})
 	if err != nil {
 		return sample{}, err
 	}
+	rss := float64(cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss) / 1024
 	if err := checkTree(dest, l); err != nil {
 		return sample{}, fmt.Errorf("%s: %w", t.name, err)
 	}
-	return sample{seconds: elapsed, rssMiB: rss, cpu: cpu, server: srvAfter - srvBefore}, nil
+	return sample{seconds: elapsed, rssMiB: rss, user: cmd.ProcessState.UserTime().Seconds(),
+		system: cmd.ProcessState.SystemTime().Seconds(), server: srvCPU}, nil
+}
+
+// serverCPUDuring runs fn and returns the CPU-seconds the S3 server used meanwhile.
+func serverCPUDuring(srv *s3fixture.Server, fn func() error) (float64, error) {
+	before, err := srv.CPUSeconds()
+	if err != nil {
+		return 0, err
+	}
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	after, err := srv.CPUSeconds()
+	return after - before, err
 }
 
 // checkTree checks that dest holds every file of the layout at its size.

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
@@ -54,69 +53,44 @@ func machineTicks() (map[string]float64, error) {
 
 // profileGroups are the kinds of work a pull's CPU goes to, each matched (cumulatively) by
 // function name in the profile.
-var profileGroups = []struct{ name, re string }{
-	{"writes (pwrite64)", `^(internal/poll\.\(\*FD\)\.Pwrite|os\.\(\*File\)\.WriteAt)$`},
-	{"socket reads", `^internal/poll\.\(\*FD\)\.Read$`},
-	{"CRC-64/NVME", `^github\.com/minio/crc64nvme\.`},
-	{"CRC-32C", `^hash/crc32\.`},
-	{"the AWS SDK's request pipeline", `^github\.com/aws/aws-sdk-go-v2/service/s3\.\(\*Client\)\.GetObject$`},
-	{"memory copies", `^runtime\.memmove$`},
-	{"garbage collection", `^runtime\.gcBgMarkWorker$`},
-	{"scheduler", `^runtime\.(schedule|findRunnable|mcall)$`},
+var profileGroups = []struct {
+	name string
+	re   *regexp.Regexp
+}{
+	{"writes (pwrite64)", regexp.MustCompile(`^(internal/poll\.\(\*FD\)\.Pwrite|os\.\(\*File\)\.WriteAt)$`)},
+	{"socket reads", regexp.MustCompile(`^internal/poll\.\(\*FD\)\.Read$`)},
+	{"CRC-64/NVME", regexp.MustCompile(`^github\.com/minio/crc64nvme\.`)},
+	{"CRC-32C", regexp.MustCompile(`^hash/crc32\.`)},
+	{"the AWS SDK's request pipeline", regexp.MustCompile(`^github\.com/aws/aws-sdk-go-v2/service/s3\.\(\*Client\)\.GetObject$`)},
+	{"memory copies", regexp.MustCompile(`^runtime\.memmove$`)},
+	{"garbage collection", regexp.MustCompile(`^runtime\.gcBgMarkWorker$`)},
+	{"scheduler", regexp.MustCompile(`^runtime\.(schedule|findRunnable|mcall)$`)},
 }
 
 // profilePull runs one prewarm pull of l with --cpuprofile and summarises the profile.
 func profilePull(prewarm string, srv *s3fixture.Server, l layout, c config, env []string) (cpuProfile, error) {
-	endpoint := srv.Endpoint
 	p := cpuProfile{layout: l}
-	dest := filepath.Join(c.workDir, "dest")
-	if err := os.RemoveAll(dest); err != nil {
-		return p, err
-	}
-	if err := coldWritesWarmServer(filepath.Join(c.workDir, "s3", bucket, l.prefix)); err != nil {
-		return p, err
-	}
 	prof := filepath.Join(c.workDir, "pull-"+l.name+".pprof")
-	args := []string{"pull", "s3://" + bucket + "/" + l.prefix, dest, "--endpoint", endpoint, "--progress", "none", "--cpuprofile", prof}
-	if c.concurrency > 0 {
-		args = append(args, "--concurrency", fmt.Sprint(c.concurrency))
-	}
-	if c.partSize != "" {
-		args = append(args, "--part-size", c.partSize)
-	}
-	cmd := exec.Command(prewarm, args...)
-	cmd.Env = env
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	srvBefore, err := srv.CPUSeconds()
-	if err != nil {
-		return p, err
-	}
+	profiled := tool{name: "prewarm (profiled)", cmd: func(ep, prefix, dest string) *exec.Cmd {
+		return pullCommand(prewarm, c, ep, prefix, dest, "--cpuprofile", prof)
+	}}
 	before, err := machineTicks()
 	if err != nil {
 		return p, err
 	}
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		return p, fmt.Errorf("profiled pull: %w: %s", err, stderr.String())
+	s, err := runOnce(profiled, srv, srv.Endpoint, l, filepath.Join(c.workDir, "dest"), filepath.Join(c.workDir, "s3", bucket, l.prefix), env)
+	if err != nil {
+		return p, err
 	}
-	p.seconds = time.Since(start).Seconds()
 	after, err := machineTicks()
 	if err != nil {
 		return p, err
 	}
-	srvAfter, err := srv.CPUSeconds()
-	if err != nil {
-		return p, err
-	}
-	p.server = srvAfter - srvBefore
+	p.seconds, p.user, p.system, p.server = s.seconds, s.user, s.system, s.server
 	p.machine = map[string]float64{}
 	for k, v := range after {
 		p.machine[k] = v - before[k]
 	}
-	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	p.user = time.Duration(ru.Utime.Nano()).Seconds()
-	p.system = time.Duration(ru.Stime.Nano()).Seconds()
 	top, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=14", prewarm, prof).Output()
 	if err != nil {
 		return p, fmt.Errorf("go tool pprof: %w", err)
@@ -167,7 +141,7 @@ func groupShares(out string) (map[string]float64, float64) {
 		pct, _ := strconv.ParseFloat(m[3], 64)
 		fn := strings.TrimSpace(m[4])
 		for _, g := range profileGroups {
-			if regexp.MustCompile(g.re).MatchString(fn) && pct > shares[g.name] {
+			if g.re.MatchString(fn) && pct > shares[g.name] {
 				shares[g.name] = pct
 			}
 		}
@@ -237,7 +211,7 @@ func renderSection(b *strings.Builder, tools []tool, s section, disk float64) {
 		var rss, cpu, srv []float64
 		for _, x := range ss {
 			rss = append(rss, x.rssMiB)
-			cpu = append(cpu, x.cpu)
+			cpu = append(cpu, x.cpu())
 			srv = append(srv, x.server)
 		}
 		sort.Float64s(rss)
@@ -250,7 +224,7 @@ func renderSection(b *strings.Builder, tools []tool, s section, disk float64) {
 	fmt.Fprintf(b, "\nprewarm: %.2f GB/s = %.0f %% of min(server ceiling %.2f, disk ceiling %.2f GB/s).", gb/base, 100*gb/base/ceil, s.ceiling, disk)
 	var cpu, srv []float64
 	for _, x := range s.results["prewarm"] {
-		cpu = append(cpu, x.cpu)
+		cpu = append(cpu, x.cpu())
 		srv = append(srv, x.server)
 	}
 	perGB := (median(cpu) + median(srv)) / gb

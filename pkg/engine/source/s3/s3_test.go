@@ -139,7 +139,6 @@ func TestListGivesSizesAndMD5(t *testing.T) {
 	}
 }
 
-// A listing longer than one page is followed to its end.
 // The CRC64NVME the AWS SDK computed on upload (the checksum S3 keeps and the engine verifies
 // against) is the engine's, for every object of the model.
 func TestEngineCRC64NVMEIsTheSDKs(t *testing.T) {
@@ -160,6 +159,7 @@ func TestEngineCRC64NVMEIsTheSDKs(t *testing.T) {
 	}
 }
 
+// A listing longer than one page is followed to its end.
 func TestListFollowsPages(t *testing.T) {
 	var listCalls atomic.Int64
 	proxy, err := shaper.Start(server.Endpoint, shaper.Options{Fault: func(r *http.Request, _ int64) (int, int64) {
