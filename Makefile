@@ -45,10 +45,10 @@ vet: ## Run go vet.
 
 .PHONY: verify
 verify: $(CONTROLLER_GEN) ## Fail if generated files or go.mod are stale (regenerating them), or Go code is not gofmt'ed.
-	@state() { git status --porcelain -- api config charts go.mod go.sum; git diff -- api config charts go.mod go.sum | sha256sum; }; \
+	@state() { git status --porcelain -- api config charts internal/version go.mod go.sum; git diff -- api config charts internal/version go.mod go.sum | sha256sum; }; \
 	before="$$(state)"; \
 	$(MAKE) -s generate manifests >/dev/null; go mod tidy; \
-	test "$$before" = "$$(state)" || { echo "generated files or go.mod were stale; they are regenerated now: review and commit them"; git status --short -- api config charts go.mod go.sum; exit 1; }
+	test "$$before" = "$$(state)" || { echo "generated files or go.mod were stale; they are regenerated now: review and commit them"; git status --short -- api config charts internal/version go.mod go.sum; exit 1; }
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed on:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 .PHONY: lint
@@ -64,18 +64,47 @@ test: verify lint testbin ## Check generated files and formatting, lint, then ru
 	go test $(GO_TEST_FLAGS) ./...
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh
 
-VERSION ?= $(shell git describe --tags --always --dirty)
+##@ Release
+
+# One version (the VERSION file) is the images' tag (v$(VERSION)), the chart's version and
+# appVersion, and the default images the chart and config/ name (make manifests writes them).
+CHART_VERSION := $(shell cat VERSION)
+VERSION ?= v$(CHART_VERSION)
 PLATFORMS ?= linux/amd64
 REGISTRY ?=
+# Where a release is published (.github/workflows/release.yaml runs make release).
+RELEASE_REGISTRY ?= ghcr.io/prewarm
+RELEASE_PLATFORMS ?= linux/amd64,linux/arm64
+# E.g. --plain-http for a registry without TLS.
+HELM_PUSH_FLAGS ?=
+HELM = $(shell bash hack/testbin.sh --print)/helm-$(shell sed -n 's/^HELM_VERSION=\([^ ]*\).*/\1/p' hack/testbin.sh)
 
 .PHONY: images
 images: ## Build the controller and agent images, without a Docker daemon, into the OCI layout bin/images (VERSION, PLATFORMS).
 	go run ./hack/images --out bin/images --version $(VERSION) --platforms $(PLATFORMS)
 
 .PHONY: push
-push: ## Build the images and push them to REGISTRY (e.g. make push REGISTRY=ghcr.io/you); credentials from ~/.docker/config.json.
-	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make push REGISTRY=localhost:5000/prewarm"; exit 2; }
+push: ## Build the images and push them to REGISTRY as REGISTRY/{controller,agent}:VERSION, the tags the chart pulls (e.g. make push REGISTRY=registry.example.com/prewarm); credentials from ~/.docker/config.json.
+	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make push REGISTRY=registry.example.com/prewarm"; exit 2; }
 	go run ./hack/images --out bin/images --version $(VERSION) --platforms $(PLATFORMS) --push $(REGISTRY)
+
+.PHONY: chart
+chart: ## Package the Helm chart into bin/chart/prewarm-CHART_VERSION.tgz.
+	bash hack/testbin.sh helm >/dev/null
+	$(HELM) package charts/prewarm --destination bin/chart
+
+.PHONY: chart-push
+chart-push: chart ## Push the packaged chart to oci://REGISTRY/charts (HELM_PUSH_FLAGS, e.g. --plain-http).
+	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make chart-push REGISTRY=registry.example.com/prewarm"; exit 2; }
+	$(HELM) push bin/chart/prewarm-$(CHART_VERSION).tgz oci://$(REGISTRY)/charts $(HELM_PUSH_FLAGS)
+
+.PHONY: release
+release: ## Publish the release: multi-arch images and the chart, to RELEASE_REGISTRY (ghcr.io/prewarm).
+	@test "$(VERSION)" = "v$(CHART_VERSION)" || { echo "a release is tagged v$(CHART_VERSION) (the VERSION file), not $(VERSION)"; exit 2; }
+	$(MAKE) push REGISTRY=$(RELEASE_REGISTRY) PLATFORMS=$(RELEASE_PLATFORMS)
+	$(MAKE) chart-push REGISTRY=$(RELEASE_REGISTRY)
+
+##@ Benchmarks
 
 BENCH_FLAGS ?=
 

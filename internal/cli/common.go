@@ -23,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	prewarmversion "github.com/prewarm/prewarm/internal/version"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -95,7 +96,8 @@ func RestConfig(kubeconfig string) (*rest.Config, error) {
 var version string
 
 // Version is the version this binary was built as: the one an image build stamped, else the
-// module version, else "devel".
+// module version, else the release of the source it was built from, marked as a development
+// build.
 func Version() string {
 	if version != "" {
 		return version
@@ -103,7 +105,7 @@ func Version() string {
 	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
 		return info.Main.Version
 	}
-	return "devel"
+	return prewarmversion.Tag + "-devel"
 }
 
 // ParseBytes reads a size such as 16MiB, 500MB, 1.5G or 1048576.
