@@ -104,6 +104,7 @@ type InferenceEndpointConfigSpec struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:scope=Namespaced,categories=prewarm
+// +kubebuilder:metadata:labels="prewarm.io/api=true"
 // +kubebuilder:printcolumn:name="STATE",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="REPLICAS",type=integer,JSONPath=`.status.replicas`
 // +kubebuilder:printcolumn:name="AGE",type=date,JSONPath=`.metadata.creationTimestamp`

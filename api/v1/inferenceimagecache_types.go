@@ -99,6 +99,7 @@ type InferenceImageCacheStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,shortName=iic;mic;modelimagecache,categories=prewarm
+// +kubebuilder:metadata:labels="prewarm.io/api=true"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Cached",type=integer,JSONPath=`.status.cachedNodes`
 // +kubebuilder:printcolumn:name="Target",type=integer,JSONPath=`.status.targetNodes`

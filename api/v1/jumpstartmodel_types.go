@@ -122,6 +122,7 @@ type JumpStartServer struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:scope=Namespaced,categories=prewarm
+// +kubebuilder:metadata:labels="prewarm.io/api=true"
 // +kubebuilder:printcolumn:name="Model",type=string,JSONPath=`.spec.model.modelId`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

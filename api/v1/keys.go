@@ -15,6 +15,10 @@ const (
 	// ParentFinalizer keeps a parent until its references to shared caches are released.
 	ParentFinalizer = "inference.sagemaker.aws.amazon.com/release-caches"
 
+	// APILabel (value "true") marks prewarm's own CRDs: a CRD of this group without it was
+	// installed by another operator (the SageMaker HyperPod inference operator's chart).
+	APILabel = "prewarm.io/api"
+
 	// InstanceTypeLabel is the well-known node label that instanceType and instanceTypes match.
 	InstanceTypeLabel = "node.kubernetes.io/instance-type"
 

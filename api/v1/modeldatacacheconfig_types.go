@@ -127,6 +127,7 @@ type ModelDataCacheConfigStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,shortName=mdcc;modelweightscacheconfig,categories=prewarm
+// +kubebuilder:metadata:labels="prewarm.io/api=true"
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Target",type=integer,JSONPath=`.status.targetNodes`
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.readyNodes`

@@ -116,10 +116,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if err := preflight(ctx, mgr, o); err != nil {
+		return err
+	}
 	if err := setupReconcilers(ctx, mgr, o); err != nil {
 		return err
 	}
-	log.Info("controller starting", "version", cli.Version(), "allowedRoots", o.cfg.CacheRoots, "gateTimeout", o.cfg.GateTimeout().String())
+	log.Info("controller starting", "version", cli.Version(), "allowedRoots", o.cfg.Roots(), "gateTimeout", o.cfg.GateTimeout().String())
 	return mgr.Start(ctx)
 }
 
@@ -168,6 +171,26 @@ func newManager(o *options) (ctrl.Manager, error) {
 		}
 	}
 	return mgr, nil
+}
+
+// preflight settles, before the reconcilers start, what depends on the cluster: that the API
+// prewarm serves is its own (not the HyperPod inference operator's), and how the API server
+// admits pods (placement.extendedResourceTolerations auto).
+func preflight(ctx context.Context, mgr ctrl.Manager, o *options) error {
+	c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return err
+	}
+	if err := controller.CheckAPIOwnership(ctx, c); err != nil {
+		return err
+	}
+	log := ctrl.Log.WithName("preflight")
+	decided, err := controller.ResolveExtendedResourceTolerations(ctx, c, &o.cfg)
+	if err != nil {
+		log.Error(err, "could not tell how the API server admits pods")
+	}
+	log.Info("extended resource tolerations", "placement.extendedResourceTolerations", decided)
+	return nil
 }
 
 func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {

@@ -5,6 +5,8 @@
 package config
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -14,11 +16,16 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/version"
 )
 
 // File is where the binaries read the configuration in their pods.
@@ -31,16 +38,119 @@ const (
 )
 
 // DefaultCacheRoot is the node directory caches are kept under unless the admin says otherwise:
-// the local NVMe of SageMaker HyperPod and AWS deep learning AMIs.
+// the local NVMe of SageMaker HyperPod and AWS deep learning AMIs, and weightsCache.hostPath's
+// default.
 const DefaultCacheRoot = "/opt/dlami/nvme"
+
+// CacheRoot is one node directory weights caches may be kept under.
+type CacheRoot struct {
+	// Path is the root as parents name it (weightsCache.hostPath; HyperPod's default is
+	// /opt/dlami/nvme).
+	Path string `json:"path"`
+	// NodePath is where the root is on the nodes, when not at Path: the local NVMe of an EKS
+	// node group mounted at /mnt/nvme, say, still serves parents that keep HyperPod's default
+	// hostPath.
+	NodePath string `json:"nodePath,omitempty"`
+	// AllowRootFilesystem lets the agents keep caches under the root even when it is not a
+	// disk of its own (it is on the node's root filesystem, or on the kubelet's). Without it,
+	// such a node reports NoLocalDisk and keeps no cache: a model of 100 GB or more would fill
+	// the disk the kubelet and the container runtime need.
+	AllowRootFilesystem bool `json:"allowRootFilesystem,omitempty"`
+}
+
+// OnNode is where the root is on the nodes.
+func (r CacheRoot) OnNode() string {
+	if r.NodePath != "" {
+		return r.NodePath
+	}
+	return r.Path
+}
+
+// UnmarshalJSON takes a root as an object, or as a path alone.
+func (r *CacheRoot) UnmarshalJSON(b []byte) error {
+	var p string
+	if err := json.Unmarshal(b, &p); err == nil {
+		*r = CacheRoot{Path: p}
+		return nil
+	}
+	type plain CacheRoot
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var v plain
+	if err := dec.Decode(&v); err != nil {
+		return fmt.Errorf("a cache root is a path, or {path, nodePath, allowRootFilesystem}: %w", err)
+	}
+	*r = CacheRoot(v)
+	return nil
+}
+
+// Roots returns the cache roots' paths, as parents name them.
+func (o Operator) Roots() []string {
+	out := make([]string, len(o.CacheRoots))
+	for i, r := range o.CacheRoots {
+		out[i] = r.Path
+	}
+	return out
+}
+
+// Root returns the cache root parents name path.
+func (o Operator) Root(path string) (CacheRoot, bool) {
+	for _, r := range o.CacheRoots {
+		if r.Path == path {
+			return r, true
+		}
+	}
+	return CacheRoot{}, false
+}
+
+// Placement says how parents' placement fields find nodes, and what the pods prewarm creates
+// tolerate.
+type Placement struct {
+	// InstanceTypes maps instance types that parents name (instanceType, instanceTypes, a
+	// JumpStartModel's server.instanceType) to the nodes of this cluster that are of them, where
+	// those nodes do not carry the type in node.kubernetes.io/instance-type (GKE, AKS,
+	// on-premises). An instance type not listed selects the nodes labelled with it, or with it
+	// less its "ml." prefix (ml.g5.24xlarge: HyperPod's nodes and EKS's g5.24xlarge nodes).
+	InstanceTypes []InstanceTypeNodes `json:"instanceTypes,omitempty"`
+	// Tolerations are added to every pod prewarm creates (the inference pods and the image
+	// cache's), and nodes are judged with them.
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// ExtendedResourceTolerations says whether the pods tolerate, for each extended resource
+	// they request (nvidia.com/gpu), the NoSchedule taint of that name, as the
+	// ExtendedResourceToleration admission plugin (on in EKS and GKE) makes them: auto (the
+	// default) asks the API server whether it runs that plugin, and if it does, the pods carry
+	// those tolerations; on always; off never.
+	ExtendedResourceTolerations string `json:"extendedResourceTolerations,omitempty"`
+}
+
+// Modes of Placement.ExtendedResourceTolerations.
+const (
+	ExtendedResourceTolerationsAuto = "auto"
+	ExtendedResourceTolerationsOn   = "on"
+	ExtendedResourceTolerationsOff  = "off"
+)
+
+// InstanceTypeNodes are the nodes of one instance type on this cluster: those that carry every
+// label of NodeSelector and match every expression.
+type InstanceTypeNodes struct {
+	// InstanceType is the type as parents name it (ml.g5.24xlarge).
+	InstanceType string `json:"instanceType"`
+	// NodeSelector are labels the nodes carry (cloud.google.com/gke-accelerator: nvidia-l4).
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// MatchExpressions are node selector requirements, for what labels alone cannot say.
+	MatchExpressions []corev1.NodeSelectorRequirement `json:"matchExpressions,omitempty"`
+}
 
 // Operator is the shared configuration.
 type Operator struct {
 	Kind       string `json:"kind,omitempty"`
 	APIVersion string `json:"apiVersion,omitempty"`
 	// CacheRoots are the node directories weights caches may be kept under. A cache's hostPath
-	// must be one of them, and they are the only host paths the agents write.
-	CacheRoots []string `json:"cacheRoots,omitempty"`
+	// must name one of them, and they are the only host paths the agents write.
+	CacheRoots []CacheRoot `json:"cacheRoots,omitempty"`
+	// Placement says how the parents' placement fields find this cluster's nodes, and which
+	// tolerations the pods prewarm creates carry.
+	Placement Placement `json:"placement,omitempty"`
 	// S3 says how S3 is reached.
 	S3 S3 `json:"s3,omitempty"`
 	// HuggingFace says how the Hugging Face Hub is reached.
@@ -107,8 +217,16 @@ type Controller struct {
 	// Retention is how long a cordoned, tainted or unreachable node that a cache's placement
 	// still selects keeps its copy (24h).
 	Retention string `json:"retention,omitempty"`
-	// AgentImage is the agent's image, the inference pods' init container.
+	// AgentImage is the agent's image: the init container of inference pods without a weights
+	// cache, and the image cache's pods' installer.
 	AgentImage string `json:"agentImage,omitempty"`
+	// ImagePullSecrets name Secrets the pods prewarm creates pull the agent image with (the
+	// image cache's pods, in the operator namespace; inference pods without a weights cache, in
+	// their own namespace, where a Secret of that name must exist for it to be used).
+	ImagePullSecrets []string `json:"imagePullSecrets,omitempty"`
+	// ImageCachePriorityClass is the PriorityClass of the image cache's pods (the chart's
+	// prewarm-image-cache: below every workload, never preempting one).
+	ImageCachePriorityClass string `json:"imageCachePriorityClass,omitempty"`
 	// ClientQPS and ClientBurst pace the controller's requests to the API server (200, 400):
 	// a cache costs about two writes per target node (its request, its label), so a fleet of
 	// 5,000 nodes takes some 25 s per cache at the default. API Priority and Fairness still
@@ -248,7 +366,10 @@ func (o *Operator) SetDefaults() { o.defaults() }
 func (o *Operator) defaults() {
 	o.Kind, o.APIVersion = Kind, APIVersion
 	if len(o.CacheRoots) == 0 {
-		o.CacheRoots = []string{DefaultCacheRoot}
+		o.CacheRoots = []CacheRoot{{Path: DefaultCacheRoot}}
+	}
+	if o.Placement.ExtendedResourceTolerations == "" {
+		o.Placement.ExtendedResourceTolerations = ExtendedResourceTolerationsAuto
 	}
 	c, a := &o.Controller, &o.Agent
 	text := func(v *string, d string) {
@@ -264,6 +385,7 @@ func (o *Operator) defaults() {
 	text(&c.GateTimeout, "30m")
 	text(&c.Retention, "24h")
 	text(&c.AgentImage, DefaultAgentImage)
+	text(&c.ImageCachePriorityClass, DefaultImageCachePriorityClass)
 	if c.ClientQPS == 0 {
 		c.ClientQPS = 200
 	}
@@ -284,8 +406,13 @@ func (o *Operator) defaults() {
 	text(&p.Audience, "prewarm-peer")
 }
 
-// DefaultAgentImage is the agent's image unless the configuration names another.
-const DefaultAgentImage = "ghcr.io/prewarm/agent:latest"
+// DefaultAgentImage is the agent's image unless the configuration names another: the one this
+// release publishes.
+const DefaultAgentImage = version.Registry + "/agent:" + version.Tag
+
+// DefaultImageCachePriorityClass is the image cache pods' PriorityClass unless the configuration
+// names another (the chart and config/ install it).
+const DefaultImageCachePriorityClass = "prewarm-image-cache"
 
 // Load reads the configuration at path; an empty path is the default configuration. Unknown
 // fields are refused, so a misspelt key is an error and not a silent default.
@@ -347,11 +474,8 @@ func (o Operator) validateSharing() []error {
 // Validate says everything that is wrong with o.
 func (o Operator) Validate() error {
 	var errs []error
-	for _, r := range o.CacheRoots {
-		if err := nodePath(r); err != nil {
-			errs = append(errs, fmt.Errorf("cacheRoots: %w", err))
-		}
-	}
+	errs = append(errs, o.validateRoots()...)
+	errs = append(errs, o.Placement.validate()...)
 	ids := map[string]bool{}
 	for i, m := range o.FSx {
 		if !strings.HasPrefix(m.FileSystemID, "fs-") || strings.ContainsAny(m.FileSystemID, "/ ") {
@@ -365,8 +489,8 @@ func (o Operator) Validate() error {
 			errs = append(errs, fmt.Errorf("fsx[%d].mountPath: %w", i, err))
 		}
 		for _, r := range o.CacheRoots {
-			if within(m.MountPath, r) || within(r, m.MountPath) {
-				errs = append(errs, fmt.Errorf("fsx[%d].mountPath %s overlaps the cache root %s", i, m.MountPath, r))
+			if within(m.MountPath, r.OnNode()) || within(r.OnNode(), m.MountPath) {
+				errs = append(errs, fmt.Errorf("fsx[%d].mountPath %s overlaps the cache root %s", i, m.MountPath, r.OnNode()))
 			}
 		}
 	}
@@ -420,6 +544,96 @@ func (o Operator) Validate() error {
 	return errors.Join(errs...)
 }
 
+// validateRoots checks the cache roots: clean absolute paths, none named twice, no two on one
+// node directory or inside each other.
+func (o Operator) validateRoots() []error {
+	var errs []error
+	names := map[string]bool{}
+	for i, r := range o.CacheRoots {
+		if err := nodePath(r.Path); err != nil {
+			errs = append(errs, fmt.Errorf("cacheRoots[%d].path: %w", i, err))
+		}
+		if r.NodePath != "" {
+			if err := nodePath(r.NodePath); err != nil {
+				errs = append(errs, fmt.Errorf("cacheRoots[%d].nodePath: %w", i, err))
+			}
+		}
+		if names[r.Path] {
+			errs = append(errs, fmt.Errorf("cacheRoots[%d].path %s: listed twice", i, r.Path))
+		}
+		names[r.Path] = true
+		for j, q := range o.CacheRoots[:i] {
+			if within(r.OnNode(), q.OnNode()) || within(q.OnNode(), r.OnNode()) {
+				errs = append(errs, fmt.Errorf("cacheRoots[%d] (%s on the nodes) overlaps cacheRoots[%d] (%s)", i, r.OnNode(), j, q.OnNode()))
+			}
+		}
+	}
+	return errs
+}
+
+// validate checks the placement settings.
+func (p Placement) validate() []error {
+	var errs []error
+	switch p.ExtendedResourceTolerations {
+	case "", ExtendedResourceTolerationsAuto, ExtendedResourceTolerationsOn, ExtendedResourceTolerationsOff:
+	default:
+		errs = append(errs, fmt.Errorf("placement.extendedResourceTolerations %q: want auto, on or off", p.ExtendedResourceTolerations))
+	}
+	seen := map[string]bool{}
+	for i, t := range p.InstanceTypes {
+		switch {
+		case t.InstanceType == "":
+			errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].instanceType is empty", i))
+		case seen[t.InstanceType]:
+			errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].instanceType %s: listed twice", i, t.InstanceType))
+		case len(t.NodeSelector) == 0 && len(t.MatchExpressions) == 0:
+			errs = append(errs, fmt.Errorf("placement.instanceTypes[%d] (%s): want nodeSelector or matchExpressions, the labels its nodes carry", i, t.InstanceType))
+		}
+		seen[t.InstanceType] = true
+		for k, v := range t.NodeSelector {
+			for _, msg := range validation.IsQualifiedName(k) {
+				errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].nodeSelector key %q: %s", i, k, msg))
+			}
+			for _, msg := range validation.IsValidLabelValue(v) {
+				errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].nodeSelector[%s] %q: %s", i, k, v, msg))
+			}
+		}
+		for j, e := range t.MatchExpressions {
+			if _, err := nodeSelectorRequirement(e); err != nil {
+				errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].matchExpressions[%d]: %w", i, j, err))
+			}
+		}
+	}
+	for i, t := range p.Tolerations {
+		switch {
+		case t.Operator != "" && t.Operator != corev1.TolerationOpExists && t.Operator != corev1.TolerationOpEqual:
+			errs = append(errs, fmt.Errorf("placement.tolerations[%d].operator %q: want Exists or Equal", i, t.Operator))
+		case t.Operator == corev1.TolerationOpExists && t.Value != "":
+			errs = append(errs, fmt.Errorf("placement.tolerations[%d]: operator Exists takes no value", i))
+		case t.Key == "" && t.Operator != corev1.TolerationOpExists:
+			errs = append(errs, fmt.Errorf("placement.tolerations[%d]: an empty key needs operator Exists", i))
+		}
+	}
+	return errs
+}
+
+// nodeSelectorRequirement checks one requirement as the scheduler reads it.
+func nodeSelectorRequirement(e corev1.NodeSelectorRequirement) (labels.Requirement, error) {
+	op := map[corev1.NodeSelectorOperator]selection.Operator{
+		corev1.NodeSelectorOpIn: selection.In, corev1.NodeSelectorOpNotIn: selection.NotIn,
+		corev1.NodeSelectorOpExists: selection.Exists, corev1.NodeSelectorOpDoesNotExist: selection.DoesNotExist,
+		corev1.NodeSelectorOpGt: selection.GreaterThan, corev1.NodeSelectorOpLt: selection.LessThan,
+	}[e.Operator]
+	if op == "" {
+		return labels.Requirement{}, fmt.Errorf("operator %q: want In, NotIn, Exists, DoesNotExist, Gt or Lt", e.Operator)
+	}
+	r, err := labels.NewRequirement(e.Key, op, e.Values)
+	if err != nil {
+		return labels.Requirement{}, err
+	}
+	return *r, nil
+}
+
 // SourceAllowed says whether prewarm may read src with its own identity on behalf of namespace
 // ns, and if not, why. A Hugging Face source is read with the parent's token or anonymously,
 // never with prewarm's identity: it is always allowed.
@@ -442,7 +656,17 @@ func (o Operator) SourceAllowed(ns string, src prewarmv1alpha1.CacheSource) (boo
 			}
 		}
 	}
-	return false, fmt.Sprintf("%s is not among the sources prewarm reads with its own identity for namespace %s (sourceAccess in the prewarm-config ConfigMap)", src, ns)
+	return false, fmt.Sprintf("%s is not among the sources prewarm reads with its own identity for namespace %s: the cluster admin allows it with config.sourceAccess in the chart's values (%s)", src, ns, ruleFor(ns, src))
+}
+
+// ruleFor is the sourceAccess rule that would allow src for namespace ns, as chart values.
+func ruleFor(ns string, src prewarmv1alpha1.CacheSource) string {
+	switch src.Type {
+	case inferencev1.ModelSourceFSx:
+		return fmt.Sprintf("- {namespaces: [%s], fsx: {fileSystemId: %s}}", ns, src.FileSystemID)
+	default:
+		return fmt.Sprintf("- {namespaces: [%s], s3: {bucket: %s}}", ns, src.Bucket)
+	}
 }
 
 // under reports whether key prefix p lies under rule prefix r, on path boundaries.
@@ -454,11 +678,11 @@ func under(p, r string) bool {
 
 // CacheRootAllowed says whether hostPath is one of the cache roots, and if not, why.
 func (o Operator) CacheRootAllowed(hostPath string) (bool, string) {
-	if slices.Contains(o.CacheRoots, hostPath) {
+	if _, ok := o.Root(hostPath); ok {
 		return true, ""
 	}
-	return false, fmt.Sprintf("hostPath %s is not an allowed cache root; the cluster admin allows %s",
-		hostPath, strings.Join(o.CacheRoots, ", "))
+	return false, fmt.Sprintf("hostPath %s is not an allowed cache root; the cluster admin allows %s (config.cacheRoots in the chart's values)",
+		hostPath, strings.Join(o.Roots(), ", "))
 }
 
 // FSxMountPath returns where the file system id is mounted on the nodes.

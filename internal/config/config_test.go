@@ -31,7 +31,7 @@ fsx:
 	if ok, why := op.CacheRootAllowed("/etc"); ok || !strings.Contains(why, "/opt/dlami/nvme, /mnt/nvme") {
 		t.Errorf("CacheRootAllowed(/etc) = %v, %q", ok, why)
 	}
-	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0] != config.DefaultCacheRoot ||
+	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0].Path != config.DefaultCacheRoot ||
 		def.Controller.GateTimeoutDuration() != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 {
 		t.Errorf("defaults %+v", def)
 	}

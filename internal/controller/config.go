@@ -7,9 +7,12 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/placement"
 )
 
 // Config is the cluster admin's configuration of prewarm's controller: the configuration it
@@ -18,6 +21,11 @@ type Config struct {
 	config.Operator
 	// OperatorNamespace is where shared objects live.
 	OperatorNamespace string
+	// ExtendedResourceTolerations is placement.extendedResourceTolerations resolved: whether the
+	// pods prewarm creates tolerate the NoSchedule taints named after the extended resources the
+	// inference pods request (auto: whether the API server's admission adds them; see
+	// DetectExtendedResourceTolerations).
+	ExtendedResourceTolerations bool
 }
 
 // Defaults fills the zero fields of c: the operator configuration's defaults, and the operator
@@ -27,6 +35,15 @@ func (c *Config) Defaults() {
 	if c.OperatorNamespace == "" {
 		c.OperatorNamespace = inferencev1.DefaultOperatorNamespace
 	}
+	if c.Placement.ExtendedResourceTolerations == config.ExtendedResourceTolerationsOn {
+		c.ExtendedResourceTolerations = true
+	}
+}
+
+// Rules are the placement rules of the configuration: how instance types find nodes, and what
+// the pods prewarm creates tolerate.
+func (c *Config) Rules() placement.Rules {
+	return placement.NewRules(c.Placement, c.ExtendedResourceTolerations)
 }
 
 // GateTimeout is the longest a Deployment waits for its weights cache to settle.
@@ -38,6 +55,15 @@ func (c *Config) Retention() time.Duration { return c.Controller.RetentionDurati
 
 // AgentImage is the image of the agent, the inference pods' init container.
 func (c *Config) AgentImage() string { return c.Controller.AgentImage }
+
+// PullSecrets are the Secrets the pods prewarm creates pull the agent image with.
+func (c *Config) PullSecrets() []corev1.LocalObjectReference {
+	var out []corev1.LocalObjectReference
+	for _, s := range c.Controller.ImagePullSecrets {
+		out = append(out, corev1.LocalObjectReference{Name: s})
+	}
+	return out
+}
 
 // CacheSource returns the typed address of a model source, as the agents and the init container
 // read it. An FSx source must name a file system the configuration maps to a mount.
@@ -93,8 +119,6 @@ const (
 	ManagedBy = "prewarm"
 	// ImageCacheLabel, on an image cache's DaemonSet and pods, is the InferenceImageCache's name.
 	ImageCacheLabel = "prewarm.io/image-cache"
-	// ImageCachePriorityClass is the low, non-preempting priority of image cache pods.
-	ImageCachePriorityClass = "prewarm-image-cache"
 	// FieldManager is the controller's server-side apply field manager.
 	FieldManager = "prewarm-controller"
 )

@@ -68,15 +68,16 @@ func IsCacheLabel(key string) bool {
 	return strings.HasPrefix(key, inferencev1.WeightsCacheReadyLabelPrefix) || strings.HasPrefix(key, inferencev1.ImageCacheReadyLabelPrefix)
 }
 
-// CandidateNodes lists, read-only, the nodes a placement may select: those of its instance
-// types when it names some (through the index), every node otherwise.
-func CandidateNodes(ctx context.Context, c client.Reader, instanceTypes []string) ([]*corev1.Node, error) {
-	if len(instanceTypes) == 0 {
+// CandidateNodes lists, read-only, the nodes a placement may select: those whose instance type
+// label is one of values (through the index), or every node when all is set
+// (placement.Rules.Candidates).
+func CandidateNodes(ctx context.Context, c client.Reader, values []string, all bool) ([]*corev1.Node, error) {
+	if all {
 		return listNodes(ctx, c)
 	}
 	var out []*corev1.Node
 	seen := map[string]bool{}
-	for _, t := range instanceTypes {
+	for _, t := range values {
 		nodes, err := listNodes(ctx, c, client.MatchingFields{NodeInstanceTypeIndex: t})
 		if err != nil {
 			return nil, err

@@ -81,6 +81,20 @@ func sameLabelsBesidesCaches(a, b map[string]string) bool {
 	return true
 }
 
+// Reasons of the events the controller records besides its conditions' reasons (CamelCase,
+// stable: scripts may match on them; docs/operations.md has a row for each).
+const (
+	EventUnsupportedFields = "UnsupportedFields"
+	EventCacheCreated      = "CacheCreated"
+	EventDeploymentCreated = "DeploymentCreated"
+	EventRollStarted       = "RollStarted"
+	EventOldCacheRemoved   = "OldCacheRemoved"
+	EventCleanupDone       = "CleanupDone"
+	EventNodeReady         = "NodeReady"
+	EventNodeFailed        = "NodeFailed"
+	EventNodeDownloading   = "NodeDownloading"
+)
+
 // Event records an Event about obj when rec is set (the reconcilers' tests run without one).
 func Event(rec events.EventRecorder, obj runtime.Object, eventType, reason, action, note string) {
 	if rec != nil {

@@ -161,10 +161,22 @@ type NodeCacheSpec struct {
 
 // RootStatus is the filesystem under one allowed root.
 type RootStatus struct {
-	// path is the root, as a node path.
+	// path is the root, as parents name it (weightsCache.hostPath).
 	// +required
 	// +kubebuilder:validation:MaxLength=255
 	Path string `json:"path"`
+	// nodePath is where the root is on the node, when not at path.
+	// +optional
+	// +kubebuilder:validation:MaxLength=255
+	NodePath string `json:"nodePath,omitempty"`
+	// reason, when set, says why the node keeps no cache under the root (NoLocalDisk).
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason,omitempty"`
+	// message says, for people, why the node keeps no cache under the root.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
 	// capacityBytes is the filesystem's size.
 	// +optional
 	CapacityBytes int64 `json:"capacityBytes,omitempty"`
@@ -288,6 +300,7 @@ type NodeCacheStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,categories=prewarm
+// +kubebuilder:metadata:labels="prewarm.io/api=true"
 // +kubebuilder:printcolumn:name="Heartbeat",type=date,JSONPath=`.status.heartbeatTime`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
@@ -350,6 +363,11 @@ const (
 	ReasonWaitingForCredentials = "WaitingForCredentials"
 	// ReasonNodeCacheFull says the node is already asked for MaxCachesPerNode other caches.
 	ReasonNodeCacheFull = "NodeCacheFull"
+	// ReasonNoLocalDisk: the cache's root is not a disk of its own on this node (it does not
+	// exist, or it is on the node's root filesystem or the kubelet's), and the operator
+	// configuration does not allow that root there (cacheRoots[].allowRootFilesystem). The node
+	// keeps no cache; its pods read the model from the source into a copy that goes with them.
+	ReasonNoLocalDisk = "NoLocalDisk"
 )
 
 // Terminal reports whether a failure reason is one that waiting will not fix: a node whose
@@ -357,7 +375,7 @@ const (
 func Terminal(reason string) bool {
 	switch reason {
 	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied,
-		ReasonInvalidSource, ReasonNodeCacheFull, ReasonSourceChanged:
+		ReasonInvalidSource, ReasonNodeCacheFull, ReasonSourceChanged, ReasonNoLocalDisk:
 		return true
 	}
 	return false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/scheme"
 )
@@ -299,14 +301,20 @@ type NodeExplanation struct {
 	Roots        []RootReport       `json:"roots"`
 	Weights      []CacheExplanation `json:"weightsCaches"`
 	Images       []CacheExplanation `json:"imageCaches"`
+	// Note says what the explanation could not take into account.
+	Note string `json:"note,omitempty"`
 }
 
 // RootReport is the disk under an allowed root.
 type RootReport struct {
 	Path          string `json:"path"`
+	NodePath      string `json:"nodePath,omitempty"`
 	CapacityBytes int64  `json:"capacityBytes"`
 	FreeBytes     int64  `json:"freeBytes"`
 	ReservedBytes int64  `json:"reservedBytes"`
+	// Reason and Message say why the node keeps no cache under the root (NoLocalDisk).
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
 }
 
 // CacheExplanation says whether a node holds a cache, and why not.
@@ -320,13 +328,32 @@ type CacheExplanation struct {
 // one at least every minute.
 const agentStale = 3 * time.Minute
 
-func buildExplanation(ctx context.Context, c client.Client, nodeName string, now time.Time) (*NodeExplanation, error) {
+// operatorRules reads the placement rules of the operator configuration (the prewarm-config
+// ConfigMap in namespace ns): how instance types find nodes. The caches' tolerations are the
+// pods' own already. When the configuration cannot be read, the defaults, and a note saying so.
+func operatorRules(ctx context.Context, c client.Client, ns string) (placement.Rules, string) {
+	cm := &corev1.ConfigMap{}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: operatorConfigMap}, cm); err != nil {
+		return placement.Rules{}, fmt.Sprintf("the operator configuration (ConfigMap %s/%s) could not be read (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
+	}
+	op, err := config.Parse([]byte(cm.Data[filepath.Base(config.File)]))
+	if err != nil {
+		return placement.Rules{}, fmt.Sprintf("the operator configuration (ConfigMap %s/%s) does not parse (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
+	}
+	return placement.NewRules(op.Placement, false), ""
+}
+
+// operatorConfigMap is the ConfigMap of the operator configuration (the chart's and config/'s).
+const operatorConfigMap = "prewarm-config"
+
+func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS string, now time.Time) (*NodeExplanation, error) {
+	rules, note := operatorRules(ctx, c, operatorNS)
 	node := &corev1.Node{}
 	if err := c.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil {
 		return nil, err
 	}
 	ex := &NodeExplanation{Node: node.Name, InstanceType: node.Labels[inferencev1.InstanceTypeLabel], Roots: []RootReport{},
-		Weights: []CacheExplanation{}, Images: []CacheExplanation{}}
+		Weights: []CacheExplanation{}, Images: []CacheExplanation{}, Note: note}
 	nc := &prewarmv1alpha1.NodeCache{}
 	err := c.Get(ctx, types.NamespacedName{Name: nodeName}, nc)
 	switch {
@@ -345,7 +372,8 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName string, now
 	}
 	if nc != nil {
 		for _, r := range nc.Status.Roots {
-			ex.Roots = append(ex.Roots, RootReport{Path: r.Path, CapacityBytes: r.CapacityBytes, FreeBytes: r.FreeBytes, ReservedBytes: r.ReservedBytes})
+			ex.Roots = append(ex.Roots, RootReport{Path: r.Path, NodePath: r.NodePath, CapacityBytes: r.CapacityBytes, FreeBytes: r.FreeBytes,
+				ReservedBytes: r.ReservedBytes, Reason: r.Reason, Message: r.Message})
 		}
 	}
 
@@ -354,21 +382,21 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName string, now
 		return nil, err
 	}
 	for _, m := range caches.Items {
-		ex.Weights = append(ex.Weights, explainWeights(&m, node, nc))
+		ex.Weights = append(ex.Weights, explainWeights(rules, &m, node, nc))
 	}
 	images := &inferencev1.InferenceImageCacheList{}
 	if err := c.List(ctx, images); err != nil {
 		return nil, err
 	}
 	for _, x := range images.Items {
-		ex.Images = append(ex.Images, explainImage(&x, node))
+		ex.Images = append(ex.Images, explainImage(rules, &x, node))
 	}
 	return ex, nil
 }
 
-func explainWeights(m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *prewarmv1alpha1.NodeCache) CacheExplanation {
+func explainWeights(rules placement.Rules, m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *prewarmv1alpha1.NodeCache) CacheExplanation {
 	e := CacheExplanation{Cache: m.Namespace + "/" + m.Name}
-	if ok, why := placement.Match(m.Spec.Placement, node); !ok {
+	if ok, why := rules.Match(m.Spec.Placement, node); !ok {
 		e.Why = "not a target: " + why
 		return e
 	}
@@ -415,9 +443,9 @@ func explainWeights(m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *
 	return e
 }
 
-func explainImage(x *inferencev1.InferenceImageCache, node *corev1.Node) CacheExplanation {
+func explainImage(rules placement.Rules, x *inferencev1.InferenceImageCache, node *corev1.Node) CacheExplanation {
 	e := CacheExplanation{Cache: x.Namespace + "/" + x.Name}
-	if ok, why := placement.Match(x.Spec.Placement, node); !ok {
+	if ok, why := rules.Match(x.Spec.Placement, node); !ok {
 		e.Why = "not a target: " + why
 		return e
 	}

@@ -33,6 +33,8 @@ type statusOptions struct {
 	interval      time.Duration
 	nodes         nodeView
 	now           func() time.Time
+	// operatorNamespace is where explain reads the operator configuration.
+	operatorNamespace string
 }
 
 func (o *statusOptions) addOutput(cmd *cobra.Command) {
@@ -285,7 +287,7 @@ far), failed (the message), or the disk it would need.`,
 			if err != nil {
 				return err
 			}
-			ex, err := buildExplanation(cmd.Context(), c, args[1], o.now())
+			ex, err := buildExplanation(cmd.Context(), c, args[1], o.operatorNamespace, o.now())
 			if err != nil {
 				return err
 			}
@@ -293,6 +295,7 @@ far), failed (the message), or the disk it would need.`,
 		},
 	}
 	o.addOutput(cmd)
+	cmd.Flags().StringVar(&o.operatorNamespace, "operator-namespace", inferencev1.DefaultOperatorNamespace, "namespace of prewarm's operator configuration (the prewarm-config ConfigMap), which says how instance types find nodes")
 	return cmd
 }
 
@@ -300,8 +303,19 @@ func renderExplanation(w io.Writer, ex *NodeExplanation) error {
 	fmt.Fprintf(w, "node %s (%s)\n", ex.Node, orDash(ex.InstanceType))
 	fmt.Fprintf(w, "  agent: %s\n", ex.Agent)
 	for _, r := range ex.Roots {
-		fmt.Fprintf(w, "  disk %s: %s, %s free for caches (%s kept free)\n", r.Path,
+		at := r.Path
+		if r.NodePath != "" {
+			at += " (at " + r.NodePath + ")"
+		}
+		if r.Reason != "" {
+			fmt.Fprintf(w, "  disk %s: %s: %s\n", at, r.Reason, r.Message)
+			continue
+		}
+		fmt.Fprintf(w, "  disk %s: %s, %s free for caches (%s kept free)\n", at,
 			engine.HumanBytes(r.CapacityBytes), engine.HumanBytes(r.FreeBytes), engine.HumanBytes(r.ReservedBytes))
+	}
+	if ex.Note != "" {
+		fmt.Fprintf(w, "  note: %s\n", ex.Note)
 	}
 	section := func(title string, list []CacheExplanation) {
 		fmt.Fprintf(w, "  %s:\n", title)

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -104,6 +105,7 @@ func fixture(t *testing.T, c client.Client) {
 	ic := &inferencev1.InferenceImageCache{ObjectMeta: metav1.ObjectMeta{Namespace: "hyperpod-inference-system", Name: "iic-vllm-openai-ml-g5-24xlarge-a1b2"},
 		Spec: inferencev1.InferenceImageCacheSpec{Image: "vllm/vllm-openai:latest", Placement: placement.FromParent("ml.g5.24xlarge", nil, nil, nil)}}
 	mustCreate(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "hyperpod-inference-system"}})
+	mustCreate(t, c, shippedConfig(t))
 	mustCreate(t, c, ic)
 	setStatus(t, c, ic, func() {
 		ic.Status = inferencev1.InferenceImageCacheStatus{Phase: inferencev1.ImageFailed, CachedNodes: 1, TargetNodes: 2, FailedNodes: 1,
@@ -122,6 +124,25 @@ func fixture(t *testing.T, c client.Client) {
 				"meta-textgeneration-llama-3-1-8b-instruct is a gated model: accept its end-user licence by setting spec.model.acceptEula: true"),
 		}}
 	})
+}
+
+// shippedConfig is the operator configuration config/ installs (the chart's defaults), which
+// explain reads for how instance types find nodes.
+func shippedConfig(t *testing.T) *corev1.ConfigMap {
+	t.Helper()
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "config", "manager", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &corev1.ConfigMap{}
+	if err := yaml.UnmarshalStrict(b, cm); err != nil {
+		t.Fatal(err)
+	}
+	return cm
 }
 
 func TestStatusAndExplainGolden(t *testing.T) {

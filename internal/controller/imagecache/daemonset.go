@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +14,6 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/placement"
 )
 
 const (
@@ -38,9 +38,9 @@ func (r *Reconciler) daemonSet(c *inferencev1.InferenceImageCache) *appsv1.Daemo
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("32Mi")},
 	}
 	spec := corev1.PodSpec{
-		PriorityClassName:             controller.ImageCachePriorityClass,
+		PriorityClassName:             r.Config.Controller.ImageCachePriorityClass,
 		Tolerations:                   c.Spec.Placement.Tolerations,
-		ImagePullSecrets:              c.Spec.ImagePullSecrets,
+		ImagePullSecrets:              append(slices.Clone(c.Spec.ImagePullSecrets), r.Config.PullSecrets()...),
 		TerminationGracePeriodSeconds: ptr.To[int64](5),
 		AutomountServiceAccountToken:  ptr.To(false),
 		EnableServiceLinks:            ptr.To(false),
@@ -63,7 +63,7 @@ func (r *Reconciler) daemonSet(c *inferencev1.InferenceImageCache) *appsv1.Daemo
 			EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("16Mi"))},
 		}}},
 	}
-	if terms := placement.RequiredTerms(c.Spec.Placement); len(terms) > 0 {
+	if terms := r.Config.Rules().RequiredTerms(c.Spec.Placement); len(terms) > 0 {
 		spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms},
 		}}

@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,7 +23,6 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/placement"
 )
 
 // Reconciler reconciles InferenceImageCache objects.
@@ -42,7 +40,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch
 
 // SetupWithManager registers the reconciler with mgr, whose cache must have
 // controller.NodeIndexes (controller.RegisterIndexes).
@@ -106,7 +104,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 		return client.IgnoreNotFound(r.Client.Delete(ctx, c))
 	}
 
-	if err := r.ensurePriorityClass(ctx); err != nil {
+	if err := r.checkPriorityClass(ctx); err != nil {
 		return err
 	}
 	ds, err := r.ensureDaemonSet(ctx, c)
@@ -116,7 +114,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 
 	// Read-only views of the informer cache: the nodes of the placement's instance types (an
 	// index), the cache's own pods, and the nodes that carry its label.
-	nodes, err := controller.CandidateNodes(ctx, r.Client, c.Spec.Placement.InstanceTypes)
+	rules := r.Config.Rules()
+	values, all := rules.Candidates(c.Spec.Placement)
+	nodes, err := controller.CandidateNodes(ctx, r.Client, values, all)
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	}
 	var targets []*corev1.Node
 	for _, n := range nodes {
-		if ok, _ := placement.Match(c.Spec.Placement, n); ok {
+		if ok, _ := rules.Match(c.Spec.Placement, n); ok {
 			targets = append(targets, n)
 		}
 	}
@@ -199,23 +199,16 @@ func (r *Reconciler) finalize(ctx context.Context, c *inferencev1.InferenceImage
 	return controller.RemoveFinalizer(ctx, r.Client, c, inferencev1.CacheFinalizer)
 }
 
-func (r *Reconciler) ensurePriorityClass(ctx context.Context) error {
-	pc := &schedulingv1.PriorityClass{}
-	err := r.Client.Get(ctx, types.NamespacedName{Name: controller.ImageCachePriorityClass}, pc)
-	if !apierrors.IsNotFound(err) {
-		return err
+// checkPriorityClass makes sure the image cache pods' PriorityClass exists (the chart and
+// config/ install it; the controller does not, so that nothing of prewarm's outlives an
+// uninstall): without it, the DaemonSet could create no pod.
+func (r *Reconciler) checkPriorityClass(ctx context.Context) error {
+	name := r.Config.Controller.ImageCachePriorityClass
+	err := r.Client.Get(ctx, types.NamespacedName{Name: name}, &schedulingv1.PriorityClass{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("the image cache pods' PriorityClass %s does not exist: prewarm's chart (or config/agent/priorityclasses.yaml) installs it", name)
 	}
-	pc = &schedulingv1.PriorityClass{
-		ObjectMeta: metav1.ObjectMeta{Name: controller.ImageCachePriorityClass,
-			Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy}},
-		Value:            -10,
-		PreemptionPolicy: ptr.To(corev1.PreemptNever),
-		Description:      "prewarm's image cache pods: below every workload, never preempting one",
-	}
-	if err := r.Client.Create(ctx, pc); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	return nil
+	return err
 }
 
 func (r *Reconciler) ensureDaemonSet(ctx context.Context, c *inferencev1.InferenceImageCache) (*appsv1.DaemonSet, error) {

@@ -17,6 +17,15 @@ import (
 
 func intOrPercent(s string) intstr.IntOrString { return intstr.FromString(s) }
 
+// Reasons of a node's entry in an image cache's status, besides the kubelet's own (the
+// container's waiting reason: ErrImagePull, ImagePullBackOff, ...).
+const (
+	// ReasonNoPod: the DaemonSet has no pod on the node yet.
+	ReasonNoPod = "NoPod"
+	// ReasonPulled: the image is on the node, pinned by a running container.
+	ReasonPulled = "Pulled"
+)
+
 // pullFailures are the container waiting reasons that mean the image cannot be pulled.
 var pullFailures = []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable", "SignatureValidationFailed"}
 
@@ -24,7 +33,7 @@ var pullFailures = []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageNam
 func nodeImage(node string, pod *corev1.Pod) (inferencev1.NodeImageStatus, string) {
 	ns := inferencev1.NodeImageStatus{Name: node, Phase: inferencev1.ImagePending}
 	if pod == nil {
-		ns.Reason, ns.Message = "NoPod", "the DaemonSet has not placed a pod on this node yet"
+		ns.Reason, ns.Message = ReasonNoPod, "the DaemonSet has not placed a pod on this node yet"
 		return ns, ""
 	}
 	for _, cs := range pod.Status.ContainerStatuses {
@@ -33,7 +42,7 @@ func nodeImage(node string, pod *corev1.Pod) (inferencev1.NodeImageStatus, strin
 		}
 		switch {
 		case cs.State.Running != nil || cs.ImageID != "":
-			ns.Phase, ns.Reason, ns.Message = inferencev1.ImageComplete, "Pulled", "the image is on the node and pinned by a running container"
+			ns.Phase, ns.Reason, ns.Message = inferencev1.ImageComplete, ReasonPulled, "the image is on the node and pinned by a running container"
 			return ns, digest(cs.ImageID)
 		case cs.State.Waiting != nil && slices.Contains(pullFailures, cs.State.Waiting.Reason):
 			ns.Phase, ns.Reason, ns.Message = inferencev1.ImageFailed, cs.State.Waiting.Reason, cs.State.Waiting.Message
@@ -43,7 +52,7 @@ func nodeImage(node string, pod *corev1.Pod) (inferencev1.NodeImageStatus, strin
 			return ns, ""
 		}
 	}
-	ns.Phase, ns.Reason, ns.Message = inferencev1.ImagePulling, "Pulling", "the pod "+pod.Name+" is starting"
+	ns.Phase, ns.Reason, ns.Message = inferencev1.ImagePulling, inferencev1.ReasonPulling, "the pod "+pod.Name+" is starting"
 	return ns, ""
 }
 

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/placement"
 )
 
 // checkDerived refuses, before anything is created, a parent whose Deployment or Service the API
@@ -45,7 +44,7 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 				"spec.kubernetes.initContainers has a container named %q, the name of prewarm's own init container: choose another name", k.Name)}
 		}
 	}
-	terms := placement.RequiredTerms(m.placement)
+	terms := r.Config.Rules().RequiredTerms(m.placement)
 	for _, p := range m.preferred {
 		terms = append(terms, p.Preference)
 	}

@@ -81,7 +81,7 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 		worker.SecurityContext = restrictedContainer()
 	}
 	spec.Containers = []corev1.Container{worker}
-	spec.Affinity = affinity(m, cache, image)
+	spec.Affinity = affinity(r.Config.Rules(), m, cache, image)
 	return corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: annotations}, Spec: spec}, nil
 }
 
@@ -149,6 +149,9 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: modelVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	worker.VolumeMounts = append(worker.VolumeMounts, corev1.VolumeMount{Name: modelVolume, MountPath: m.mountPath(), SubPath: modelSubPath, ReadOnly: true})
 	spec.InitContainers = append(spec.InitContainers, prepare)
+	// The agent image may be in a private registry (controller.imagePullSecrets: Secrets of
+	// that name in the parent's namespace).
+	spec.ImagePullSecrets = append(spec.ImagePullSecrets, r.Config.PullSecrets()...)
 	return nil
 }
 
@@ -172,9 +175,9 @@ func restrictedContainer() *corev1.SecurityContext {
 // affinity is the placement's required terms, and preferences (never requirements): first for
 // the nodes that hold the weights cache, then the parent's own, then for the nodes that hold
 // the image (which takes far less time to fetch than the weights).
-func affinity(m *model, cache *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) *corev1.Affinity {
+func affinity(rules placement.Rules, m *model, cache *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) *corev1.Affinity {
 	aff := &corev1.NodeAffinity{}
-	if terms := placement.RequiredTerms(m.placement); len(terms) > 0 {
+	if terms := rules.RequiredTerms(m.placement); len(terms) > 0 {
 		aff.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{NodeSelectorTerms: terms}
 	}
 	prefer := func(weight int32, label string) {

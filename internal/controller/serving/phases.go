@@ -27,6 +27,10 @@ import (
 // problem that only a change of the spec or of the cluster can fix is reported on the parent
 // (condition and event) rather than retried in a loop.
 func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inferencev1.ParentStatus) (ctrl.Result, error) {
+	// The pods tolerate what the parent says, and what the operator configuration adds (its
+	// own tolerations; those an extended-resource admission gives GPU pods): the caches are
+	// for the nodes those pods may run on.
+	m.placement.Tolerations = r.Config.Rules().Tolerations(m.placement.Tolerations, append(slices.Clone(m.kubernetes.InitContainers), workerContainer(m))...)
 	res, err := r.applyModel(ctx, m, st)
 	var p *problem
 	if errors.As(err, &p) {
@@ -50,7 +54,7 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 	if len(m.unsupported) > 0 {
 		msg := "accepted and validated as HyperPod defines them, without effect here: " + sortedJoin(m.unsupported)
 		if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionUnsupported); prev == nil || prev.Message != msg {
-			transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeWarning, "UnsupportedFields", "Validate", msg)
+			transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeWarning, controller.EventUnsupportedFields, "Validate", msg)
 		}
 		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect, msg)
 	} else {
@@ -174,7 +178,7 @@ func (r *Reconciler) weightsPhase(ctx context.Context, m *model, st *inferencev1
 		return nil, result, false, err
 	}
 	if !slices.ContainsFunc(owned, func(c inferencev1.ModelDataCacheConfig) bool { return c.UID == cache.UID }) {
-		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "CacheCreated", "Create",
+		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventCacheCreated, "Create",
 			fmt.Sprintf("weights cache %s: %s under %s on every target node", cache.Name, sourceName(cache), cache.Spec.HostPath))
 	}
 	st.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
@@ -231,7 +235,7 @@ func (r *Reconciler) deploymentPhase(ctx context.Context, m *model, st *inferenc
 		if use != nil {
 			r.Metrics.GateOpened(r.Now().Sub(use.CreationTimestamp.Time).Seconds())
 		}
-		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "DeploymentCreated", "Create",
+		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventDeploymentCreated, "Create",
 			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(st)))
 		return want, nil
 	case !metav1.IsControlledBy(dep, m.owner):
@@ -254,7 +258,7 @@ func (r *Reconciler) deploymentPhase(ctx context.Context, m *model, st *inferenc
 		}
 		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", tmpl.Annotations[controller.WeightsCacheAnnotation])
 		if after := tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
-			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "RollStarted", "Update",
+			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventRollStarted, "Update",
 				fmt.Sprintf("Deployment %s rolls from weights cache %q to %q", dep.Name, before, after))
 		}
 	}
@@ -272,7 +276,7 @@ func (r *Reconciler) removeOldCaches(ctx context.Context, m *model, dep *appsv1.
 			continue
 		}
 		ctrl.LoggerFrom(ctx).Info("removing a cache the pods no longer read", "cache", c.Name)
-		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, "OldCacheRemoved", "Delete",
+		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventOldCacheRemoved, "Delete",
 			fmt.Sprintf("every pod runs the new template; removing weights cache %s from every node", c.Name))
 		if err := r.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 			return err

@@ -38,6 +38,9 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 	addr := map[string]string{}
 	var members, silent []string
 	for _, n := range targets {
+		if rep := reportFor(byNode[n.Name], uid); rep != nil && rep.State == inferencev1.CacheFailed && rep.Reason == prewarmv1alpha1.ReasonNoLocalDisk {
+			continue // keeps no cache: it would hold no part for its group
+		}
 		if nc := byNode[n.Name]; nc != nil && nc.Status.PeerAddress != "" {
 			addr[n.Name] = nc.Status.PeerAddress
 			members = append(members, n.Name)

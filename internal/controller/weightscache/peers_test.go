@@ -186,3 +186,20 @@ func equalPeers(a, b map[string][]prewarmv1alpha1.CachePeer) bool {
 	}
 	return true
 }
+
+// A node with no local disk for caches holds no part: it is nobody's peer, and has none.
+func TestNodesWithoutADiskAreNoPeers(t *testing.T) {
+	const uid = "cache-1"
+	nodes, byNode := fleetOf(3)
+	noDisk := nodes[1].Name
+	byNode[noDisk].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonNoLocalDisk}}
+	peers := assignPeers(uid, nodes, byNode, 4)
+	if len(peers[noDisk]) > 0 {
+		t.Errorf("%s (NoLocalDisk) has peers %v", noDisk, peers[noDisk])
+	}
+	for _, n := range []string{nodes[0].Name, nodes[2].Name} {
+		if len(peers[n]) != 1 || peers[n][0].Node == noDisk {
+			t.Errorf("%s has peers %v; want the other node with a disk only", n, peers[n])
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -135,6 +136,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		return 0, err
 	}
 	st, ready := r.gather(m, p.targets, p.retained, byNode, full)
+	noteExcluded(&st, p.excluded)
 	recordNodeEvents := r.nodeEvents(m, st)
 	if err := r.label(ctx, m, p, ready, deleting); err != nil {
 		return 0, err
@@ -166,7 +168,47 @@ type plan struct {
 	retained map[string]retention
 	// retainedNodes are the nodes of retained.
 	retainedNodes []*corev1.Node
-	requeue       time.Duration
+	// excluded are the nodes the placement selects that are neither targets nor retained: the
+	// pods could not run there (a taint they do not tolerate, a cordon).
+	excluded excluded
+	requeue  time.Duration
+}
+
+// excluded counts nodes left out of a cache's targets, by why.
+type excluded struct {
+	count int
+	// nodes are the first few nodes left out for each reason.
+	nodes map[string][]string
+	// whys are the reasons in the order first seen.
+	whys []string
+}
+
+// maxExcludedNamed is how many nodes left out for one reason a message names.
+const maxExcludedNamed = 5
+
+func (e *excluded) add(why, node string) {
+	if e.nodes == nil {
+		e.nodes = map[string][]string{}
+	}
+	if _, ok := e.nodes[why]; !ok {
+		e.whys = append(e.whys, why)
+	}
+	e.count++
+	if len(e.nodes[why]) < maxExcludedNamed {
+		e.nodes[why] = append(e.nodes[why], node)
+	}
+}
+
+// String says which nodes are left out and why ("": none), for the Ready condition.
+func (e excluded) String() string {
+	if e.count == 0 {
+		return ""
+	}
+	parts := make([]string, len(e.whys))
+	for i, why := range e.whys {
+		parts[i] = fmt.Sprintf("%s (%s)", why, strings.Join(e.nodes[why], ", "))
+	}
+	return fmt.Sprintf("%d node(s) the placement selects are left out, the pods could not run there: %s", e.count, strings.Join(parts, "; "))
 }
 
 // verdict is a condition the cache's spec or surroundings impose; failed marks the cache Failed
@@ -228,8 +270,9 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 	// target, but keeps what it was asked for until the retention passes: that state passes,
 	// and the model will be wanted there again.
 	now := r.Now()
+	rules := r.Config.Rules()
 	for _, n := range nodes {
-		if ok, _ := placement.Selects(m.Spec.Placement, n); !ok {
+		if ok, _ := rules.Selects(m.Spec.Placement, n); !ok {
 			if demanded(byNode[n.Name], m) {
 				// Pods of the cache's namespace on this node ask for it (their CSI volume),
 				// though the placement does not select it: the node holds it for them while
@@ -245,7 +288,8 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 		}
 		asked := requestFor(byNode[n.Name], string(m.UID))
 		if asked == nil {
-			continue // never asked here: nothing to keep
+			p.excluded.add(why, n.Name) // never asked here: nothing to keep
+			continue
 		}
 		since := asked.RetainedSince
 		t, err := time.Parse(time.RFC3339, since)
@@ -254,7 +298,8 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 		}
 		left := r.Config.Retention() - now.Sub(t)
 		if left <= 0 {
-			continue // kept long enough: withdrawn
+			p.excluded.add(why, n.Name) // kept long enough: withdrawn
+			continue
 		}
 		p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention()), why: why}
 		p.retainedNodes = append(p.retainedNodes, n)
@@ -383,7 +428,8 @@ func pinNotNeeded(asked, want prewarmv1alpha1.CacheRequest, rep *prewarmv1alpha1
 // nodes its placement may select (through the instance-type index when it names types) and
 // the nodes whose NodeCache names the cache (through the cache index), with those NodeCaches.
 func (r *Reconciler) fleet(ctx context.Context, m *inferencev1.ModelDataCacheConfig) ([]*corev1.Node, []*prewarmv1alpha1.NodeCache, map[string]*prewarmv1alpha1.NodeCache, error) {
-	nodes, err := controller.CandidateNodes(ctx, r.Client, m.Spec.Placement.InstanceTypes)
+	values, all := r.Config.Rules().Candidates(m.Spec.Placement)
+	nodes, err := controller.CandidateNodes(ctx, r.Client, values, all)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -480,7 +526,7 @@ func (r *Reconciler) finishDeletion(ctx context.Context, m *inferencev1.ModelDat
 	}
 	ctrl.LoggerFrom(ctx).Info("cache removed from every node")
 	r.Metrics.WeightsCache(m, true)
-	controller.Event(r.Recorder, m, corev1.EventTypeNormal, "CleanupDone", "Delete", "every node has removed the cache's files and labels")
+	controller.Event(r.Recorder, m, corev1.EventTypeNormal, controller.EventCleanupDone, "Delete", "every node has removed the cache's files and labels")
 	return 0, nil
 }
 
@@ -636,12 +682,12 @@ func (r *Reconciler) nodeEvents(m *inferencev1.ModelDataCacheConfig, st inferenc
 		}
 		switch n.State {
 		case inferencev1.CacheReady:
-			event(corev1.EventTypeNormal, "NodeReady", fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
+			event(corev1.EventTypeNormal, controller.EventNodeReady, fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
 		case inferencev1.CacheFailed:
-			event(corev1.EventTypeWarning, "NodeFailed", fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
+			event(corev1.EventTypeWarning, controller.EventNodeFailed, fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
 		case inferencev1.CacheDownloading:
 			if _, ok := before[n.Name]; !ok || before[n.Name].State != inferencev1.CacheDownloading {
-				event(corev1.EventTypeNormal, "NodeDownloading", fmt.Sprintf("node %s started downloading", n.Name))
+				event(corev1.EventTypeNormal, controller.EventNodeDownloading, fmt.Sprintf("node %s started downloading", n.Name))
 			}
 		}
 	}

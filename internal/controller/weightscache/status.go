@@ -115,6 +115,10 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 // tally counts the target nodes by state; retained nodes are not counted.
 type tally struct {
 	downloading, failed, pending int
+	// noDisk are the nodes that have no local disk for caches (NoLocalDisk): not counted as
+	// targets (their pods read the model from the source), named in the Ready condition.
+	noDisk      int
+	noDiskNodes []string
 	// failures are the first maxFailures failed nodes, for the Ready condition's message.
 	failures     []string
 	firstFailure string // reason
@@ -127,6 +131,13 @@ type tally struct {
 const maxFailures = 10
 
 func (t *tally) count(ns inferencev1.NodeCacheStatus) {
+	if ns.State == inferencev1.CacheFailed && ns.Reason == prewarmv1alpha1.ReasonNoLocalDisk {
+		t.noDisk++
+		if len(t.noDiskNodes) < maxFailures {
+			t.noDiskNodes = append(t.noDiskNodes, ns.Name)
+		}
+		return
+	}
 	switch ns.State {
 	case inferencev1.CacheReady:
 		t.ready++
@@ -153,6 +164,14 @@ func (t *tally) count(ns inferencev1.NodeCacheStatus) {
 func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelDataCacheConfig, t tally) {
 	st.ReadyNodes, st.SettledNodes = t.ready, t.settled
 	st.DownloadingNodes, st.FailedNodes = int32(t.downloading), int32(t.failed)
+	// Nodes with no local disk for caches hold none: they are not the cache's targets.
+	st.TargetNodes -= int32(t.noDisk)
+	defer func() {
+		if t.noDisk > 0 {
+			appendCondition(st, fmt.Sprintf("%d node(s) have no local disk for caches (%s: %s); their pods read the model from the source",
+				t.noDisk, prewarmv1alpha1.ReasonNoLocalDisk, controller.SummarizeOf(t.noDiskNodes, t.noDisk, maxFailures, ", ")))
+		}
+	}()
 	switch {
 	case st.TargetNodes == 0:
 		st.State = inferencev1.CachePending
@@ -183,6 +202,22 @@ func setCondition(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.Mod
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
 		Type: inferencev1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: m.Generation,
 	})
+}
+
+// appendCondition adds a sentence to the Ready condition's message.
+func appendCondition(st *inferencev1.ModelDataCacheConfigStatus, msg string) {
+	if c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady); c != nil {
+		c.Message += "; " + msg
+	}
+}
+
+// noteExcluded says, on the Ready condition, which nodes the placement selects but the pods
+// could not run on (a taint they do not tolerate, a cordon), so that a cache with fewer
+// targets than nodes says why.
+func noteExcluded(st *inferencev1.ModelDataCacheConfigStatus, e excluded) {
+	if e.count > 0 {
+		appendCondition(st, e.String())
+	}
 }
 
 // writeStatus writes st when it differs from what is stored.

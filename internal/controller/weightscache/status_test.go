@@ -107,3 +107,34 @@ func TestGather(t *testing.T) {
 		t.Errorf("a split revision: ready %d, revision %s, nodes %+v, condition %+v", st.ReadyNodes, st.ResolvedRevision, st.Nodes, c)
 	}
 }
+
+// A node with no local disk for caches is not counted as a target: the cache is Ready when the
+// nodes that can hold it do, and the Ready condition names the node and why.
+func TestNodesWithoutADiskAreNotTargets(t *testing.T) {
+	const uid = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Now: func() time.Time { return now }}
+	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
+	report := func(state inferencev1.CacheState, reason string) *prewarmv1alpha1.NodeCache {
+		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, State: state, Reason: reason}}}}
+	}
+	targets := []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "root-fs"}}}
+	byNode := map[string]*prewarmv1alpha1.NodeCache{"a": report(inferencev1.CacheReady, "Verified"), "root-fs": report(inferencev1.CacheFailed, prewarmv1alpha1.ReasonNoLocalDisk)}
+	st, _ := r.gather(m, targets, nil, byNode, nil)
+	c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
+	if st.State != inferencev1.CacheReady || st.TargetNodes != 1 || st.ReadyNodes != 1 || st.SettledNodes != 1 || c == nil ||
+		!strings.Contains(c.Message, "1 node(s) have no local disk for caches (NoLocalDisk: root-fs)") {
+		t.Errorf("gather = %s, %d of %d ready (%d settled), condition %+v", st.State, st.ReadyNodes, st.TargetNodes, st.SettledNodes, c)
+	}
+	// The nodes the placement selects that the pods could not run on are named with why.
+	var e excluded
+	for _, n := range []string{"g1", "g2"} {
+		e.add("taint nvidia.com/gpu=present:NoSchedule is not tolerated", n)
+	}
+	e.add("the node is cordoned", "c1")
+	noteExcluded(&st, e)
+	c = meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
+	if want := "3 node(s) the placement selects are left out, the pods could not run there: taint nvidia.com/gpu=present:NoSchedule is not tolerated (g1, g2); the node is cordoned (c1)"; !strings.Contains(c.Message, want) {
+		t.Errorf("Ready condition %q; want it to say %q", c.Message, want)
+	}
+}
