@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -63,6 +65,25 @@ type Agent struct {
 	events   map[string]time.Time
 	// budgets are the node's origin budgets, by source type.
 	budgets map[inferencev1.ModelSourceType]*engine.Budget
+	// disks judges whether a cache root is a disk of its own.
+	disks diskCheck
+	// scratches are the copies of caches kept for the pods of a node with no local disk, by
+	// cache UID.
+	scratches map[string]*scratch
+	// goroutines are the agent's own goroutines besides the jobs (the scratch copies'): the
+	// agent waits for them when it stops.
+	goroutines sync.WaitGroup
+	// reported is set once the status writer has done its first round: the node's NodeCache
+	// says what the agent holds (or there is nothing to say yet).
+	reported atomic.Bool
+}
+
+// Reported is a readiness check: nil once the agent has reported its node's state.
+func (a *Agent) Reported(*http.Request) error {
+	if !a.reported.Load() {
+		return errors.New("the agent has not reported its node's caches yet")
+	}
+	return nil
 }
 
 // New returns an agent that reads and writes NodeCache objects through c. It makes the key pair
@@ -75,8 +96,8 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	}
 	a := &Agent{
 		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
-		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{},
-		metrics: newMetrics(opts.Registerer), budgets: newBudgets(&opts),
+		jobs: map[string]*job{}, removing: map[string]bool{}, inUse: map[string]string{}, scratches: map[string]*scratch{},
+		metrics: newMetrics(opts.Registerer), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir),
 	}
 	if opts.VerifyRate > 0 {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
@@ -104,6 +125,9 @@ func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	if err := mgr.Add(lifetime{a}); err != nil {
+		return err
+	}
+	if err := mgr.Add(scratchSweeper{a}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -181,7 +205,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	}
 	// Directories under the roots that no job wants: left by a cache removed while the agent
 	// was down.
-	for _, root := range a.opts.Config.CacheRoots {
+	for _, root := range a.opts.Config.Roots() {
 		parent, err := a.opts.openCacheParent(root)
 		if err != nil {
 			continue // none yet, or not a directory prewarm may use (reported by the jobs)
@@ -276,8 +300,8 @@ func (a *Agent) podUsing(ctx context.Context, uid, ns string) (string, error) {
 		return "", err
 	}
 	dirs := map[string]bool{}
-	for _, root := range a.opts.Config.CacheRoots {
-		dirs[prewarmv1alpha1.CacheDir(root, uid)] = true
+	for _, root := range a.opts.Config.Roots() {
+		dirs[prewarmv1alpha1.CacheDir(a.opts.nodePath(root), uid)] = true
 	}
 	for _, p := range pods {
 		for _, v := range p.Spec.Volumes {
@@ -376,7 +400,7 @@ func (a *Agent) removeDirs(uid string) error {
 		return fmt.Errorf("refusing to remove %q: not a cache UID", uid)
 	}
 	var errs []error
-	for _, root := range a.opts.Config.CacheRoots {
+	for _, root := range a.opts.Config.Roots() {
 		parent, err := a.opts.openCacheParent(root)
 		if errors.Is(err, iofs.ErrNotExist) {
 			continue
@@ -444,15 +468,48 @@ func (a *Agent) now() *metav1.Time {
 	return &t
 }
 
-// rootStatus measures the filesystem under root.
+// rootStatus measures the filesystem under root, and says why the node keeps no cache there
+// when it is not a disk it may.
 func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
 	rs := prewarmv1alpha1.RootStatus{Path: root, ReservedBytes: a.opts.Reserve}
+	if p := a.opts.nodePath(root); p != root {
+		rs.NodePath = p
+	}
+	if err := a.checkDisk(root); err != nil {
+		rs.Reason, rs.Message = prewarmv1alpha1.ReasonNoLocalDisk, truncate(err.Error(), 1024)
+		if !errors.As(err, new(errNoDisk)) {
+			rs.Reason = ""
+		}
+	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(a.opts.local(root), &st); err == nil {
+	if err := unix.Statfs(a.opts.rootDir(root), &st); err == nil && rs.Reason == "" {
 		rs.CapacityBytes = int64(st.Blocks) * st.Bsize
 		rs.FreeBytes = max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve)
 	}
 	return rs
+}
+
+// checkDisk returns nil when the node may keep caches under root: it is a disk of its own, or
+// the configuration allows it where it is. Otherwise it returns an errNoDisk (or the error that
+// kept the agent from telling).
+func (a *Agent) checkDisk(root string) error {
+	if r, ok := a.opts.Config.Root(root); !ok || r.AllowRootFilesystem {
+		return nil
+	}
+	err := a.disks.check(a.opts.rootDir(root), a.opts.nodePath(root))
+	var nd errNoDisk
+	if errors.As(err, &nd) {
+		return errNoDisk{fmt.Sprintf("%s: the node keeps no cache there, and its pods read their model from the source "+
+			"(mount a local disk there, map the root to where the disk is with cacheRoots[].nodePath, or allow the root filesystem with cacheRoots[].allowRootFilesystem)", nd.msg)}
+	}
+	return err
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n-len("…")] + "…"
+	}
+	return s
 }
 
 // freeSpace is the engine's view of free space: the filesystem's, less the reserve.
@@ -472,11 +529,15 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	if a.servesPeers() {
 		st.PeerAddress = a.opts.Peers.Address
 	}
-	for _, root := range a.opts.Config.CacheRoots {
+	for _, root := range a.opts.Config.Roots() {
 		st.Roots = append(st.Roots, a.rootStatus(root))
 	}
-	for _, j := range a.jobs {
-		st.Caches = append(st.Caches, j.snapshot())
+	for uid, j := range a.jobs {
+		cs := j.snapshot()
+		if note := a.scratchNote(uid); note != "" {
+			cs.Message = truncate(cs.Message+note, 1024)
+		}
+		st.Caches = append(st.Caches, cs)
 	}
 	for uid := range a.removing {
 		if _, ok := a.jobs[uid]; !ok {
@@ -512,6 +573,7 @@ func (l lifetime) Start(ctx context.Context) error {
 	for _, j := range running {
 		<-j.done
 	}
+	a.goroutines.Wait()
 	ctrl.LoggerFrom(ctx).Info("every cache job has stopped", "jobs", len(running))
 	return nil
 }
@@ -547,6 +609,7 @@ func (w statusWriter) Start(ctx context.Context) error {
 			log.Error(err, "listing the node's pods for their caches")
 		}
 		if !seen && len(demands) == 0 && !a.servesPeers() {
+			a.reported.Store(err == nil)
 			continue // nothing to say before the NodeCache is read
 		}
 		st := a.status()
@@ -559,6 +622,7 @@ func (w statusWriter) Start(ctx context.Context) error {
 			log.Error(err, "writing NodeCache status")
 			continue
 		}
+		a.reported.Store(true)
 		last, lastWrite, written = st, a.opts.Now(), seen
 	}
 }

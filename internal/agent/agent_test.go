@@ -16,6 +16,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source/fs"
@@ -180,6 +181,6 @@ func fsxSource(path string) prewarmv1alpha1.CacheSource {
 }
 
 func testConfig(roots ...string) config.Operator {
-	return config.Operator{Kind: config.Kind, CacheRoots: roots, FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}},
+	return config.Operator{Kind: config.Kind, CacheRoots: testutil.DirRoots(roots...), FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}},
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"default", "a", "b", "c"}, FSx: &config.FSxRule{FileSystemID: testFSx}}}}
 }

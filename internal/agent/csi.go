@@ -95,6 +95,9 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 		return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("cache %s belongs to namespace %s; pods of namespace %s may not mount it", req.CacheUID, r.Namespace, req.PodNamespace))
 	}
 	st := j.snapshot()
+	if st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonNoLocalDisk {
+		return a.scratchToMount(ctx, req, j, st)
+	}
 	if st.State != inferencev1.CacheReady {
 		return "", st.State != inferencev1.CacheFailed || !prewarmv1alpha1.Terminal(st.Reason), a.fill(req, j, st)
 	}
@@ -154,7 +157,15 @@ func (a *Agent) refuse(req MountRequest, code codes.Code, msg string) error {
 
 // Mounted records that req's model volume is mounted.
 func (a *Agent) Mounted(req MountRequest, target string) {
-	a.event(req, corev1.EventTypeNormal, EventCacheMounted, fmt.Sprintf("cache %s mounted read-only from node %s's disk", req.CacheUID, a.opts.NodeName))
+	a.mu.Lock()
+	s := a.scratches[req.CacheUID]
+	scratch := s != nil && s.ready
+	a.mu.Unlock()
+	msg := fmt.Sprintf("cache %s mounted read-only from node %s's disk", req.CacheUID, a.opts.NodeName)
+	if scratch {
+		msg = fmt.Sprintf("cache %s mounted read-only from a copy that node %s (no local disk for caches) downloaded from the source for its pods", req.CacheUID, a.opts.NodeName)
+	}
+	a.event(req, corev1.EventTypeNormal, EventCacheMounted, msg)
 	ctrl.Log.WithName("csi").Info("mounted cache", "cache", req.CacheUID, "pod", req.PodNamespace+"/"+req.PodName, "target", target)
 }
 

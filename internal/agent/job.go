@@ -115,7 +115,7 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 func (j *job) admit() (dir string, wait time.Duration, ok bool) {
 	o := &j.a.opts
 	if !o.allowedRoot(j.req.Root) {
-		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, o.Config.CacheRoots))
+		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, o.Config.Roots()))
 		return "", o.MaxRetryInterval, false
 	}
 	if _, _, err := o.sourceSpec(j.req.Source); err != nil {
@@ -135,15 +135,19 @@ func (j *job) admit() (dir string, wait time.Duration, ok bool) {
 		})
 		return "", o.RetryInterval, false
 	}
-	dir, err := o.ensureCacheDir(j.req.Root, j.req.UID)
+	// A disk mounted after the agent started (the root's mount propagates into its pod) is
+	// taken on at the next try.
+	err := j.a.checkDisk(j.req.Root)
+	if err == nil {
+		dir, err = o.ensureCacheDir(j.req.Root, j.req.UID)
+	}
 	if err != nil {
-		var noRoot errNoRoot
 		switch {
 		case errors.Is(err, errNotConfined):
 			j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, err.Error())
 			return "", o.MaxRetryInterval, false
-		case errors.As(err, &noRoot):
-			j.fail(prewarmv1alpha1.ReasonInsufficientCapacity, err.Error())
+		case errors.As(err, new(errNoDisk)):
+			j.fail(prewarmv1alpha1.ReasonNoLocalDisk, err.Error())
 			return "", o.MaxRetryInterval, false
 		}
 		j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
@@ -264,6 +268,18 @@ func (j *job) settle(ctx context.Context, model, what string) (time.Duration, bo
 // download runs fn with an engine that reports into the job's status and the cache's source,
 // once one of the node's download slots is free.
 func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
+	var last engine.Progress
+	return j.downloadReporting(ctx, func(p engine.Progress) {
+		// What this copy cost the origin and the peers adds up over every download of it
+		// since the agent started.
+		j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
+		last = p
+	}, fn)
+}
+
+// downloadReporting runs fn with an engine that reports to progress and reads the cache's
+// source, once one of the node's download slots is free.
+func (j *job) downloadReporting(ctx context.Context, progress func(engine.Progress), fn func(*engine.Engine, source.Source) error) error {
 	release, err := j.slot(ctx)
 	if err != nil {
 		return err
@@ -275,15 +291,9 @@ func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Sourc
 	}
 	defer closeSrc()
 	o := &j.a.opts
-	var last engine.Progress
 	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
 		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
-		engine.WithProgress(func(p engine.Progress) {
-			// What this copy cost the origin and the peers adds up over every download of it
-			// since the agent started.
-			j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
-			last = p
-		}, o.StatusInterval))...)
+		engine.WithProgress(progress, o.StatusInterval))...)
 	err = fn(eng, src)
 	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
 		ctrl.LoggerFrom(ctx).Info("links that lead out of the model's directory were skipped", "links", fs.Skipped())

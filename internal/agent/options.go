@@ -28,6 +28,10 @@ type Options struct {
 	// HostPrefix is where the node's filesystem is seen from the agent: a root /opt/dlami/nvme is
 	// at HostPrefix+/opt/dlami/nvme. Empty when the roots are mounted at their own paths.
 	HostPrefix string
+	// KubeletDir is the kubelet's root directory as the agent sees it (empty: the agent is not
+	// the node's CSI plugin). A cache root on its filesystem is not a disk of its own; the
+	// copies that the node plugin makes for the pods of a node without one are kept under it.
+	KubeletDir string
 	// Reserve is the free space, per root, that caches never take.
 	Reserve int64
 	// MaxParallel is how many caches download at once.
@@ -130,6 +134,23 @@ func (o *Options) allowedRoot(root string) bool {
 	return ok
 }
 
+// rootDir returns where the allowed root that parents name root is, as seen from the agent:
+// its node path (cacheRoots[].nodePath, else the root itself) under the host prefix.
+func (o *Options) rootDir(root string) string {
+	if r, ok := o.Config.Root(root); ok {
+		return o.local(r.OnNode())
+	}
+	return o.local(root)
+}
+
+// nodePath returns where the allowed root that parents name root is on the node.
+func (o *Options) nodePath(root string) string {
+	if r, ok := o.Config.Root(root); ok {
+		return r.OnNode()
+	}
+	return root
+}
+
 // local returns where a node path is seen from the agent.
 func (o *Options) local(nodePath string) string {
 	if o.HostPrefix == "" {
@@ -140,7 +161,7 @@ func (o *Options) local(nodePath string) string {
 
 // cacheDir returns, as seen from the agent, the directory that holds cache uid under root.
 func (o *Options) cacheDir(root, uid string) string {
-	return prewarmv1alpha1.CacheDir(o.local(root), uid)
+	return prewarmv1alpha1.CacheDir(o.rootDir(root), uid)
 }
 
 // mayRead refuses a source the agent would read with its own identity on behalf of a namespace

@@ -30,15 +30,15 @@ func (o *Options) ensureCacheDir(root, uid string) (string, error) {
 	if !uidPattern.MatchString(uid) {
 		return "", fmt.Errorf("%q is not a cache UID", uid)
 	}
-	r, err := os.OpenRoot(o.local(root))
+	r, err := os.OpenRoot(o.rootDir(root))
 	if errors.Is(err, fs.ErrNotExist) {
-		return "", errNoRoot{root}
+		return "", errNoDisk{fmt.Sprintf("the allowed root %s (%s on the node) does not exist on this node: no local disk to keep caches on", root, o.nodePath(root))}
 	}
 	if err != nil {
 		return "", fmt.Errorf("opening the allowed root %s: %w", root, err)
 	}
 	defer func() { r.Close() }()
-	node := root
+	node := o.nodePath(root)
 	for _, name := range []string{prewarmv1alpha1.Directory, uid} {
 		node = filepath.Join(node, name)
 		if err := realDir(r, name, node, true); err != nil {
@@ -52,13 +52,6 @@ func (o *Options) ensureCacheDir(root, uid string) (string, error) {
 		r = sub
 	}
 	return o.cacheDir(root, uid), nil
-}
-
-// errNoRoot: an allowed root that this node does not have (no local disk mounted there).
-type errNoRoot struct{ root string }
-
-func (e errNoRoot) Error() string {
-	return fmt.Sprintf("the allowed root %s does not exist on this node: no local disk to keep caches on", e.root)
 }
 
 // realDir checks that name, under r, is a directory and not a symbolic link; with create, a
@@ -86,12 +79,12 @@ func realDir(r *os.Root, name, node string, create bool) error {
 
 // openCacheParent opens <root>/prewarm for removals and scans; it fails when that is a link.
 func (o *Options) openCacheParent(root string) (*os.Root, error) {
-	r, err := os.OpenRoot(o.local(root))
+	r, err := os.OpenRoot(o.rootDir(root))
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	if err := realDir(r, prewarmv1alpha1.Directory, filepath.Join(root, prewarmv1alpha1.Directory), false); err != nil {
+	if err := realDir(r, prewarmv1alpha1.Directory, filepath.Join(o.nodePath(root), prewarmv1alpha1.Directory), false); err != nil {
 		return nil, err
 	}
 	return r.OpenRoot(prewarmv1alpha1.Directory)

@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
@@ -66,11 +68,24 @@ type Server struct {
 	csipb.UnimplementedNodeServer
 	o      Options
 	models Models
+	// registered is set once the kubelet has taken the plugin (or when none registers it).
+	registered atomic.Bool
 }
 
 // New returns a node plugin that asks models what to mount.
 func New(o Options, models Models) *Server {
-	return &Server{o: o, models: models}
+	s := &Server{o: o, models: models}
+	s.registered.Store(o.Registration == "")
+	return s
+}
+
+// Registered is a readiness check: nil once the kubelet has registered the plugin, so that the
+// node's pods can have their model volumes.
+func (s *Server) Registered(*http.Request) error {
+	if !s.registered.Load() {
+		return errors.New("the kubelet has not registered the CSI node plugin yet")
+	}
+	return nil
 }
 
 // Start serves the CSI socket, and the registration socket if configured, until ctx ends.
@@ -92,7 +107,7 @@ func (s *Server) Start(ctx context.Context) error {
 			return err
 		}
 		reg := grpc.NewServer()
-		registerRegistration(reg, s.o, s.o.Log)
+		registerRegistration(reg, s.o, s.o.Log, &s.registered)
 		servers = append(servers, reg)
 		go func() { errs <- reg.Serve(regLis) }()
 	}

@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
@@ -14,12 +15,13 @@ import (
 // would: the agent registers itself, so the node plugin needs no second image.
 type registration struct {
 	registerapi.UnimplementedRegistrationServer
-	endpoint string
-	log      logr.Logger
+	endpoint   string
+	log        logr.Logger
+	registered *atomic.Bool
 }
 
-func registerRegistration(srv *grpc.Server, o Options, log logr.Logger) {
-	registerapi.RegisterRegistrationServer(srv, &registration{endpoint: o.Endpoint, log: log})
+func registerRegistration(srv *grpc.Server, o Options, log logr.Logger, registered *atomic.Bool) {
+	registerapi.RegisterRegistrationServer(srv, &registration{endpoint: o.Endpoint, log: log, registered: registered})
 }
 
 // GetInfo tells the kubelet that this is a CSI plugin, its name and where its socket is.
@@ -32,6 +34,7 @@ func (r *registration) GetInfo(context.Context, *registerapi.InfoRequest) (*regi
 
 // NotifyRegistrationStatus hears whether the kubelet took the plugin.
 func (r *registration) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	r.registered.Store(st.PluginRegistered)
 	if st.PluginRegistered {
 		r.log.Info("registered with the kubelet")
 	} else {

@@ -105,6 +105,9 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 		return err
 	}
 	opts.Connections, opts.Version = af.eng.Connections(), cli.Version()
+	if af.csi.Endpoint != "" {
+		opts.KubeletDir = af.csi.KubeletDir // the node's CSI plugin: the kubelet's directory is mounted
+	}
 	opts.Registerer = ctrlmetrics.Registry
 	if err := opts.Validate(); err != nil {
 		return err
@@ -126,9 +129,6 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	if err != nil {
 		return err
 	}
-	if err := addHealthChecks(mgr, af.probeAddr); err != nil {
-		return err
-	}
 	if opts.Peers, err = setupPeers(mgr, opts, af.peers); err != nil {
 		return err
 	}
@@ -139,14 +139,22 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	if err := a.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	// Ready once the agent has reported and, as the node's CSI plugin, the kubelet has
+	// registered it: the node's pods can then have their model volumes.
+	ready := map[string]healthz.Checker{"reported": a.Reported}
 	if af.csi.Endpoint != "" {
 		a.SetRecorder(mgr.GetEventRecorder("prewarm-agent"))
 		af.csi.NodeName, af.csi.Version, af.csi.Log = opts.NodeName, opts.Version, log.WithName("csi")
-		if err := mgr.Add(csi.New(af.csi, a)); err != nil {
+		plugin := csi.New(af.csi, a)
+		if err := mgr.Add(plugin); err != nil {
 			return err
 		}
+		ready["csi-registered"] = plugin.Registered
 	}
-	log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.CacheRoots, "version", opts.Version)
+	if err := addHealthChecks(mgr, af.probeAddr, ready); err != nil {
+		return err
+	}
+	log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.Roots(), "version", opts.Version)
 	return mgr.Start(cmd.Context())
 }
 
@@ -239,14 +247,19 @@ func prepareSource(cmd *cobra.Command) (sources.Spec, error) {
 	return s, s.Validate()
 }
 
-func addHealthChecks(mgr ctrl.Manager, addr string) error {
+func addHealthChecks(mgr ctrl.Manager, addr string, ready map[string]healthz.Checker) error {
 	if addr == "0" || addr == "" {
 		return nil
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err
 	}
-	return mgr.AddReadyzCheck("readyz", healthz.Ping)
+	for name, c := range ready {
+		if err := mgr.AddReadyzCheck(name, c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // settings takes the agent's settings from the operator configuration, unless a flag overrides
