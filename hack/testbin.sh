@@ -133,7 +133,8 @@ if want helm && [[ ! -x "$dir/helm-$HELM_VERSION" ]]; then
 fi
 
 # --- the container runtime of the real-node tests (Debian packages) ------------------------------
-# containerd, runc and the CNI plugins (bridge, host-local, loopback in /usr/lib/cni). Installed
+# containerd, runc and the CNI plugins (bridge, host-local, loopback in /usr/lib/cni), and what
+# makes the nodes' disks (mkfs.ext4, losetup). Installed
 # only as root on a machine with apt-get; elsewhere the real-node tests skip, saying why.
 if want runtime; then
   missing=()
@@ -141,6 +142,9 @@ if want runtime; then
   command -v runc >/dev/null || missing+=(runc)
   [[ -x /usr/lib/cni/bridge || -x /opt/cni/bin/bridge ]] || missing+=(containernetworking-plugins)
   command -v iptables >/dev/null || missing+=(iptables)
+  # The nodes' disks: ext4 filesystems on loop devices.
+  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+  command -v losetup >/dev/null || missing+=(mount)
   if ((${#missing[@]})) && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     log "installing ${missing[*]} (Debian packages) for the real-node tests"
     start=$SECONDS

@@ -411,7 +411,7 @@ func (s *sandbox) startPrewarm(ctx context.Context) error {
 		return err
 	}
 	op := config.Operator{
-		CacheRoots:  []string{root},
+		CacheRoots:  testutil.DirRoots(root),
 		S3:          config.S3{Endpoint: s.s3Sent.URL, PathStyle: true},
 		HuggingFace: config.HuggingFace{Endpoint: s.hub.URL},
 		// The seed's bucket is read with the agents' own identity, for every namespace.

@@ -12,6 +12,16 @@ import (
 // gated, with the token in each JumpStartModel's namespace's Secret hf-token. Its pods ask for
 // no GPU, so they never take one an InferenceEndpointConfig's pods need.
 func JumpStartCatalog(namespace, repo, commit string) *corev1.ConfigMap {
+	return JumpStartCatalogGPUs(namespace, repo, commit, 0)
+}
+
+// JumpStartCatalogGPUs is JumpStartCatalog with pods that ask for gpus GPUs, as the shipped
+// catalog's do (1).
+func JumpStartCatalogGPUs(namespace, repo, commit string, gpus int) *corev1.ConfigMap {
+	resources := ""
+	if gpus > 0 {
+		resources = fmt.Sprintf("  resources: {limits: {nvidia.com/gpu: \"%d\"}}\n", gpus)
+	}
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "prewarm-jumpstart-catalog"},
 		Data: map[string]string{"catalog.yaml": fmt.Sprintf(`models:
@@ -24,6 +34,6 @@ func JumpStartCatalog(namespace, repo, commit string) *corev1.ConfigMap {
   image: vllm/vllm-openai:v0.6.3
   args: ["--model=/opt/ml/model", "--port=8080"]
   port: 8080
-`, repo, commit)},
+%s`, repo, commit, resources)},
 	}
 }

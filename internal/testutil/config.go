@@ -17,3 +17,14 @@ func OperatorConfig(t testing.TB, op config.Operator) string {
 	}
 	return path
 }
+
+// DirRoots are cache roots at paths that are directories of the machine the test runs on, not
+// disks of their own: the nodes the tests simulate with agent processes keep their caches there
+// (cacheRoots[].allowRootFilesystem).
+func DirRoots(paths ...string) []config.CacheRoot {
+	out := make([]config.CacheRoot, len(paths))
+	for i, p := range paths {
+		out[i] = config.CacheRoot{Path: p, AllowRootFilesystem: true}
+	}
+	return out
+}

@@ -3,6 +3,7 @@
 package testutil
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/prewarm/prewarm/internal/scheme"
 )
@@ -134,7 +137,30 @@ func startAPIServer(logDir string) (*APIServer, error) {
 		_ = env.Stop()
 		return nil, err
 	}
+	if err := installPriorityClasses(c, root); err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
 	return &APIServer{Config: cfg, Client: c, Root: root, env: env}, nil
+}
+
+// installPriorityClasses creates the PriorityClasses that prewarm's install brings
+// (config/agent/priorityclasses.yaml, which the chart matches), as an install would.
+func installPriorityClasses(c client.Client, root string) error {
+	b, err := os.ReadFile(filepath.Join(root, "config", "agent", "priorityclasses.yaml"))
+	if err != nil {
+		return err
+	}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		pc := &schedulingv1.PriorityClass{}
+		if err := yaml.UnmarshalStrict([]byte(doc), pc); err != nil {
+			return fmt.Errorf("config/agent/priorityclasses.yaml: %w", err)
+		}
+		if err := c.Create(context.Background(), pc); err != nil {
+			return fmt.Errorf("creating PriorityClass %s: %w", pc.Name, err)
+		}
+	}
+	return nil
 }
 
 // KubeConfig returns a kubeconfig for a new cluster-admin user of the server, for processes

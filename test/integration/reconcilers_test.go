@@ -42,11 +42,24 @@ func newReconcilers(t *testing.T, ctx context.Context, operatorNS string, namesp
 			t.Fatal(err)
 		}
 	}
+	return reconcilersFor(cfg)
+}
+
+// reconcilersFor returns the reconcilers of configuration cfg.
+func reconcilersFor(cfg controller.Config) *reconcilers {
+	c := server.Client
 	return &reconcilers{
 		cfg: cfg,
 		ep:  &serving.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
 		wc:  &weightscache.Reconciler{Client: testutil.IndexedClient(c, append(weightscache.Indexes, controller.NodeIndexes...)...), APIReader: c, Config: cfg, Now: time.Now},
 	}
+}
+
+// with is rc with the configuration changed.
+func (rc *reconcilers) with(change func(*controller.Config)) *reconcilers {
+	cfg := rc.cfg
+	change(&cfg)
+	return reconcilersFor(cfg)
 }
 
 // upNode creates a node of an instance type without the not-ready taint the API server puts on

@@ -155,7 +155,14 @@ func setup(t *testing.T, ctx context.Context, modelSize int64) *env {
 	if why := realnode.Unsupported(); why != "" {
 		t.Skip("no real nodes on this machine: " + why)
 	}
-	re, err := realseed.Start(ctx, realseed.Options{Dir: t.TempDir(), ModelSize: modelSize, Logf: t.Logf})
+	return start(t, ctx, realseed.Options{Dir: t.TempDir(), ModelSize: modelSize, Logf: t.Logf})
+}
+
+// start starts the run o describes; the cluster is stopped when the test ends (its logs kept
+// in $PREWARM_KEEP_LOGS if it failed).
+func start(t *testing.T, ctx context.Context, o realseed.Options) *env {
+	t.Helper()
+	re, err := realseed.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -27,6 +28,9 @@ type Options struct {
 	// Mirrors are registries (e.g. docker.io) whose images containerd pulls from the loopback
 	// registry instead, under the same repository names.
 	Mirrors []string
+	// AdmissionPlugins are admission plugins the API server runs besides its defaults and
+	// NodeRestriction (ExtendedResourceToleration, as EKS and GKE run it).
+	AdmissionPlugins []string
 }
 
 // Cluster is a running control plane, its nodes and the loopback registry.
@@ -130,7 +134,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			fmt.Sprintf("--secure-port=%d", apiPort), "--advertise-address=" + HostIP,
 			"--tls-cert-file=" + p.path("apiserver.crt"), "--tls-private-key-file=" + p.path("apiserver.key"),
 			"--client-ca-file=" + p.path("ca.crt"), "--token-auth-file=" + p.path("tokens.csv"),
-			"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+			"--authorization-mode=Node,RBAC", "--enable-admission-plugins=" + strings.Join(append([]string{"NodeRestriction"}, c.opts.AdmissionPlugins...), ","),
 			"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 			"--service-account-key-file=" + p.path("sa.pub"), "--service-account-signing-key-file=" + p.path("sa.key"),
 			"--service-cluster-ip-range=" + serviceCIDR, "--allow-privileged=true",

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,9 +35,17 @@ type NodeOptions struct {
 	// GPUs is the nvidia.com/gpu capacity written into the node's status (no device plugin:
 	// the pods ask for GPUs and use none).
 	GPUs int64
-	// HostPaths are host directories the node has of its own (e.g. /opt/dlami/nvme, the
-	// weights' disk): in the node's mount namespace each is a folder of the node's directory.
+	// HostPaths are host directories the node has of its own: in the node's mount namespace each
+	// is a folder of the node's directory, on this machine's root filesystem (as a directory of
+	// a node's root disk is).
 	HostPaths []string
+	// Disks are filesystems of their own the node has (its NVMe), by mount path: each an ext4
+	// filesystem of the given size on a loop device, mounted there in the node's mount namespace.
+	Disks map[string]int64
+	// Labels are more labels the kubelet registers the node with.
+	Labels map[string]string
+	// Taints are the taints the kubelet registers the node with (key=value:Effect).
+	Taints []string
 }
 
 // Node is a running node: its containerd and kubelet in a mount namespace of their own.
@@ -51,6 +60,7 @@ type Node struct {
 
 	bridge  string
 	cgroup  string
+	disks   []string // the images of its disks
 	holder  *exec.Cmd
 	procs   []*testutil.Process
 	cluster *Cluster
@@ -104,6 +114,11 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 	if err := n.makeMountNamespace(append(slices.Clone(nodePaths), o.HostPaths...)); err != nil {
 		return err
 	}
+	for _, p := range slices.Sorted(maps.Keys(o.Disks)) {
+		if err := n.mountDisk(p, o.Disks[p]); err != nil {
+			return fmt.Errorf("disk %s: %w", p, err)
+		}
+	}
 	if err := n.writeContainerdConfig(i); err != nil {
 		return err
 	}
@@ -128,9 +143,22 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 	if err != nil {
 		return err
 	}
-	if err := n.startInNamespace("kubelet", filepath.Join(bin, "kubelet"), "--config="+conf, "--kubeconfig="+kc,
-		"--cert-dir="+filepath.Join(n.Dir, "kubelet-pki"), "--hostname-override="+n.Name, "--node-ip="+n.IP,
-		"--node-labels="+inferencev1.InstanceTypeLabel+"="+o.InstanceType, "--v=1"); err != nil {
+	labels := []string{}
+	if o.InstanceType != "" {
+		labels = append(labels, inferencev1.InstanceTypeLabel+"="+o.InstanceType)
+	}
+	for _, k := range slices.Sorted(maps.Keys(o.Labels)) {
+		labels = append(labels, k+"="+o.Labels[k])
+	}
+	args := []string{"--config=" + conf, "--kubeconfig=" + kc,
+		"--cert-dir=" + filepath.Join(n.Dir, "kubelet-pki"), "--hostname-override=" + n.Name, "--node-ip=" + n.IP, "--v=1"}
+	if len(labels) > 0 {
+		args = append(args, "--node-labels="+strings.Join(labels, ","))
+	}
+	if len(o.Taints) > 0 {
+		args = append(args, "--register-with-taints="+strings.Join(o.Taints, ","))
+	}
+	if err := n.startInNamespace("kubelet", filepath.Join(bin, "kubelet"), args...); err != nil {
 		return err
 	}
 	return n.waitReady(ctx, o.GPUs)
@@ -204,6 +232,41 @@ func (n *Node) makeMountNamespace(paths []string) error {
 		}
 	}
 	return nil
+}
+
+// mountDisk makes an ext4 filesystem of size bytes in a sparse file of the node's directory and
+// mounts it, through a loop device, at p in the node's mount namespace: a disk of the node's own,
+// as its NVMe is.
+func (n *Node) mountDisk(p string, size int64) error {
+	img := filepath.Join(n.Dir, "disks", strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")+".img")
+	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
+		return err
+	}
+	if err := os.Truncate(img, 0); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	f, err := os.Create(img)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(size)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	// Sparse, and kept so: few inodes, none of the tables written now or later (noinit_itable),
+	// so a disk of tens of GB costs the machine only what is written to it.
+	if err := run("mkfs.ext4", "-q", "-F", "-m", "0", "-N", "65536", "-E", "lazy_itable_init=1,lazy_journal_init=1", img); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(p, 0o755); err != nil { // the mount point, empty on the machine
+		return err
+	}
+	if err := run("nsenter", "--mount="+n.mountNS(), "--", "mount", "-o", "loop,noinit_itable", img, p); err != nil {
+		return err
+	}
+	n.disks = append(n.disks, img)
+	return run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--make-rshared", p)
 }
 
 // holderRunsSleep reports whether unshare has exec'ed sleep (after making the namespace).
@@ -382,6 +445,14 @@ func (n *Node) stop() error {
 	if n.holder != nil && n.holder.Process != nil {
 		_ = n.holder.Process.Kill()
 		_ = n.holder.Wait()
+	}
+	// The loop devices go with their last mount (autoclear); one a process still holds is
+	// detached as soon as it lets go.
+	for _, img := range n.disks {
+		out, _ := exec.Command("losetup", "-j", img, "-O", "NAME", "-n").Output()
+		for _, dev := range strings.Fields(string(out)) {
+			_ = exec.Command("losetup", "-d", dev).Run()
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -40,7 +40,7 @@ func Unsupported() string {
 		return "real nodes need root (mounts, network namespaces, cgroups)"
 	}
 	var missing []string
-	for _, b := range []string{"containerd", "runc", "unshare", "nsenter", "mount", "ip", "iptables", "tc"} {
+	for _, b := range []string{"containerd", "runc", "unshare", "nsenter", "mount", "ip", "iptables", "tc", "losetup", "mkfs.ext4"} {
 		if _, err := exec.LookPath(b); err != nil {
 			missing = append(missing, b)
 		}
@@ -49,7 +49,7 @@ func Unsupported() string {
 		missing = append(missing, "the CNI plugins (bridge, host-local)")
 	}
 	if len(missing) > 0 {
-		return "missing " + strings.Join(missing, ", ") + ": `make testbin` installs them as root on Debian (containerd, runc, containernetworking-plugins, iptables)"
+		return "missing " + strings.Join(missing, ", ") + ": `make testbin` installs them as root on Debian (containerd, runc, containernetworking-plugins, iptables, e2fsprogs, mount)"
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
 		// The recipe is for cgroup v1 (the kubelet's cgroupfs driver, no systemd).

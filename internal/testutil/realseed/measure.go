@@ -189,7 +189,7 @@ func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Rep
 			return fmt.Errorf("%s: /health %q", x.name, body)
 		}
 		served := ready + time.Since(start)
-		rep.Rows = append(rep.Rows, Row{x.what, x.node, "Ready", ready, e.mountEvent(ctx, p)},
+		rep.Rows = append(rep.Rows, Row{x.what, x.node, "Ready", ready, e.MountEvent(ctx, p)},
 			Row{x.what, x.node, "model verified by the server", served, strings.TrimSpace(strings.TrimPrefix(body, "ok: "))})
 		results[i] = ready
 		if x.node == Cold {
@@ -369,8 +369,8 @@ func (e *Env) TimePod(ctx context.Context, p *corev1.Pod, cond PodCondition) (ti
 	return took, nil
 }
 
-// mountEvent is how the pod's model volume was served: the agent's events on the pod.
-func (e *Env) mountEvent(ctx context.Context, p *corev1.Pod) string {
+// MountEvent is how the pod's model volume was served: the agent's events on the pod.
+func (e *Env) MountEvent(ctx context.Context, p *corev1.Pod) string {
 	var list eventsv1.EventList
 	if err := e.C.Client.List(ctx, &list, client.InNamespace(p.Namespace)); err != nil {
 		return err.Error()

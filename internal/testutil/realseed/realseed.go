@@ -32,6 +32,7 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/internal/testutil/realnode"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
+	"github.com/prewarm/prewarm/internal/version"
 )
 
 const (
@@ -67,7 +68,25 @@ type Options struct {
 	ModelSize int64
 	// Logf receives what the run does, step by step.
 	Logf func(format string, args ...any)
+	// Nodes are the cluster's nodes. Default: Warm1 and Warm2 of the seed's instance type and
+	// Cold of another, labelled as HyperPod labels them, each with a disk of its own at
+	// CacheRoot.
+	Nodes []realnode.NodeOptions
+	// AdmissionPlugins are admission plugins the API server runs besides its defaults.
+	AdmissionPlugins []string
+	// CatalogGPUs is how many GPUs the test catalog's JumpStart pods ask for (0, so that they
+	// never take one an InferenceEndpointConfig's pods need; the shipped catalog's ask for 1).
+	CatalogGPUs int
+	// Release, when set, publishes prewarm to the cluster's registry as a release does (make push
+	// and make chart-push) instead of installing it: the caller installs it from there
+	// (InstallRelease), as a user would.
+	Release bool
 }
+
+// DiskSize is the size of the nodes' disks for a model of size bytes: room for the caches a run
+// makes of it and of the JumpStart model, beside the agents' reserve (the chart's 20 GiB). The
+// disks are sparse: only what is written takes room on this machine.
+func DiskSize(modelSize int64) int64 { return 4*modelSize + 24<<30 }
 
 // Env is the running cluster, its sources, and prewarm installed on it.
 type Env struct {
@@ -114,20 +133,26 @@ func Start(ctx context.Context, o Options) (*Env, error) {
 	if e.logf == nil {
 		e.logf = func(string, ...any) {}
 	}
-	if err := e.start(ctx, o.ModelSize); err != nil {
+	if err := e.start(ctx, o); err != nil {
 		return nil, errors.Join(err, e.Stop())
 	}
 	return e, nil
 }
 
-func (e *Env) start(ctx context.Context, modelSize int64) error {
+func (e *Env) start(ctx context.Context, o Options) error {
 	start := time.Now()
-	nodes := []realnode.NodeOptions{
-		{Name: Warm1, InstanceType: "ml.g5.24xlarge", GPUs: 8, HostPaths: []string{CacheRoot}},
-		{Name: Warm2, InstanceType: "ml.g5.24xlarge", GPUs: 8, HostPaths: []string{CacheRoot}},
-		{Name: Cold, InstanceType: "ml.g5.xlarge", GPUs: 8, HostPaths: []string{CacheRoot}},
+	modelSize := o.ModelSize
+	nodes := o.Nodes
+	if nodes == nil {
+		disk := map[string]int64{CacheRoot: DiskSize(modelSize)}
+		nodes = []realnode.NodeOptions{
+			{Name: Warm1, InstanceType: "ml.g5.24xlarge", GPUs: 8, Disks: disk},
+			{Name: Warm2, InstanceType: "ml.g5.24xlarge", GPUs: 8, Disks: disk},
+			{Name: Cold, InstanceType: "ml.g5.xlarge", GPUs: 8, Disks: disk},
+		}
 	}
-	c, err := realnode.Start(ctx, realnode.Options{Dir: filepath.Join(e.Dir, "cluster"), Nodes: nodes, Mirrors: []string{"docker.io"}})
+	c, err := realnode.Start(ctx, realnode.Options{Dir: filepath.Join(e.Dir, "cluster"), Nodes: nodes, Mirrors: []string{"docker.io"},
+		AdmissionPlugins: o.AdmissionPlugins})
 	if err != nil {
 		return err
 	}
@@ -145,10 +170,19 @@ func (e *Env) start(ctx context.Context, modelSize int64) error {
 	e.logf("s3://%s/%s: %d files, %d bytes, at %s", Bucket, Prefix, len(e.Model), ModelBytes(e.Model), e.S3.Endpoint)
 	commit := e.putHubModel()
 	e.HubCommit = commit
+	if err := e.pushTestImages(); err != nil {
+		return err
+	}
+	if err := e.prepare(ctx, commit, o.CatalogGPUs); err != nil {
+		return err
+	}
+	if o.Release {
+		return e.publish(ctx)
+	}
 	if err := e.pushImages(); err != nil {
 		return err
 	}
-	return e.install(ctx, commit)
+	return e.install(ctx)
 }
 
 // Stop stops the cluster and the sources.
@@ -230,8 +264,8 @@ func (e *Env) putHubModel() string {
 	return commit
 }
 
-// pushImages builds and pushes prewarm's images (with hack/images, as `make push` does), the
-// stand-in model server as the seed's and the catalog's images, and the sandbox (pause) image.
+// pushImages builds and pushes prewarm's images (with hack/images, as `make push` does), tagged
+// Version.
 func (e *Env) pushImages() error {
 	start := time.Now()
 	cmd := exec.Command("go", "run", "./hack/images", "--out", filepath.Join(e.Dir, "images"), "--version", Version,
@@ -241,6 +275,73 @@ func (e *Env) pushImages() error {
 		return fmt.Errorf("hack/images: %w\n%s", err, out)
 	}
 	e.logf("prewarm's images built by hack/images and pushed to %s/prewarm in %s", e.C.Registry, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// Registry is where a Release run publishes prewarm: the images under it, the chart at
+// oci://<Registry>/charts/prewarm.
+func (e *Env) Registry() string { return e.C.Registry + "/prewarm" }
+
+// publish publishes prewarm as a release does, to Registry: `make push` and `make chart-push`.
+func (e *Env) publish(ctx context.Context) error {
+	start := time.Now()
+	for _, target := range []string{"push", "chart-push"} {
+		cmd := exec.CommandContext(ctx, "make", "--no-print-directory", target, "REGISTRY="+e.Registry(), "HELM_PUSH_FLAGS=--plain-http")
+		cmd.Dir = e.Root
+		cmd.Env = append(os.Environ(), e.helmEnv()...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("make %s: %w\n%s", target, err, out)
+		}
+	}
+	e.logf("prewarm published as a release to %s (make push, make chart-push) in %s", e.Registry(), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// helmEnv keeps helm's caches and settings in the run's folder: none of the user's is read.
+func (e *Env) helmEnv() []string {
+	h := filepath.Join(e.Dir, "helm")
+	return []string{"HELM_CACHE_HOME=" + h, "HELM_CONFIG_HOME=" + h, "HELM_DATA_HOME=" + h, "DOCKER_CONFIG=" + h}
+}
+
+// Helm runs helm against the cluster.
+func (e *Env) Helm(ctx context.Context, args ...string) ([]byte, error) {
+	bin, err := testutil.TestBinDir()
+	if err != nil {
+		return nil, err
+	}
+	helm, err := filepath.Glob(filepath.Join(bin, "helm-*"))
+	if err != nil || len(helm) == 0 {
+		return nil, fmt.Errorf("no helm in %s: run `make testbin`", bin)
+	}
+	cmd := exec.CommandContext(ctx, helm[0], append(args, "--kubeconfig", e.C.Kubeconfig)...)
+	cmd.Env = append(os.Environ(), e.helmEnv()...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return out, nil
+}
+
+// InstallRelease installs the release Publish published, from its chart in the registry, with
+// the values given (a values file's content), as the install doc does: helm install --wait.
+func (e *Env) InstallRelease(ctx context.Context, values string) error {
+	file := filepath.Join(e.Dir, fmt.Sprintf("values-%d.yaml", time.Now().UnixNano()))
+	if err := os.WriteFile(file, []byte(values), 0o644); err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := e.Helm(ctx, "install", "prewarm", "oci://"+e.Registry()+"/charts/prewarm", "--version", version.Number, "--plain-http",
+		"--namespace", OpNS, "--values", file, "--wait", "--timeout", "5m"); err != nil {
+		return fmt.Errorf("%w\n%s", err, e.PodReport(ctx, OpNS))
+	}
+	e.logf("helm install oci://%s/charts/prewarm --version %s --wait: up in %s", e.Registry(), version.Number, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// pushTestImages builds and pushes the stand-in model server as the seed's and the catalog's
+// images, and the sandbox (pause) image.
+func (e *Env) pushTestImages() error {
+	start := time.Now()
 	bins := filepath.Join(e.Dir, "bin")
 	read := map[string][]byte{}
 	for pkg, out := range map[string]string{"./test/images/modelserver": "modelserver", "./cmd/sleeper": "sleeper"} {
@@ -326,16 +427,13 @@ func (e *Env) serverLayer(server []byte, model []FileSpec) (v1.Layer, error) {
 // agents' S3 credentials, and the sources' endpoints.
 func (e *Env) values() map[string]any {
 	return map[string]any{
-		"image": map[string]any{
-			"controller": map[string]any{"repository": e.C.Registry + "/prewarm/controller", "tag": Version},
-			"agent":      map[string]any{"repository": e.C.Registry + "/prewarm/agent", "tag": Version},
-		},
+		"image":   map[string]any{"registry": e.C.Registry + "/prewarm", "tag": Version},
 		"catalog": map[string]any{"enabled": false},
 		"agent": map[string]any{
 			"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}},
 		},
 		"config": config.Operator{
-			CacheRoots:  []string{CacheRoot},
+			CacheRoots:  []config.CacheRoot{{Path: CacheRoot}},
 			S3:          config.S3{Endpoint: e.S3.Endpoint, PathStyle: true, CredentialsSecret: "prewarm-s3"},
 			HuggingFace: config.HuggingFace{Endpoint: e.Hub.URL},
 			// The seed's bucket is read with the agents' own identity, for every namespace.
@@ -351,13 +449,13 @@ func (e *Env) values() map[string]any {
 	}
 }
 
-// install creates the operator namespace with the JumpStart catalog (pointing at the Hub
-// stand-in) and the S3 credentials, the seed namespace's Secrets, and runs `helm install`.
-func (e *Env) install(ctx context.Context, commit string) error {
+// prepare creates the operator namespace with the JumpStart catalog (pointing at the Hub
+// stand-in) and the S3 credentials, and the seed namespace's Secrets.
+func (e *Env) prepare(ctx context.Context, commit string, gpus int) error {
 	creds := map[string][]byte{"AWS_ACCESS_KEY_ID": []byte(s3fixture.AccessKey), "AWS_SECRET_ACCESS_KEY": []byte(s3fixture.SecretKey)}
 	for _, obj := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: OpNS}},
-		testutil.JumpStartCatalog(OpNS, llamaRepo, commit),
+		testutil.JumpStartCatalogGPUs(OpNS, llamaRepo, commit, gpus),
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: OpNS, Name: "prewarm-s3"}, Data: creds},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "prewarm-s3"}, Data: creds},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "hf-token"}, Data: map[string][]byte{"token": []byte(hubToken)}},
@@ -366,6 +464,11 @@ func (e *Env) install(ctx context.Context, commit string) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// install runs `helm install` of the chart in the module, with the run's images and values.
+func (e *Env) install(ctx context.Context) error {
 	b, err := yaml.Marshal(e.values())
 	if err != nil {
 		return err
@@ -374,21 +477,10 @@ func (e *Env) install(ctx context.Context, commit string) error {
 	if err := os.WriteFile(valuesFile, b, 0o644); err != nil {
 		return err
 	}
-	bin, err := testutil.TestBinDir()
-	if err != nil {
-		return err
-	}
-	helm, err := filepath.Glob(filepath.Join(bin, "helm-*"))
-	if err != nil || len(helm) == 0 {
-		return fmt.Errorf("no helm in %s: run `make testbin`", bin)
-	}
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, helm[0], "install", "prewarm", filepath.Join(e.Root, "charts", "prewarm"),
-		"--namespace", OpNS, "--values", valuesFile, "--wait", "--timeout", "5m", "--kubeconfig", e.C.Kubeconfig)
-	h := filepath.Join(e.Dir, "helm")
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+h, "HELM_CONFIG_HOME="+h, "HELM_DATA_HOME="+h)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("helm install: %w\n%s\n%s", err, out, e.PodReport(ctx, OpNS))
+	if _, err := e.Helm(ctx, "install", "prewarm", filepath.Join(e.Root, "charts", "prewarm"),
+		"--namespace", OpNS, "--values", valuesFile, "--wait", "--timeout", "5m"); err != nil {
+		return fmt.Errorf("%w\n%s", err, e.PodReport(ctx, OpNS))
 	}
 	e.logf("helm install --wait: the controller and an agent per node up from those images in %s", time.Since(start).Round(time.Millisecond))
 	return nil

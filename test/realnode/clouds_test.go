@@ -1,0 +1,401 @@
+package realnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/realnode"
+	"github.com/prewarm/prewarm/internal/testutil/realseed"
+)
+
+// The nodes of the cloud-shaped runs: two GPU nodes with their NVMe at /mnt/nvme, one whose
+// /mnt/nvme is a directory of its root filesystem (nothing mounted there), and a system node.
+const (
+	gpuA, gpuB, rootFS = "ip-10-0-1-11", "ip-10-0-1-12", "ip-10-0-1-13"
+	system             = "ip-10-0-0-10"
+	nvme               = "/mnt/nvme"
+	gpuTaint           = "nvidia.com/gpu=present:NoSchedule"
+)
+
+// TestSeedOnCloudShapedNodes installs prewarm as a platform engineer would on EKS and then on
+// GKE: from a release (its images and chart published to a registry by make push and make
+// chart-push), with only the values docs/operations.md tells them to set, on real kubelets
+// labelled and tainted as those clouds' GPU node groups, the API server running the
+// ExtendedResourceToleration admission plugin, and the NVMe at /mnt/nvme. The seed's manifests,
+// unchanged, must become Ready there: the caches on the nodes with a disk, the model servers
+// verifying every byte. The node whose cache root is its root filesystem reports NoLocalDisk,
+// keeps nothing, and its pod still starts, from the source. The documented uninstall then
+// leaves no file, label or PriorityClass behind.
+func TestSeedOnCloudShapedNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real nodes: minutes")
+	}
+	if why := realnode.Unsupported(); why != "" {
+		t.Skip("no real nodes on this machine: " + why)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	const modelSize = 256<<20 + 2<<20
+	disk := map[string]int64{nvme: realseed.DiskSize(modelSize)}
+	eksLabels := map[string]string{"eks.amazonaws.com/nodegroup": "gpu", "topology.kubernetes.io/zone": "us-west-2a"}
+	// A short folder: containerd's sockets are under it, and a Unix socket's path is at most
+	// 104 bytes.
+	dir, err := os.MkdirTemp("", "prewarm-clouds-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	e := start(t, ctx, realseed.Options{
+		Dir: dir, ModelSize: modelSize, Logf: t.Logf, Release: true,
+		// The JumpStart pods ask for a GPU, as the shipped catalog's do: on GPU nodes tainted as
+		// EKS's, that is what lets them on.
+		CatalogGPUs:      1,
+		AdmissionPlugins: []string{"ExtendedResourceToleration"},
+		Nodes: []realnode.NodeOptions{
+			// The cluster's system node group: no GPU, no taint, no local disk (prewarm's
+			// controller runs here).
+			{Name: system, InstanceType: "m5.xlarge", Labels: map[string]string{"eks.amazonaws.com/nodegroup": "system"}},
+			{Name: gpuA, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, Labels: eksLabels, Taints: []string{gpuTaint}},
+			{Name: gpuB, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, Labels: eksLabels, Taints: []string{gpuTaint}},
+			{Name: rootFS, InstanceType: "g5.24xlarge", GPUs: 8, HostPaths: []string{nvme}, Labels: eksLabels, Taints: []string{gpuTaint}},
+		},
+	})
+
+	t.Run("EKS", func(t *testing.T) {
+		e.seedOnCloud(t, ctx, "values-eks.yaml")
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	// The same nodes as GKE labels its GPU nodes: its own machine types, the accelerator label,
+	// the same taint.
+	for _, name := range []string{gpuA, gpuB, rootFS} {
+		n := &corev1.Node{}
+		if err := e.C.Client.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+			t.Fatal(err)
+		}
+		patch := client.MergeFrom(n.DeepCopy())
+		n.Labels[inferencev1.InstanceTypeLabel] = "g2-standard-48"
+		n.Labels["cloud.google.com/gke-accelerator"] = "nvidia-l4"
+		delete(n.Labels, "eks.amazonaws.com/nodegroup")
+		if err := e.C.Client.Patch(ctx, n, patch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("GKE", func(t *testing.T) {
+		e.seedOnCloud(t, ctx, "values-gke.yaml")
+	})
+}
+
+// seedOnCloud installs the release with the values of the doc's block named file, applies the
+// seed, checks it on the nodes, and uninstalls as the doc says.
+func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
+	values := docValues(t, file)
+	// This machine's stand-ins for the cloud: the release's images from the cluster's registry
+	// (the air-gapped install), S3 is versitygw and the Hub a fixture (their endpoints), the
+	// agents' IAM role is static keys (agent.envFrom), and the JumpStart catalog is the test's
+	// (it points at the Hub fixture's commit).
+	merge(values, map[string]any{
+		"image":   map[string]any{"registry": e.Registry()},
+		"agent":   map[string]any{"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}}},
+		"catalog": map[string]any{"enabled": false},
+		"config": map[string]any{
+			"s3":          map[string]any{"endpoint": e.S3.Endpoint, "pathStyle": true},
+			"huggingFace": map[string]any{"endpoint": e.Hub.URL},
+		},
+	})
+	b, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("values (%s from docs/operations.md, and the stand-ins):\n%s", file, b)
+	if err := e.InstallRelease(ctx, string(b)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ApplySeed(ctx); err != nil {
+		t.Fatal(err)
+	}
+	iecKey := client.ObjectKey{Namespace: "default", Name: "example-model"}
+	jsKey := client.ObjectKey{Namespace: "default", Name: "example-jumpstart-model"}
+	cache := e.weightsCache(t, ctx, iecKey)
+
+	t.Run("the seed's caches are Ready on the nodes with a disk", func(t *testing.T) {
+		for _, name := range []string{cache.Name, "example-jumpstart-model-cache"} {
+			m := &inferencev1.ModelDataCacheConfig{}
+			err := testutil.Until(ctx, 5*time.Minute, func() error {
+				if err := e.C.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, m); err != nil {
+					return err
+				}
+				if st := m.Status; st.State != inferencev1.CacheReady || st.TargetNodes != 2 || st.ReadyNodes != 2 {
+					return fmt.Errorf("%s: %s, %d of %d target nodes ready; %v", name, st.State, st.ReadyNodes, st.TargetNodes, st.Conditions)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := meta.FindStatusCondition(m.Status.Conditions, inferencev1.ConditionReady)
+			if c == nil || !strings.Contains(c.Message, "have no local disk for caches (NoLocalDisk: "+rootFS+")") {
+				t.Errorf("%s's Ready condition does not name %s as a node with no local disk: %+v", name, rootFS, c)
+			}
+			t.Logf("%s: %s, TARGET %d READY %d: %s", name, m.Status.State, m.Status.TargetNodes, m.Status.ReadyNodes, c.Message)
+		}
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Run("the model servers are Ready on the tainted nodes and verify every byte", func(t *testing.T) {
+		iec := &inferencev1.InferenceEndpointConfig{}
+		e.waitComplete(t, ctx, iecKey, iec, e.Model)
+		js := &inferencev1.JumpStartModel{}
+		e.waitComplete(t, ctx, jsKey, js, e.JSModel)
+		dep := e.deployment(t, ctx, iecKey)
+		if !slices.ContainsFunc(dep.Spec.Template.Spec.Tolerations, func(tol corev1.Toleration) bool {
+			return tol.Key == "nvidia.com/gpu" && tol.Operator == corev1.TolerationOpExists && tol.Effect == corev1.TaintEffectNoSchedule
+		}) {
+			t.Errorf("the pods do not tolerate %s: %v", gpuTaint, dep.Spec.Template.Spec.Tolerations)
+		}
+	})
+	t.Run("the node without a disk says NoLocalDisk, and its pod starts from the source", func(t *testing.T) {
+		e.noLocalDisk(t, ctx, cache, iecKey)
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Run("the documented uninstall leaves nothing behind", func(t *testing.T) {
+		e.uninstall(t, ctx, []string{gpuA, gpuB})
+	})
+}
+
+// noLocalDisk checks the node whose cache root is its root filesystem: its NodeCache and
+// `kubectl prewarm explain` say why it keeps no cache; a pod of the seed there is Ready with
+// its model verified, read from a copy the agent downloaded and removes when the pod goes.
+func (e *env) noLocalDisk(t *testing.T, ctx context.Context, cache *inferencev1.ModelDataCacheConfig, key client.ObjectKey) {
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := e.C.Client.Get(ctx, client.ObjectKey{Name: rootFS}, nc); err != nil {
+		t.Fatal(err)
+	}
+	if len(nc.Status.Roots) != 1 || nc.Status.Roots[0].Reason != prewarmv1alpha1.ReasonNoLocalDisk || nc.Status.Roots[0].NodePath != nvme {
+		t.Errorf("%s's roots: %+v; want %s (at %s) with NoLocalDisk", rootFS, nc.Status.Roots, realseed.CacheRoot, nvme)
+	} else {
+		t.Logf("%s: %s", rootFS, nc.Status.Roots[0].Message)
+	}
+	out := e.kubectlPrewarm(t, ctx, "explain", "node", rootFS)
+	if !strings.Contains(out, "NoLocalDisk") || !strings.Contains(out, nvme) {
+		t.Errorf("kubectl prewarm explain node %s does not say NoLocalDisk:\n%s", rootFS, out)
+	}
+	t.Logf("kubectl prewarm explain node %s:\n%s", rootFS, out)
+
+	dep := e.deployment(t, ctx, key)
+	pod := realseed.ProbePod(dep, "seed-on-"+rootFS, rootFS)
+	took, err := e.TimePod(ctx, pod, realseed.PodReady)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := e.health(t, ctx, pod)
+	if !strings.Contains(body, fmt.Sprintf("%d files, %d bytes verified", len(e.Model), realseed.ModelBytes(e.Model))) {
+		t.Errorf("%s on %s: /health says %q; want the whole model verified", pod.Name, rootFS, body)
+	}
+	mounted := e.MountEvent(ctx, pod)
+	if !strings.Contains(mounted, "downloaded from the source") {
+		t.Errorf("%s's model volume: %s; want the node's copy from the source", pod.Name, mounted)
+	}
+	t.Logf("%s Ready on %s in %s: %s; %s", pod.Name, rootFS, took.Round(time.Millisecond), mounted, strings.TrimSpace(body))
+	node := e.C.Node(rootFS)
+	uid := string(cache.UID)
+	if _, err := os.Stat(node.HostPath(prewarmv1alpha1.CacheDir(nvme, uid))); !os.IsNotExist(err) {
+		t.Errorf("%s holds a cache under its root filesystem's %s (%v)", rootFS, nvme, err)
+	}
+	scratch := node.HostPath(filepath.Join("/var/lib/kubelet/plugins", prewarmv1alpha1.CSIDriverName, "scratch", uid))
+	if _, err := os.Stat(scratch); err != nil {
+		t.Errorf("no copy of the cache for the node's pods at %s: %v", scratch, err)
+	}
+	if err := e.DeletePods(ctx, pod.Namespace, pod.Name); err != nil {
+		t.Fatal(err)
+	}
+	err = testutil.Until(ctx, 2*time.Minute, func() error {
+		if _, err := os.Stat(scratch); !os.IsNotExist(err) {
+			return fmt.Errorf("the copy %s is still there once its pod is gone (%w)", scratch, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// uninstall runs the doc's uninstall: the parents, then (their caches gone) the release, then
+// the CRDs. Nothing prewarm made is left: no cache files on the disks, no prewarm label on a
+// node, no PriorityClass, no object of the release.
+func (e *env) uninstall(t *testing.T, ctx context.Context, disks []string) {
+	for _, obj := range []client.Object{
+		&inferencev1.InferenceEndpointConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "example-model"}},
+		&inferencev1.JumpStartModel{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "example-jumpstart-model"}},
+	} {
+		if err := e.C.Client.Delete(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := testutil.Until(ctx, 5*time.Minute, func() error {
+		var caches inferencev1.ModelDataCacheConfigList
+		var images inferencev1.InferenceImageCacheList
+		if err := errors.Join(e.C.Client.List(ctx, &caches), e.C.Client.List(ctx, &images)); err != nil {
+			return err
+		}
+		if n := len(caches.Items) + len(images.Items); n > 0 {
+			return fmt.Errorf("%d caches are still there", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Helm(ctx, "uninstall", "prewarm", "--namespace", opNS, "--wait", "--timeout", "3m"); err != nil {
+		t.Fatal(err)
+	}
+	// kubectl delete -f prewarm/crds/: the CRDs the release installed, which carry its label.
+	crds := crdList()
+	if err := e.C.Client.List(ctx, crds, client.MatchingLabels{inferencev1.APILabel: "true"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(crds.Items) != 5 {
+		t.Errorf("%d CRDs carry %s; want prewarm's 5", len(crds.Items), inferencev1.APILabel)
+	}
+	for _, crd := range crds.Items {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion("apiextensions.k8s.io/v1")
+		u.SetKind("CustomResourceDefinition")
+		u.SetName(crd.Name)
+		if err := e.C.Client.Delete(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = testutil.Until(ctx, 3*time.Minute, func() error {
+		var errs []error
+		left := crdList()
+		if err := e.C.Client.List(ctx, left, client.MatchingLabels{inferencev1.APILabel: "true"}); err != nil || len(left.Items) > 0 {
+			errs = append(errs, fmt.Errorf("%d of prewarm's CRDs left (%w)", len(left.Items), err))
+		}
+		for _, pc := range []string{"prewarm-node-agent", "prewarm-image-cache"} {
+			if err := e.C.Client.Get(ctx, client.ObjectKey{Name: pc}, &schedulingv1.PriorityClass{}); !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("PriorityClass %s is still there (%w)", pc, err))
+			}
+		}
+		for name, obj := range map[string]client.Object{"prewarm-agent": &appsv1.DaemonSet{}, "prewarm-controller": &appsv1.Deployment{}, "prewarm-config": &corev1.ConfigMap{}} {
+			if err := e.C.Client.Get(ctx, client.ObjectKey{Namespace: opNS, Name: name}, obj); !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("%T %s is still there (%w)", obj, name, err))
+			}
+		}
+		var nodes corev1.NodeList
+		if err := e.C.Client.List(ctx, &nodes); err != nil {
+			return err
+		}
+		for _, n := range nodes.Items {
+			for l := range n.Labels {
+				if strings.HasPrefix(l, inferencev1.WeightsCacheReadyLabelPrefix) || strings.HasPrefix(l, inferencev1.ImageCacheReadyLabelPrefix) {
+					errs = append(errs, fmt.Errorf("node %s still has %s", n.Name, l))
+				}
+			}
+		}
+		for _, name := range disks {
+			dir := e.C.Node(name).HostPath(filepath.Join(nvme, prewarmv1alpha1.Directory))
+			entries, err := os.ReadDir(dir)
+			if err != nil && !os.IsNotExist(err) {
+				return err
+			}
+			for _, en := range entries {
+				errs = append(errs, fmt.Errorf("%s still holds %s", name, filepath.Join(nvme, prewarmv1alpha1.Directory, en.Name())))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("uninstalled: no cache file on the disks, no prewarm label on a node, no PriorityClass, no CRD")
+}
+
+// crdList is an empty list of CRDs' metadata.
+func crdList() *metav1.PartialObjectMetadataList {
+	return &metav1.PartialObjectMetadataList{TypeMeta: metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinitionList"}}
+}
+
+// kubectlPrewarm runs the kubectl plugin, built from the module, against the cluster.
+func (e *env) kubectlPrewarm(t *testing.T, ctx context.Context, args ...string) string {
+	t.Helper()
+	bin := filepath.Join(e.Dir, "bin", "kubectl-prewarm")
+	if _, err := os.Stat(bin); err != nil {
+		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/kubectl-prewarm")
+		build.Dir = e.Root
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+	}
+	out, err := exec.CommandContext(ctx, bin, append(args, "--kubeconfig", e.C.Kubeconfig)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl prewarm %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// docValues is the values file of docs/operations.md's block that starts with "# <name>".
+func docValues(t *testing.T, name string) map[string]any {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join(mustRoot(t), "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```yaml\n# " + regexp.QuoteMeta(name) + "\n(.*?)```").FindSubmatch(doc)
+	if m == nil {
+		t.Fatalf("docs/operations.md has no yaml block starting with # %s", name)
+	}
+	values := map[string]any{}
+	if err := yaml.Unmarshal(m[1], &values); err != nil {
+		t.Fatalf("docs/operations.md, %s: %v", name, err)
+	}
+	return values
+}
+
+// merge sets over's values into base, map by map.
+func merge(base, over map[string]any) {
+	for k, v := range over {
+		if vm, ok := v.(map[string]any); ok {
+			if bm, ok := base[k].(map[string]any); ok {
+				merge(bm, vm)
+				continue
+			}
+		}
+		base[k] = v
+	}
+}
+
+func mustRoot(t *testing.T) string {
+	t.Helper()
+	root, err := testutil.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
