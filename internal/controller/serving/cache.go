@@ -155,7 +155,7 @@ func (r *Reconciler) gate(c *inferencev1.ModelDataCacheConfig) gateState {
 					message: fmt.Sprintf("all %d target nodes hold the weights cache", st.TargetNodes)}
 			}
 			return gateState{open: true, reason: inferencev1.ReasonGateOpen,
-				message: fmt.Sprintf("%d of %d target nodes hold the weights cache; the others cannot (pods there download the model): %s",
+				message: fmt.Sprintf("%d of %d target nodes hold the weights cache; the others cannot: %s",
 					st.ReadyNodes, st.TargetNodes, controller.SummarizeOf(failed, int(st.SettledNodes-st.ReadyNodes), 5, ", "))}
 		}
 		named := controller.SummarizeOf(unsettled, waiting, 5, ", ")
