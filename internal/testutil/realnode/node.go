@@ -60,7 +60,7 @@ type Node struct {
 
 	bridge  string
 	cgroup  string
-	disks   []string // the images of its disks
+	disks   []disk
 	holder  *exec.Cmd
 	procs   []*testutil.Process
 	cluster *Cluster
@@ -111,13 +111,16 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 	if err := n.makeCgroups(); err != nil {
 		return err
 	}
-	if err := n.makeMountNamespace(append(slices.Clone(nodePaths), o.HostPaths...)); err != nil {
-		return err
-	}
-	for _, p := range slices.Sorted(maps.Keys(o.Disks)) {
+	// The disks first: mounted at the node's folder on this machine (where the tests look at
+	// them), they are in the node's mount namespace when it is made, and bound to their paths.
+	disks := slices.Sorted(maps.Keys(o.Disks))
+	for _, p := range disks {
 		if err := n.mountDisk(p, o.Disks[p]); err != nil {
 			return fmt.Errorf("disk %s: %w", p, err)
 		}
+	}
+	if err := n.makeMountNamespace(slices.Concat(nodePaths, o.HostPaths, disks)); err != nil {
+		return err
 	}
 	if err := n.writeContainerdConfig(i); err != nil {
 		return err
@@ -235,8 +238,8 @@ func (n *Node) makeMountNamespace(paths []string) error {
 }
 
 // mountDisk makes an ext4 filesystem of size bytes in a sparse file of the node's directory and
-// mounts it, through a loop device, at p in the node's mount namespace: a disk of the node's own,
-// as its NVMe is.
+// mounts it, through a loop device, at the node's folder for p (HostPath(p)), before the node's
+// mount namespace is made, which binds it at p: a disk of the node's own, as its NVMe is.
 func (n *Node) mountDisk(p string, size int64) error {
 	img := filepath.Join(n.Dir, "disks", strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")+".img")
 	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
@@ -259,15 +262,19 @@ func (n *Node) mountDisk(p string, size int64) error {
 	if err := run("mkfs.ext4", "-q", "-F", "-m", "0", "-N", "65536", "-E", "lazy_itable_init=1,lazy_journal_init=1", img); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(p, 0o755); err != nil { // the mount point, empty on the machine
+	src := n.HostPath(p)
+	if err := os.MkdirAll(src, 0o755); err != nil {
 		return err
 	}
-	if err := run("nsenter", "--mount="+n.mountNS(), "--", "mount", "-o", "loop,noinit_itable", img, p); err != nil {
+	if err := run("mount", "-o", "loop,noinit_itable", img, src); err != nil {
 		return err
 	}
-	n.disks = append(n.disks, img)
-	return run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--make-rshared", p)
+	n.disks = append(n.disks, disk{img: img, mount: src})
+	return nil
 }
+
+// disk is a node's disk: its image, and where it is mounted on this machine.
+type disk struct{ img, mount string }
 
 // holderRunsSleep reports whether unshare has exec'ed sleep (after making the namespace).
 func (n *Node) holderRunsSleep() bool {
@@ -446,10 +453,17 @@ func (n *Node) stop() error {
 		_ = n.holder.Process.Kill()
 		_ = n.holder.Wait()
 	}
+	// The run's network namespace outlives the cluster (another test of the binary starts one):
+	// the node's address and pod bridge go with it.
+	_ = exec.Command("ip", "addr", "del", n.IP+"/32", "dev", nodeBridge).Run()
+	_ = exec.Command("ip", "link", "del", n.bridge).Run()
 	// The loop devices go with their last mount (autoclear); one a process still holds is
 	// detached as soon as it lets go.
-	for _, img := range n.disks {
-		out, _ := exec.Command("losetup", "-j", img, "-O", "NAME", "-n").Output()
+	for _, d := range n.disks {
+		if err := run("umount", d.mount); err != nil {
+			errs = append(errs, err)
+		}
+		out, _ := exec.Command("losetup", "-j", d.img, "-O", "NAME", "-n").Output()
 		for _, dev := range strings.Fields(string(out)) {
 			_ = exec.Command("losetup", "-d", dev).Run()
 		}
