@@ -41,6 +41,9 @@ type scratch struct {
 	ready    bool
 	progress engine.Progress
 	err      error
+	// asked is when a pod last asked for the copy: it is not removed for RetryInterval after,
+	// so that a pod whose mount is under way is not left without it.
+	asked time.Time
 }
 
 func (s *scratch) model() string { return filepath.Join(s.dir, prewarmv1alpha1.ModelSubdir) }
@@ -61,6 +64,7 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st
 		a.goroutines.Add(1)
 		go a.keepScratch(ctrl.LoggerInto(a.life, ctrl.Log.WithName("scratch").WithValues("cache", s.uid)), s, j)
 	}
+	s.asked = a.opts.Now()
 	ready, p, err := s.ready, s.progress, s.err
 	a.mu.Unlock()
 	if !ready {
@@ -123,17 +127,31 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		if err != nil || pod != "" {
 			continue
 		}
+		// Out of the way at once, under the lock: a pod that asks from now on starts a copy
+		// of its own, and never finds this one half removed.
 		a.mu.Lock()
+		if a.opts.Now().Sub(s.asked) < a.opts.RetryInterval {
+			a.mu.Unlock()
+			continue
+		}
 		delete(a.scratches, s.uid)
+		trash := filepath.Join(a.opts.scratchDir(), fmt.Sprintf("%s%s-%d", trashPrefix, s.uid, a.opts.Now().UnixNano()))
+		err = os.Rename(s.dir, trash)
 		a.mu.Unlock()
-		if err := os.RemoveAll(s.dir); err != nil {
-			log.Error(err, "removing the scratch copy")
+		if err == nil {
+			err = os.RemoveAll(trash)
+		}
+		if err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			log.Error(err, "removing the scratch copy (the sweep tries again)")
 		} else {
 			log.Info("removed the scratch copy: no pod on the node uses it")
 		}
 		return
 	}
 }
+
+// trashPrefix begins the names of scratch copies being removed.
+const trashPrefix = ".removing-"
 
 // fetchScratch downloads j's source into s (resuming a partial copy), unless it is whole there.
 func (a *Agent) fetchScratch(ctx context.Context, s *scratch, j *job) error {
@@ -183,31 +201,33 @@ func (a *Agent) sweepScratch(ctx context.Context) error {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		uid, trash := strings.CutPrefix(name, ".removing-")
-		if !uidPattern.MatchString(uid) {
+		trash := strings.HasPrefix(name, trashPrefix)
+		if !trash && !uidPattern.MatchString(name) {
 			continue // not ours
 		}
 		if !trash {
-			pod, err := a.podUsing(ctx, uid, "")
+			pod, err := a.podUsing(ctx, name, "")
 			if err != nil {
 				return err
 			}
 			a.mu.Lock()
-			_, kept := a.scratches[uid]
+			_, kept := a.scratches[name]
 			if kept || pod != "" {
 				a.mu.Unlock()
 				continue
 			}
-			err = os.Rename(filepath.Join(root, name), filepath.Join(root, ".removing-"+uid))
+			to := fmt.Sprintf("%s%s-%d", trashPrefix, name, a.opts.Now().UnixNano())
+			err = os.Rename(filepath.Join(root, name), filepath.Join(root, to))
 			a.mu.Unlock()
 			if err != nil {
 				return err
 			}
+			name = to
 		}
-		if err := os.RemoveAll(filepath.Join(root, ".removing-"+uid)); err != nil {
+		if err := os.RemoveAll(filepath.Join(root, name)); err != nil {
 			return err
 		}
-		ctrl.LoggerFrom(ctx).Info("removed a scratch copy no pod uses", "cache", uid)
+		ctrl.LoggerFrom(ctx).Info("removed a scratch copy no pod uses", "entry", name)
 	}
 	return nil
 }

@@ -25,11 +25,6 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- if kindIs "string" . }}{{ . }}{{ else }}{{ .nodePath | default .path }}{{ end -}}
 {{- end }}
 
-{{/* The agents' PriorityClass name: the chart's, or an existing one (empty: none). */}}
-{{- define "prewarm.agentPriorityClass" -}}
-{{- .Values.priorityClass.name -}}
-{{- end }}
-
 {{/* The operator configuration, with the agent image, its pull secrets and the image cache's PriorityClass from the chart's values. */}}
 {{- define "prewarm.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
