@@ -66,7 +66,7 @@ type Agent struct {
 	// budgets are the node's origin budgets, by source type.
 	budgets map[inferencev1.ModelSourceType]*engine.Budget
 	// disks judges whether a cache root is a disk of its own.
-	disks diskCheck
+	disks *diskCheck
 	// scratches are the copies of caches kept for the pods of a node with no local disk, by
 	// cache UID.
 	scratches map[string]*scratch
@@ -496,7 +496,7 @@ func (a *Agent) checkDisk(root string) error {
 	if r, ok := a.opts.Config.Root(root); !ok || r.AllowRootFilesystem {
 		return nil
 	}
-	err := a.disks.check(a.opts.rootDir(root), a.opts.nodePath(root))
+	err := a.disks.cached(a.opts.rootDir(root), a.opts.nodePath(root), a.opts.Now())
 	var nd errNoDisk
 	if errors.As(err, &nd) {
 		return errNoDisk{fmt.Sprintf("%s: the node keeps no cache there, and its pods read their model from the source "+
@@ -523,14 +523,15 @@ func (a *Agent) freeSpace(dir string) (int64, error) {
 
 // status builds the NodeCache status from the jobs.
 func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	st := prewarmv1alpha1.NodeCacheStatus{AgentVersion: a.opts.Version, HeartbeatTime: a.now(), CredentialsKey: a.key.Public()}
-	if a.servesPeers() {
-		st.PeerAddress = a.opts.Peers.Address
-	}
+	// The disks, measured outside the lock that the jobs and the node plugin share.
 	for _, root := range a.opts.Config.Roots() {
 		st.Roots = append(st.Roots, a.rootStatus(root))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.servesPeers() {
+		st.PeerAddress = a.opts.Peers.Address
 	}
 	for uid, j := range a.jobs {
 		cs := j.snapshot()

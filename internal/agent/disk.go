@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -31,14 +33,43 @@ type diskCheck struct {
 	// refs are the directories, as seen from the agent, whose filesystem is not a cache's disk,
 	// with what they are for messages.
 	refs []diskRef
+
+	mu sync.Mutex
+	// verdicts are the last checks of each root directory, for diskCheckTTL: the status is
+	// written every few seconds, and a node's mount table can be long.
+	verdicts map[string]verdict
+}
+
+type verdict struct {
+	err error
+	at  time.Time
+}
+
+// diskCheckTTL is how long a root's verdict holds: a disk mounted after the agent started is
+// taken on within it (and within the jobs' next try).
+const diskCheckTTL = 30 * time.Second
+
+// cached is check, at most once per diskCheckTTL for each root.
+func (d *diskCheck) cached(dir, nodePath string, now time.Time) error {
+	d.mu.Lock()
+	v, ok := d.verdicts[dir]
+	d.mu.Unlock()
+	if ok && now.Sub(v.at) < diskCheckTTL {
+		return v.err
+	}
+	err := d.check(dir, nodePath)
+	d.mu.Lock()
+	d.verdicts[dir] = verdict{err: err, at: now}
+	d.mu.Unlock()
+	return err
 }
 
 type diskRef struct{ dir, what string }
 
 // newDiskCheck judges roots by this process's mount table, against the kubelet's directory
 // (kubeletDir, as the agent sees it; empty: none).
-func newDiskCheck(kubeletDir string) diskCheck {
-	d := diskCheck{mounts: func() ([]*mountinfo.Info, error) { return mountinfo.GetMounts(nil) }}
+func newDiskCheck(kubeletDir string) *diskCheck {
+	d := &diskCheck{mounts: func() ([]*mountinfo.Info, error) { return mountinfo.GetMounts(nil) }, verdicts: map[string]verdict{}}
 	if kubeletDir != "" {
 		// The agent mounts the kubelet's pods directory (it mounts pods' volumes there), which
 		// is on the kubelet's filesystem.
@@ -60,7 +91,7 @@ func (e errNoDisk) Error() string { return e.msg }
 
 // check returns nil when dir (the root nodePath, as seen from the agent) is on a disk of its
 // own, else an errNoDisk saying why not.
-func (d diskCheck) check(dir, nodePath string) error {
+func (d *diskCheck) check(dir, nodePath string) error {
 	resolved, err := filepath.EvalSymlinks(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return errNoDisk{fmt.Sprintf("%s does not exist on this node: no local disk is mounted there", nodePath)}

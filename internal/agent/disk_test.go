@@ -38,7 +38,7 @@ func TestDiskCheck(t *testing.T) {
 		{"on the kubelet's filesystem", line(root, "/", "ext4", "/dev/nvme1n1"), true, "the kubelet's directory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := diskCheck{mounts: mountTableFrom(strings.NewReader(tc.mounts))}
+			d := &diskCheck{mounts: mountTableFrom(strings.NewReader(tc.mounts))}
 			if tc.kubelet {
 				d.refs = newDiskCheck(kubelet).refs
 			}
@@ -51,7 +51,7 @@ func TestDiskCheck(t *testing.T) {
 			}
 		})
 	}
-	d := diskCheck{mounts: mountTableFrom(strings.NewReader(line("/", "/", "ext4", "/dev/vda")))}
+	d := &diskCheck{mounts: mountTableFrom(strings.NewReader(line("/", "/", "ext4", "/dev/vda")))}
 	if err := d.check(filepath.Join(dir, "missing"), "/mnt/nvme"); !errors.As(err, new(errNoDisk)) || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("a missing root: %v", err)
 	}
