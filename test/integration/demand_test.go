@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -84,13 +86,50 @@ func TestPodsDemandMakesTheirNodeATarget(t *testing.T) {
 		t.Errorf("NodeCache of a node that does not exist: %v, want none", err)
 	}
 
+	// pod makes a pod of ns bound to dm-x with the cache's CSI volume, as a kubelet sees it.
+	pod := func(ns, name string) *corev1.Pod {
+		t.Helper()
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.PodSpec{
+			NodeName: "dm-x", Containers: []corev1.Container{{Name: "w", Image: "x"}},
+			Volumes: []corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+				Driver: prewarmv1alpha1.CSIDriverName, VolumeAttributes: map[string]string{prewarmv1alpha1.VolumeAttributeCacheUID: uid},
+			}}}},
+		}}
+		if err := c.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	// A demand no pod bears out (an agent's forged report) makes nothing happen.
+	demand("dm-x", prewarmv1alpha1.CacheDemand{UID: uid, Namespace: "dm", Pods: 2})
+	if rc.cache(t, ctx, m); asked("dm-x") {
+		t.Error("a demand with no pod behind it made dm-x a target of the cache")
+	}
+	// Pods of another namespace there make nothing happen, whatever the agent says.
+	other := pod("dm-other", "elsewhere")
 	demand("dm-x", prewarmv1alpha1.CacheDemand{UID: uid, Namespace: "dm-other", Pods: 3})
 	if rc.cache(t, ctx, m); asked("dm-x") {
 		t.Error("pods of another namespace made dm-x a target of the cache")
 	}
 	demand("dm-x", prewarmv1alpha1.CacheDemand{UID: uid, Namespace: "dm", Pods: 2})
+	if rc.cache(t, ctx, m); asked("dm-x") {
+		t.Error("a pod of another namespace bore out a demand of the cache's namespace")
+	}
+	if err := c.Delete(ctx, other, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	// A pod of the cache's namespace there: the node is a target while it runs.
+	mine := pod("dm", "pinned")
 	if got = rc.cache(t, ctx, m); !asked("dm-x") || got.Status.TargetNodes != 2 {
-		t.Errorf("pods of the cache's namespace on dm-x: asked %v, targets %d; want dm-x asked, 2 targets", asked("dm-x"), got.Status.TargetNodes)
+		t.Errorf("a pod of the cache's namespace on dm-x: asked %v, targets %d; want dm-x asked, 2 targets", asked("dm-x"), got.Status.TargetNodes)
+	}
+	mine.Status.Phase = corev1.PodSucceeded
+	if err := c.Status().Update(ctx, mine); err != nil {
+		t.Fatal(err)
+	}
+	if rc.cache(t, ctx, m); asked("dm-x") {
+		t.Error("a finished pod kept dm-x a target")
 	}
 	demand("dm-x")
 	if rc.cache(t, ctx, m); asked("dm-x") {

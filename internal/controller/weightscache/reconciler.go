@@ -273,11 +273,18 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 	rules := r.Config.Rules()
 	for _, n := range nodes {
 		if ok, _ := rules.Selects(m.Spec.Placement, n); !ok {
+			// Pods of the cache's namespace on this node ask for it (their CSI volume),
+			// though the placement does not select it: the node holds it for them while they
+			// are there. The agent's word for it is not enough (it would get the namespace's
+			// credentials and its pods' preference): the pods must be there.
 			if demanded(byNode[n.Name], m) {
-				// Pods of the cache's namespace on this node ask for it (their CSI volume),
-				// though the placement does not select it: the node holds it for them while
-				// they are there.
-				p.targets = append(p.targets, n)
+				there, err := r.podsDemand(ctx, n.Name, m)
+				if err != nil {
+					return p, err
+				}
+				if there {
+					p.targets = append(p.targets, n)
+				}
 			}
 			continue
 		}
@@ -310,8 +317,33 @@ func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConf
 	return p, nil
 }
 
+// podsDemand reports whether a pod of m's namespace that has not finished runs on node (is
+// bound to it) with prewarm's CSI volume naming m: what a node's reported demand must be borne
+// out by. It asks the API server (pods bound to one node, of one namespace), not the agent.
+func (r *Reconciler) podsDemand(ctx context.Context, node string, m *inferencev1.ModelDataCacheConfig) (bool, error) {
+	if r.APIReader == nil {
+		return false, nil
+	}
+	pods := &corev1.PodList{}
+	if err := r.APIReader.List(ctx, pods, client.InNamespace(m.Namespace), client.MatchingFields{"spec.nodeName": node}); err != nil {
+		return false, fmt.Errorf("listing namespace %s's pods on node %s, to check its demand: %w", m.Namespace, node, err)
+	}
+	for _, pod := range pods.Items {
+		if pod.Spec.NodeName != node || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, v := range pod.Spec.Volumes {
+			if prewarmv1alpha1.VolumeCacheUID(v) == string(m.UID) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
 // demanded reports whether pods of m's namespace on nc's node ask for m through prewarm's CSI
-// volume. Pods of another namespace naming m make nothing happen (their mount is refused).
+// volume, as nc's agent reports it. Pods of another namespace naming m make nothing happen
+// (their mount is refused).
 func demanded(nc *prewarmv1alpha1.NodeCache, m *inferencev1.ModelDataCacheConfig) bool {
 	if nc == nil {
 		return false
