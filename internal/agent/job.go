@@ -227,7 +227,7 @@ func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 	err := j.download(ctx, func(eng *engine.Engine, src source.Source) error {
 		j.set(func(st *prewarmv1alpha1.CacheStatus) { Listing(st, j.req.Source) })
 		var err error
-		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision(), Swarm: j.swarm(ctx)})
+		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision(), Swarm: j.swarm(ctx), TrustPeers: j.trustsPeers()})
 		return err
 	})
 	if err != nil {

@@ -35,9 +35,14 @@ type Peers struct {
 	Client *http.Client
 	// Wait and SlowPart are peer.SwarmOptions'.
 	Wait, SlowPart time.Duration
+	// TrustPeers is engine.Request's: files without a source digest come from peers too.
+	TrustPeers bool
 	// Metrics count dropped peers and waits.
 	Metrics *peer.Metrics
 }
+
+// trustsPeers says whether files without a source digest may come from peers.
+func (j *job) trustsPeers() bool { return j.a.opts.Peers != nil && j.a.opts.Peers.TrustPeers }
 
 // swarm is the Swarm a download of j's cache shares parts through, or nil.
 func (j *job) swarm(ctx context.Context) engine.Swarm {

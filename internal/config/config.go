@@ -190,7 +190,23 @@ type Peers struct {
 	// Audience is the audience of the service account tokens agents present to each other
 	// (prewarm-peer).
 	Audience string `json:"audience,omitempty"`
+	// Trust says which files a node takes from its peers. SourceDigests (the default): only
+	// files the source vouches for with a cryptographic digest (a Hugging Face SHA-256 or git
+	// blob id, an S3 SHA-256 or SHA-1 checksum, a single-part MD5 ETag), each verified by that
+	// digest before it is served; every node reads the other files from the source. AllNodes:
+	// every file, trusting every node not to lie about those with only a CRC or a size
+	// (docs/security.md).
+	Trust string `json:"trust,omitempty"`
 }
+
+// Peer trust levels (Peers.Trust).
+const (
+	TrustSourceDigests = "SourceDigests"
+	TrustAllNodes      = "AllNodes"
+)
+
+// TrustsAllNodes says whether parts without a source digest may come from peers.
+func (p Peers) TrustsAllNodes() bool { return p.Trust == TrustAllNodes }
 
 // Budget is what one node may ask of an origin.
 type Budget struct {
@@ -404,6 +420,7 @@ func (o *Operator) defaults() {
 	number(&p.MaxPeers, 4)
 	text(&p.Wait, "30s")
 	text(&p.Audience, "prewarm-peer")
+	text(&p.Trust, TrustSourceDigests)
 }
 
 // DefaultAgentImage is the agent's image unless the configuration names another: the one this
@@ -463,6 +480,9 @@ func (o Operator) validateSharing() []error {
 	}
 	if p := o.Peers; p.Port < 1 || p.Port > 65535 {
 		errs = append(errs, fmt.Errorf("peers.port %d: want a TCP port", p.Port))
+	}
+	if t := o.Peers.Trust; t != TrustSourceDigests && t != TrustAllNodes {
+		errs = append(errs, fmt.Errorf("peers.trust %q: want %s or %s", t, TrustSourceDigests, TrustAllNodes))
 	}
 	if g := o.Peers.GroupSize; g < 2 || g > 32 {
 		errs = append(errs, fmt.Errorf("peers.groupSize %d: want 2 to 32 (a node lists its group and its upstream group, at most 64 peers)", g))

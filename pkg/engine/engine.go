@@ -123,8 +123,16 @@ type Request struct {
 	// (objects rewritten under the same prefix) fails with ErrSourceChanged, and nothing is
 	// downloaded.
 	Revision string
-	// Swarm, when set, shares parts with other nodes fetching the same revision.
+	// Swarm, when set, shares parts with other nodes fetching the same revision. Parts are
+	// taken from peers only for files the source vouches for with a cryptographic digest
+	// (source.Checksums.Cryptographic), and such a file is then verified by that digest before
+	// it is published or its peer parts are offered on: a peer can change a part's bytes and
+	// keep any CRC, never a SHA-256. The other files are read from the source by every node.
 	Swarm Swarm
+	// TrustPeers takes parts of every file from peers, including those the source gives only a
+	// CRC or a size for: a peer that lies about those is caught by nothing. For clusters whose
+	// nodes all trust each other (docs/security.md).
+	TrustPeers bool
 }
 
 // Result says what a Fetch did.

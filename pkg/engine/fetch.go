@@ -52,12 +52,15 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 		return res, fmt.Errorf("%s: %w (remove it or choose another directory)", dest, ErrDestNotOurs)
 	}
 
-	run, err := e.prepare(dest, req.Source, listing)
+	run, err := e.prepare(dest, req.Source, listing, req.TrustPeers)
 	if err != nil {
 		return res, err
 	}
 	defer run.close()
 	if run.swarm = req.Swarm; run.swarm != nil {
+		for i, f := range listing.Files {
+			run.peerable[i] = req.TrustPeers || f.Checksums.Cryptographic()
+		}
 		run.swarm.Join(run.plan)
 		defer run.swarm.Leave()
 	}
@@ -108,14 +111,22 @@ type run struct {
 	// plan is the model cut into parts, with the parts this run holds; swarm, when set, is
 	// where parts may come from other than the source. peerOf[i] names the peer part i came
 	// from, if any (guarded by peerMu).
-	plan   *Plan
-	swarm  Swarm
-	peerMu sync.Mutex
-	peerOf map[int]string
+	// peerable[i] says file i's parts may come from peers (Request.Swarm); tainted[i], that
+	// some did (in this run or one it resumes), so that only a cryptographic digest verifies
+	// it. heldBack[i] is the CRC32C of part i taken from a peer: it is offered on only once
+	// its file is verified (guarded by peerMu).
+	plan       *Plan
+	swarm      Swarm
+	trustPeers bool
+	peerable   []bool
+	tainted    []atomic.Bool
+	peerMu     sync.Mutex
+	peerOf     map[int]string
+	heldBack   map[int]uint32
 }
 
-func (e *Engine) prepare(dest string, src source.Source, listing source.Listing) (*run, error) {
-	r := &run{e: e, src: src, listing: listing, planID: planHash(listing.Files, listing.Revision), dir: partialDir(dest)}
+func (e *Engine) prepare(dest string, src source.Source, listing source.Listing, trustPeers bool) (*run, error) {
+	r := &run{e: e, src: src, listing: listing, planID: planHash(listing.Files, listing.Revision), dir: partialDir(dest), trustPeers: trustPeers}
 	for _, f := range listing.Files {
 		r.total += f.Size
 	}
@@ -133,7 +144,10 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing)
 	for idx := range st.written {
 		f := listing.Files[idx]
 		info, err := os.Stat(filepath.Join(r.dir, filepath.FromSlash(f.Path)))
-		if err != nil || info.Size() != f.Size {
+		// A file with parts from peers that no digest can now check (the peers were trusted
+		// then, not now) is fetched again from the source.
+		untrusted := st.fromPeers[idx] && !st.verified[idx] && !trustPeers && !f.Checksums.Cryptographic()
+		if err != nil || info.Size() != f.Size || untrusted {
 			stale = append(stale, idx)
 			continue
 		}
@@ -143,10 +157,18 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing)
 		delete(st.written, idx)
 		delete(st.verified, idx)
 		delete(st.crcs, idx)
+		delete(st.fromPeers, idx)
 	}
 	r.resume = st
-	r.plan, r.peerOf = newPlan(listing, e.partSize, r.dir), map[int]string{}
+	r.plan, r.peerOf, r.heldBack = newPlan(listing, e.partSize, r.dir), map[int]string{}, map[int]uint32{}
+	r.peerable, r.tainted = make([]bool, len(listing.Files)), make([]atomic.Bool, len(listing.Files))
+	for idx := range st.fromPeers {
+		r.tainted[idx].Store(true)
+	}
 	for k, crc := range st.partCRC {
+		if st.fromPeers[k.file] && !st.verified[k.file] {
+			continue // offered once the file is verified (fillPartCRCs)
+		}
 		if i, ok := r.plan.index(k.file, k.off); ok && st.written[k.file] != nil && st.written[k.file].covers(k.off, r.plan.partLen(i)) {
 			r.plan.add(i, crc)
 		}

@@ -70,7 +70,9 @@ type partCRC struct {
 type resumeState struct {
 	written  map[int]*coverage
 	verified map[int]bool
-	crcs     map[int][]partCRC
+	// fromPeers are the files some of whose parts came from peers.
+	fromPeers map[int]bool
+	crcs      map[int][]partCRC
 	// partCRC are the written parts' CRC32Cs, by file and offset.
 	partCRC map[partKey]uint32
 }
@@ -81,7 +83,7 @@ type partKey struct {
 }
 
 func newResumeState() resumeState {
-	return resumeState{written: map[int]*coverage{}, verified: map[int]bool{}, crcs: map[int][]partCRC{}, partCRC: map[partKey]uint32{}}
+	return resumeState{written: map[int]*coverage{}, verified: map[int]bool{}, fromPeers: map[int]bool{}, crcs: map[int][]partCRC{}, partCRC: map[partKey]uint32{}}
 }
 
 func planHash(files []source.File, revision string) string {
@@ -147,7 +149,8 @@ func readJournal(path, plan string) (st resumeState, ok bool, err error) {
 }
 
 // journalRecord is one line of a journal: S (synced), W file off n [crc] (written), C file off
-// crc32c (a part's CRC32C), V file (verified), X file (reset).
+// crc32c (a part's CRC32C), P file (a part of it came from a peer), V file (verified), X file
+// (reset).
 type journalRecord struct {
 	kind   byte
 	idx    int
@@ -186,7 +189,7 @@ func parseRecord(line string) (journalRecord, bool) {
 		off, err2 := strconv.ParseInt(fields[2], 10, 64)
 		crc, err3 := strconv.ParseUint(fields[3], 16, 32)
 		return journalRecord{kind: 'C', idx: idx, off: off, crc: crc}, err1 == nil && err2 == nil && err3 == nil
-	case "V", "X":
+	case "V", "X", "P":
 		if len(fields) != 2 {
 			return journalRecord{}, false
 		}
@@ -212,10 +215,13 @@ func (st *resumeState) apply(r journalRecord) {
 		st.partCRC[partKey{r.idx, r.off}] = uint32(r.crc)
 	case 'V':
 		st.verified[r.idx] = true
+	case 'P':
+		st.fromPeers[r.idx] = true
 	case 'X':
 		delete(st.written, r.idx)
 		delete(st.verified, r.idx)
 		delete(st.crcs, r.idx)
+		delete(st.fromPeers, r.idx)
 		for k := range st.partCRC {
 			if k.file == r.idx {
 				delete(st.partCRC, k)
@@ -255,7 +261,10 @@ func appendJournal(path string) (*journal, error) {
 
 // Record writers: a write error stays in the bufio.Writer and flush returns it.
 
-func (j *journal) written(idx int, off, n int64, crc uint64, hasCRC bool, partCRC uint32) {
+func (j *journal) written(idx int, off, n int64, crc uint64, hasCRC bool, partCRC uint32, fromPeer bool) {
+	if fromPeer {
+		_, _ = fmt.Fprintf(j.w, "P %d\n", idx) // before the part: a torn journal errs on the side of distrust
+	}
 	if hasCRC {
 		_, _ = fmt.Fprintf(j.w, "W %d %d %d %x\n", idx, off, n, crc)
 	} else {

@@ -20,7 +20,8 @@ import (
 // the same model, instead of from the source, and offers them what this Fetch holds. The engine
 // checks every part a Swarm supplies: its bytes must have the CRC32C the peer vouches for, a
 // CRC first computed by whichever node read that part from the source, and the file they
-// belong to must match the source's own checksums before it is published or offered whole.
+// belong to must match the source's own cryptographic digest before it is published or its
+// peer parts are offered on (Request.Swarm says which files may come from peers).
 // package peer implements it over HTTP.
 type Swarm interface {
 	// Join is called once the Fetch has its plan; from then until Leave the plan's parts are
@@ -245,7 +246,14 @@ func (r *run) fillPartCRCs(ctx context.Context, f int) error {
 			continue
 		}
 		_, off, n := p.Part(i)
-		if crc, ok := r.resume.partCRC[partKey{f, off}]; ok {
+		r.peerMu.Lock()
+		crc, ok := r.heldBack[i]
+		delete(r.heldBack, i)
+		r.peerMu.Unlock()
+		if !ok {
+			crc, ok = r.resume.partCRC[partKey{f, off}]
+		}
+		if ok {
 			p.add(i, crc)
 			continue
 		}

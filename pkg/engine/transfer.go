@@ -48,6 +48,7 @@ type record struct {
 	crc    uint64
 	hasCRC bool
 	part   uint32 // the part's CRC32C
+	peer   bool   // taken from a peer
 }
 
 // download fetches every missing part and verifies every file. It runs as a pipeline: one
@@ -202,7 +203,8 @@ func (p *pipeline) produceLeading(ctx context.Context) error {
 	r := p.r
 	var lead, rest []part
 	err := p.eachMissing(func(pt part) error {
-		if i, ok := r.plan.index(pt.file, pt.off); ok && r.swarm.Leads(i) {
+		// A file no peer may supply is read from the source at once, like the parts this node leads.
+		if i, ok := r.plan.index(pt.file, pt.off); !r.peerable[pt.file] || ok && r.swarm.Leads(i) {
 			lead = append(lead, pt)
 		} else {
 			rest = append(rest, pt)
@@ -253,14 +255,14 @@ func (r *run) missingParts(idx int, f source.File) []part {
 func (p *pipeline) work(ctx context.Context, parts <-chan part) error {
 	r := p.r
 	for pt := range parts {
-		crc, sum, err := r.fetchPart(ctx, pt)
+		crc, sum, fromPeer, err := r.fetchPart(ctx, pt)
 		if err != nil {
 			return err
 		}
-		if i, ok := r.plan.index(pt.file, pt.off); ok && pt.n == r.plan.partLen(i) {
-			r.plan.add(i, sum) // offered to peers from now on
+		if i, ok := r.plan.index(pt.file, pt.off); ok && pt.n == r.plan.partLen(i) && !fromPeer {
+			r.plan.add(i, sum) // offered to peers from now on; a peer's part once its file is verified
 		}
-		rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil, part: sum}
+		rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil, part: sum, peer: fromPeer}
 		if rec.hasCRC {
 			r.crcMu.Lock()
 			r.crcs[pt.file] = append(r.crcs[pt.file], partCRC{pt.off, pt.n, crc})
@@ -293,7 +295,7 @@ func (p *pipeline) keepJournal() error {
 			if !ok {
 				return r.journal.flush()
 			}
-			r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC, rec.part)
+			r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC, rec.part, rec.peer)
 			if len(p.records) == 0 {
 				if err := r.journal.flush(); err != nil {
 					return err
@@ -383,6 +385,7 @@ func (p *pipeline) refetchPeerParts(ctx context.Context, idx int) (bool, error) 
 		r.peerMu.Lock()
 		peer := r.peerOf[i]
 		delete(r.peerOf, i)
+		delete(r.heldBack, i)
 		r.peerMu.Unlock()
 		if partCRC != had {
 			r.e.metrics.peerFailures.Inc()
@@ -508,16 +511,18 @@ func (r *run) openFile(idx int, f source.File) (*fileHandle, error) {
 	return h, nil
 }
 
-// fetchPart gets one part, from a peer when the Fetch has a swarm and a peer holds it,
-// otherwise from the source, and writes it at its offset. It returns the part's CRC when the
-// file is verified inline, and its CRC32C.
-func (r *run) fetchPart(ctx context.Context, p part) (uint64, uint32, error) {
-	if r.swarm != nil {
+// fetchPart gets one part, from a peer when the Fetch has a swarm, the file may come from
+// peers and a peer holds the part, otherwise from the source, and writes it at its offset. It
+// returns the part's CRC when the file is verified inline, its CRC32C, and whether a peer
+// supplied it.
+func (r *run) fetchPart(ctx context.Context, p part) (uint64, uint32, bool, error) {
+	if r.swarm != nil && r.peerable[p.file] {
 		if crc, partCRC, ok, err := r.partFromPeers(ctx, p); ok || err != nil {
-			return crc, partCRC, err
+			return crc, partCRC, ok, err
 		}
 	}
-	return r.partFromSource(ctx, p)
+	crc, partCRC, err := r.partFromSource(ctx, p)
+	return crc, partCRC, false, err
 }
 
 // partFromSource reads one part from the source, retrying transient failures from the byte it
@@ -594,8 +599,10 @@ func (r *run) partFromPeers(ctx context.Context, p part) (crc uint64, partCRC ui
 			r.fromPeers.Add(n)
 			r.done.Add(n)
 			r.e.metrics.peerBytes.Add(float64(n))
+			r.tainted[p.file].Store(true)
 			r.peerMu.Lock()
 			r.peerOf[idx] = pp.Peer
+			r.heldBack[idx] = partCRC
 			r.peerMu.Unlock()
 			return crc, partCRC, true, nil
 		case ctx.Err() != nil:

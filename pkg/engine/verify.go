@@ -24,7 +24,8 @@ import (
 )
 
 // checker picks the checksum to verify a file with: sha256, then the S3 full-object CRCs
-// (fast to compute, and as good as MD5 at catching damage), then MD5, then the git blob id. It
+// (fast to compute, and as good as MD5 at catching damage), then SHA-1, MD5, the git blob id.
+// A file with parts from peers is checked with c.Digests() only (verifyFile). It
 // returns nil when the source gave none (size is then the only check). size is the file's.
 func checker(c source.Checksums, size int64) (kind, want string, h hash.Hash, encode func([]byte) string) {
 	hexEnc := hex.EncodeToString
@@ -35,6 +36,8 @@ func checker(c source.Checksums, size int64) (kind, want string, h hash.Hash, en
 		return "crc64nvme", c.CRC64NVME, crc64nvme.New(), base64.StdEncoding.EncodeToString
 	case c.CRC32C != "":
 		return "crc32c", c.CRC32C, crc32.New(crc32.MakeTable(crc32.Castagnoli)), base64.StdEncoding.EncodeToString
+	case c.SHA1 != "":
+		return "sha1", strings.ToLower(c.SHA1), sha1.New(), hexEnc //nolint:gosec // S3's SHA-1 checksums
 	case c.MD5 != "":
 		return "md5", strings.ToLower(c.MD5), md5.New(), hexEnc //nolint:gosec // see import
 	case c.GitBlobSHA1 != "":
@@ -56,6 +59,20 @@ func (r *run) verifyFile(ctx context.Context, idx int) error {
 	if info.Size() != f.Size {
 		return &VerificationError{file: idx, Path: f.Path, Kind: "size", Want: fmt.Sprint(f.Size), Got: fmt.Sprint(info.Size())}
 	}
+	sums := f.Checksums
+	if r.tainted[idx].Load() && (sums.Cryptographic() || !r.trustPeers) {
+		// Parts came from peers: a CRC of them proves nothing a lying peer could not arrange.
+		// Without TrustPeers only files with a digest take parts from peers (prepare, Fetch).
+		if sums = sums.Digests(); sums.Empty() {
+			return &VerificationError{file: idx, Path: f.Path, Kind: "digest", Want: "a digest from the source", Got: "parts from peers and none"}
+		}
+		err = readAndCompare(ctx, r.root, f.Path, sums, f.Size, nil, nil)
+		var verr *VerificationError
+		if errors.As(err, &verr) {
+			verr.file = idx
+		}
+		return err
+	}
 	if f.Checksums.Empty() {
 		// The source vouches for nothing but the size; record what was written, to re-verify
 		// the file against later.
@@ -68,7 +85,7 @@ func (r *run) verifyFile(ctx context.Context, idx int) error {
 		}
 		return nil
 	}
-	err = readAndCompare(ctx, r.root, f.Path, f.Checksums, f.Size, nil, nil)
+	err = readAndCompare(ctx, r.root, f.Path, sums, f.Size, nil, nil)
 	var verr *VerificationError
 	if errors.As(err, &verr) {
 		verr.file = idx

@@ -322,11 +322,12 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 		return nil, err
 	}
 	return &agent.Peers{
-		Server:  server,
-		Address: pf.address,
-		Token:   agent.TokenFile(pf.tokenFile),
-		Client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}},
-		Wait:    pc.WaitDuration(),
-		Metrics: peer.NewMetrics(opts.Registerer),
+		Server:     server,
+		Address:    pf.address,
+		Token:      agent.TokenFile(pf.tokenFile),
+		Client:     &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}},
+		Wait:       pc.WaitDuration(),
+		TrustPeers: pc.TrustsAllNodes(),
+		Metrics:    peer.NewMetrics(opts.Registerer),
 	}, nil
 }

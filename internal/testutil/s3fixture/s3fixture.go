@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 )
 
 // Credentials of the server's root user.
@@ -255,4 +256,27 @@ func (s *Server) Put(ctx context.Context, bucket, key string, body io.Reader, si
 // PutBytes uploads data as one object.
 func (s *Server) PutBytes(ctx context.Context, bucket, key string, data []byte) error {
 	return s.Put(ctx, bucket, key, bytes.NewReader(data), int64(len(data)))
+}
+
+// PutMultipart uploads data as one object in parts of partSize bytes: its ETag is then not an
+// MD5 of the bytes, and it has no full-object digest (only CRCs, whatever the client sends).
+func (s *Server) PutMultipart(ctx context.Context, bucket, key string, data []byte, partSize int) error {
+	up, err := s.Client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &bucket, Key: &key})
+	if err != nil {
+		return err
+	}
+	var parts []types.CompletedPart
+	for n, off := int32(1), 0; off < len(data); n, off = n+1, off+partSize {
+		body := data[off:min(off+partSize, len(data))]
+		out, err := s.Client.UploadPart(ctx, &s3.UploadPartInput{Bucket: &bucket, Key: &key, UploadId: up.UploadId,
+			PartNumber: aws.Int32(n), Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body)))})
+		if err != nil {
+			return fmt.Errorf("uploading part %d of %s: %w", n, key, err)
+		}
+		parts = append(parts, types.CompletedPart{PartNumber: aws.Int32(n), ETag: out.ETag,
+			ChecksumCRC32: out.ChecksumCRC32, ChecksumCRC32C: out.ChecksumCRC32C, ChecksumCRC64NVME: out.ChecksumCRC64NVME})
+	}
+	_, err = s.Client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: &bucket, Key: &key, UploadId: up.UploadId,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}})
+	return err
 }

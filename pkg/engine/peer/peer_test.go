@@ -35,6 +35,8 @@ type memSource struct {
 	served  atomic.Int64
 	barrier *sync.WaitGroup
 	delay   time.Duration // before each read
+	// sums, when set, is what List vouches for (a SHA-256 otherwise).
+	sums func(data []byte) source.Checksums
 }
 
 func newModel(t *testing.T, sizes ...int) *memSource {
@@ -67,8 +69,11 @@ func (m *memSource) List(context.Context) (source.Listing, error) {
 	var l source.Listing
 	for _, name := range m.order {
 		sum := sha256.Sum256(m.files[name])
-		l.Files = append(l.Files, source.File{Path: name, Size: int64(len(m.files[name])), Version: "1",
-			Checksums: source.Checksums{SHA256: hex.EncodeToString(sum[:])}})
+		sums := source.Checksums{SHA256: hex.EncodeToString(sum[:])}
+		if m.sums != nil {
+			sums = m.sums(m.files[name])
+		}
+		l.Files = append(l.Files, source.File{Path: name, Size: int64(len(m.files[name])), Version: "1", Checksums: sums})
 	}
 	return l, nil
 }

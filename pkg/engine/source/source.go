@@ -30,7 +30,9 @@ type File struct {
 // Checksums of a file's whole content, lowercase hex.
 type Checksums struct {
 	SHA256 string `json:"sha256,omitempty"`
-	MD5    string `json:"md5,omitempty"`
+	// SHA1 is an S3 full-object SHA-1 checksum, hex.
+	SHA1 string `json:"sha1,omitempty"`
+	MD5  string `json:"md5,omitempty"`
 	// CRC32C and CRC64NVME are the S3 full-object checksums, base64 as S3 sends them.
 	CRC32C    string `json:"crc32c,omitempty"`
 	CRC64NVME string `json:"crc64nvme,omitempty"`
@@ -42,6 +44,18 @@ type Checksums struct {
 // Empty reports whether the source vouches for no checksum of the file (its size is then all
 // there is to check it by).
 func (c Checksums) Empty() bool { return c == Checksums{} }
+
+// Digests is c without its CRCs: the checksums that are cryptographic digests. A CRC catches
+// damage but is linear, so whoever can change a file's bytes can keep its CRC; no one can make
+// other bytes with a given SHA-256, SHA-1 or MD5 (a second preimage) without the source's
+// owner having chosen the original for it.
+func (c Checksums) Digests() Checksums {
+	return Checksums{SHA256: c.SHA256, SHA1: c.SHA1, MD5: c.MD5, GitBlobSHA1: c.GitBlobSHA1}
+}
+
+// Cryptographic reports whether the source vouches for the file's content with a digest
+// (Digests), not only with its size or a CRC.
+func (c Checksums) Cryptographic() bool { return !c.Digests().Empty() }
 
 // ContentRevision names a listing's content when the source has no revision of its own (S3, a
 // directory): a digest of every file's path, size and version (ETag and version id, or size and

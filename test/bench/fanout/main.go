@@ -38,6 +38,9 @@ import (
 const (
 	bucket  = "fanout-models"
 	prefix  = "models/fanout"
+	// noDigestPrefix holds the same model uploaded in parts: no file has a digest the nodes
+	// could check a peer's bytes by, so each reads them from the origin (peers.trust).
+	noDigestPrefix = "models/fanout-no-digest"
 	root    = "/opt/dlami/nvme"
 	peerTCP = 9444
 )
@@ -52,6 +55,7 @@ type options struct {
 	partSize    string
 	concurrency int
 	baseline    bool
+	noDigest    bool
 	trace       bool
 	out, dir    string
 }
@@ -66,6 +70,7 @@ func main() {
 	flag.StringVar(&o.partSize, "part-size", "1Mi", "the agents' part size (1Mi: a part is 1/256 of the default model, as 16Mi is of a 4 GiB one)")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "the agents' concurrency")
 	flag.BoolVar(&o.baseline, "baseline", true, "also run the largest N with sharing off")
+	flag.BoolVar(&o.noDigest, "no-digest", true, "also run the largest N for the model uploaded in parts (no file has a digest: each node reads it from the origin)")
 	flag.BoolVar(&o.trace, "trace", false, "log the origin's rate every second")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report to write into (its bench-fanout section; empty: print only)")
 	flag.StringVar(&o.dir, "dir", "", "work folder for logs and disks (default: a temporary one, removed)")
@@ -130,6 +135,7 @@ type bench struct {
 type result struct {
 	nodes      int
 	peers      bool
+	noDigest   bool // the model without digests (noDigestPrefix)
 	times      []time.Duration // each node's time to Ready, sorted
 	originSent int64           // bytes the origin sent (bodies, listings included)
 	status     inferencev1.ModelDataCacheConfigStatus
@@ -150,24 +156,22 @@ func run(o options) error {
 		return err
 	}
 	var results []result
-	runs := []struct {
-		n     int
-		peers bool
-	}{}
+	type runSpec struct {
+		n               int
+		peers, noDigest bool
+	}
+	var runs []runSpec
 	for _, n := range o.nodes {
-		runs = append(runs, struct {
-			n     int
-			peers bool
-		}{n, true})
+		runs = append(runs, runSpec{n, true, false})
 	}
 	if o.baseline {
-		runs = append(runs, struct {
-			n     int
-			peers bool
-		}{slices.Max(o.nodes), false})
+		runs = append(runs, runSpec{slices.Max(o.nodes), false, false})
+	}
+	if o.noDigest {
+		runs = append(runs, runSpec{slices.Max(o.nodes), true, true})
 	}
 	for i, r := range runs {
-		res, err := b.runOnce(i, r.n, r.peers)
+		res, err := b.runOnce(i, r.n, r.peers, r.noDigest)
 		if err != nil {
 			return fmt.Errorf("%d nodes: %w", r.n, err)
 		}
@@ -216,8 +220,15 @@ func (b *bench) setUp(tmp string) error {
 			n = o.modelBytes - per*int64(o.files-1)
 		}
 		key := fmt.Sprintf("%s/model-%05d-of-%05d.safetensors", prefix, i+1, o.files)
-		if err := s3.PutBytes(ctx, bucket, key, gen.Bytes(uint64(100+i), int(n))); err != nil {
+		data := gen.Bytes(uint64(100+i), int(n))
+		if err := s3.PutBytes(ctx, bucket, key, data); err != nil {
 			return err
+		}
+		if o.noDigest {
+			key := fmt.Sprintf("%s/model-%05d-of-%05d.safetensors", noDigestPrefix, i+1, o.files)
+			if err := s3.PutMultipart(ctx, bucket, key, data, 8<<20); err != nil {
+				return err
+			}
 		}
 	}
 	if b.origin, err = shaper.StartOn(b.net.hostIP()+":0", s3.Endpoint, shaper.Options{TotalBytesPerSecond: o.originRate}); err != nil {
@@ -298,7 +309,7 @@ func (b *bench) close() {
 var instanceTypes = []string{"ml.g5.12xlarge", "ml.g5.24xlarge", "ml.g5.48xlarge", "ml.g6e.48xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge"}
 
 // runOnce warms n nodes and measures it.
-func (b *bench) runOnce(k, n int, peers bool) (result, error) {
+func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	c := b.cluster.Client
@@ -380,7 +391,11 @@ func (b *bench) runOnce(k, n int, peers bool) (result, error) {
 			}
 		}()
 	}
-	iec := testutil.MakeInferenceEndpointConfig("default", fmt.Sprintf("fanout-%d", k)).Location(prefix).InstanceType(itype).Obj()
+	location := prefix
+	if noDigest {
+		location = noDigestPrefix
+	}
+	iec := testutil.MakeInferenceEndpointConfig("default", fmt.Sprintf("fanout-%d", k)).Location(location).InstanceType(itype).Obj()
 	iec.Spec.ModelSourceConfig.S3Storage.BucketName = bucket
 	iec.Spec.ModelCacheConfig.ImageCache = nil
 	start := time.Now()
@@ -419,7 +434,7 @@ func (b *bench) runOnce(k, n int, peers bool) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	res := result{nodes: n, peers: peers, originSent: b.origin.Served.Load() - sentBefore}
+	res := result{nodes: n, peers: peers, noDigest: noDigest, originSent: b.origin.Served.Load() - sentBefore}
 	for _, d := range ready {
 		res.times = append(res.times, d)
 	}

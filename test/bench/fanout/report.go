@@ -38,13 +38,15 @@ func (r report) markdown() string {
 	fmt.Fprintf(&b, "A model of %s in %d files. Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
 		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
 		"Time to Ready is from the cache's creation to the node's NodeCache status saying Ready (polled every 100 ms; the agents write state changes every 250 ms). "+
-		"\"Origin sent\" is every byte the origin's proxy sent, listings included.\n\n",
+		"\"Origin sent\" is every byte the origin's proxy sent, listings included. "+
+		"Nodes take from each other only files the source vouches for with a digest (`peers.trust: SourceDigests`, docs/security.md): "+
+		"\"MD5 ETag\" is the model uploaded in one part per file (its ETag is the MD5 of its bytes), \"no digest\" the same model uploaded in 8 MiB parts (CRCs only).\n\n",
 		engine.HumanBytes(o.modelBytes), o.files, engine.HumanBytes(o.nodeRate), engine.HumanBytes(o.originRate))
-	b.WriteString("| nodes | sharing | T(N) | T(N)/T(1) | per node p50 | per node p95 | origin sent / model | status originBytes / model | status peerBytes / model |\n")
-	b.WriteString("|---:|:---|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| nodes | source | sharing | T(N) | T(N)/T(1) | per node p50 | per node p95 | origin sent / model | status originBytes / model | status peerBytes / model |\n")
+	b.WriteString("|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|\n")
 	var t1 time.Duration
 	for _, res := range r.results {
-		if res.nodes == 1 && res.peers {
+		if res.nodes == 1 && res.peers && !res.noDigest {
 			t1 = res.times[len(res.times)-1]
 		}
 	}
@@ -58,8 +60,12 @@ func (r report) markdown() string {
 		if !res.peers {
 			sharing = "off"
 		}
+		class := "MD5 ETag"
+		if res.noDigest {
+			class = "no digest"
+		}
 		m := float64(o.modelBytes)
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", res.nodes, sharing, secs(t), ratio,
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", res.nodes, class, sharing, secs(t), ratio,
 			secs(quantile(res.times, 0.5)), secs(quantile(res.times, 0.95)), float64(res.originSent)/m,
 			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m)
 	}

@@ -159,7 +159,7 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	return source.Listing{Files: files}, g.Wait()
 }
 
-// checksums fills f's checksums from a HEAD: the full-object CRC or SHA-256 the object was
+// checksums fills f's checksums from a HEAD: the full-object CRC, SHA-256 or SHA-1 the object was
 // uploaded with, and the ETag when it is the MD5 of the bytes (single-part, not KMS-encrypted).
 func (s *Source) checksums(ctx context.Context, f *source.File) error {
 	key := s.prefix + f.Path
@@ -176,6 +176,9 @@ func (s *Source) checksums(ctx context.Context, f *source.File) error {
 	full := out.ChecksumType == "" || out.ChecksumType == types.ChecksumTypeFullObject
 	if full && !strings.Contains(aws.ToString(out.ChecksumSHA256), "-") {
 		f.Checksums.SHA256 = b64ToHex(aws.ToString(out.ChecksumSHA256))
+	}
+	if full && !strings.Contains(aws.ToString(out.ChecksumSHA1), "-") {
+		f.Checksums.SHA1 = b64ToHex(aws.ToString(out.ChecksumSHA1))
 	}
 	if full && !strings.Contains(aws.ToString(out.ChecksumCRC32C), "-") {
 		f.Checksums.CRC32C = aws.ToString(out.ChecksumCRC32C)
