@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -53,6 +54,11 @@ func (j *job) swarm(ctx context.Context) engine.Swarm {
 	peersNow := func() []peer.Peer {
 		var peers []peer.Peer
 		for _, cp := range j.current().Peers {
+			// The controller hands out only IP:port addresses it checked; anything else (a
+			// host name, a path) is not sent this agent's token.
+			if ap, err := netip.ParseAddrPort(cp.Address); err != nil || ap.String() != cp.Address {
+				continue
+			}
 			peers = append(peers, peer.Peer{Name: cp.Node, URL: "http://" + cp.Address, Upstream: cp.Upstream})
 		}
 		return peers

@@ -230,6 +230,11 @@ func (p Peers) UploadRateBytes() int64 { return size(p.UploadRate) }
 type Controller struct {
 	// GateTimeout is the longest a Deployment waits for its weights cache to settle (30m).
 	GateTimeout string `json:"gateTimeout,omitempty"`
+	// DeletionTimeout is the longest a deleted cache waits for the nodes that report it to say
+	// they removed its files (10m); past it the cache goes, with a Warning naming them. An
+	// agent removes the files of a cache no request names whether or not the cache still exists,
+	// so this bounds only how long deletion is shown.
+	DeletionTimeout string `json:"deletionTimeout,omitempty"`
 	// Retention is how long a cordoned, tainted or unreachable node that a cache's placement
 	// still selects keeps its copy (24h).
 	Retention string `json:"retention,omitempty"`
@@ -256,6 +261,9 @@ type Controller struct {
 
 // GateTimeoutDuration is the validated gate timeout.
 func (c Controller) GateTimeoutDuration() time.Duration { return duration(c.GateTimeout) }
+
+// DeletionTimeoutDuration is the validated deletion timeout.
+func (c Controller) DeletionTimeoutDuration() time.Duration { return duration(c.DeletionTimeout) }
 
 // RetentionDuration is the validated retention.
 func (c Controller) RetentionDuration() time.Duration { return duration(c.Retention) }
@@ -399,6 +407,7 @@ func (o *Operator) defaults() {
 		}
 	}
 	text(&c.GateTimeout, "30m")
+	text(&c.DeletionTimeout, "10m")
 	text(&c.Retention, "24h")
 	text(&c.AgentImage, DefaultAgentImage)
 	text(&c.ImageCachePriorityClass, DefaultImageCachePriorityClass)
@@ -531,6 +540,7 @@ func (o Operator) Validate() error {
 		}
 	}
 	checkDuration("controller.gateTimeout", c.GateTimeout)
+	checkDuration("controller.deletionTimeout", c.DeletionTimeout)
 	checkDuration("controller.retention", c.Retention)
 	checkDuration("agent.verifyInterval", a.VerifyInterval)
 	checkDuration("agent.progressInterval", a.ProgressInterval)

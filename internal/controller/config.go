@@ -49,6 +49,9 @@ func (c *Config) Rules() placement.Rules {
 // GateTimeout is the longest a Deployment waits for its weights cache to settle.
 func (c *Config) GateTimeout() time.Duration { return c.Controller.GateTimeoutDuration() }
 
+// DeletionTimeout is the longest a deleted cache waits for its nodes to say they removed it.
+func (c *Config) DeletionTimeout() time.Duration { return c.Controller.DeletionTimeoutDuration() }
+
 // Retention is how long a node that a cache's placement still selects, but whose scheduling
 // state keeps its pods off (cordoned, tainted, unreachable), keeps its copy of the cache.
 func (c *Config) Retention() time.Duration { return c.Controller.RetentionDuration() }

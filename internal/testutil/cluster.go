@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -276,6 +277,10 @@ type NodeOptions struct {
 	Labels map[string]string
 	// Taints are the node's taints.
 	Taints []corev1.Taint
+	// InternalIP is the address the node reports (127.0.0.1: agents of the harness run as
+	// processes on this machine, and the controller hands out only peer addresses of a node's
+	// own).
+	InternalIP string
 }
 
 // AddNode creates a kwok-managed node with the given instance type and capacity, and waits until
@@ -306,7 +311,9 @@ func (c *Cluster) AddNode(ctx context.Context, name string, opts NodeOptions) (*
 	if opts.GPUs > 0 {
 		capacity["nvidia.com/gpu"] = *resource.NewQuantity(opts.GPUs, resource.DecimalSI)
 	}
-	patch, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity}})
+	ip := cmp.Or(opts.InternalIP, "127.0.0.1")
+	addresses := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity, "addresses": addresses}})
 	if err != nil {
 		return nil, err
 	}

@@ -75,12 +75,15 @@ type Reconciler struct {
 	// Metrics records the caches' counts; nil records none.
 	Metrics *controller.Metrics
 	Now     func() time.Time
+
+	peerAddrs peerAddresses
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs/status;modeldatacacheconfigs/finalizers,verbs=get;update;patch
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch;create;patch;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -372,7 +375,11 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 	full := map[string]bool{}
 	var peers map[string][]prewarmv1alpha1.CachePeer
 	if !r.Config.Peers.Disabled {
-		peers = assignPeers(uid, p.targets, byNode, r.Config.Peers.GroupSize)
+		usable, err := r.usablePeers(ctx, p.targets, byNode)
+		if err != nil {
+			return nil, err
+		}
+		peers = assignPeers(uid, p.targets, usable, r.Config.Peers.GroupSize)
 	}
 	for _, n := range slices.Concat(p.targets, p.retainedNodes) {
 		want := p.entry
@@ -537,18 +544,31 @@ func (r *Reconciler) label(ctx context.Context, m *inferencev1.ModelDataCacheCon
 func (r *Reconciler) finishDeletion(ctx context.Context, m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus, byNode map[string]*prewarmv1alpha1.NodeCache, recordNodeEvents func()) (time.Duration, error) {
 	st.State = inferencev1.CacheDeleting
 	holders := holdersOf(string(m.UID), byNode)
-	if len(holders) == 0 {
+	// A node's word that it still holds the cache is all there is to wait on; an agent that
+	// never stops saying so (a forged entry) must not hold the cache, and so its namespace's
+	// deletion, forever. Agents remove what no request names either way.
+	left := r.Config.DeletionTimeout() - r.Now().Sub(m.DeletionTimestamp.Time)
+	switch {
+	case len(holders) == 0:
 		setCondition(&st, m, metav1.ConditionFalse, "Deleted", "every node has removed the cache")
-	} else {
+	case left > 0:
 		setCondition(&st, m, metav1.ConditionFalse, "Deleting",
 			fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), controller.Summarize(holders, 5)))
 	}
-	if err := r.writeStatus(ctx, m, st); err != nil {
-		return 0, err
+	if len(holders) == 0 || left > 0 {
+		if err := r.writeStatus(ctx, m, st); err != nil {
+			return 0, err
+		}
 	}
 	recordNodeEvents()
+	if len(holders) > 0 && left > 0 {
+		return left, nil // NodeCache events bring us back sooner
+	}
 	if len(holders) > 0 {
-		return 0, nil // NodeCache events bring us back
+		ctrl.LoggerFrom(ctx).Info("deleting the cache while nodes still report it", "nodes", holders)
+		controller.Event(r.Recorder, m, corev1.EventTypeWarning, "DeletionTimeout", "Delete",
+			fmt.Sprintf("%d node(s) still report the cache %s after it was deleted (controller.deletionTimeout): %s; it goes, and their agents remove the files of caches no request names",
+				len(holders), r.Config.DeletionTimeout(), controller.Summarize(holders, 5)))
 	}
 	if err := r.deleteLegacyToken(ctx, m); err != nil {
 		return 0, err

@@ -27,6 +27,9 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		ResolvedRevision:   m.Status.ResolvedRevision,
 		Conditions:         slices.Clone(m.Status.Conditions),
 	}
+	if st.ResolvedRevision == "" {
+		st.ResolvedRevision = agreedRevision(string(m.UID), targets, byNode)
+	}
 	b := nodeEntries{uid: string(m.UID), byNode: byNode, full: full, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now()}
 	for _, ns := range m.Status.Nodes {
 		b.previous[ns.Name] = ns
@@ -60,6 +63,36 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 	return st, ready
 }
 
+// agreedRevision is the revision to pin the cache to, once the target nodes that hold it agree:
+// the revision most of them hold, held by at least two (one, when only one target has not
+// failed), and by more than any other. A single node's report is not enough where others could be harmed by
+// it: every node asked with a pin it does not find fails with SourceChanged. "" until then.
+func agreedRevision(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) string {
+	votes, able := map[string]int{}, 0
+	for _, n := range targets {
+		rep := reportFor(byNode[n.Name], uid)
+		if rep == nil || rep.State != inferencev1.CacheFailed {
+			able++ // may yet hold it
+		}
+		if rep != nil && rep.State == inferencev1.CacheReady && rep.Revision != "" {
+			votes[rep.Revision]++
+		}
+	}
+	best, most, tied := "", 0, false
+	for rev, n := range votes {
+		switch {
+		case n > most:
+			best, most, tied = rev, n, false
+		case n == most:
+			tied = true
+		}
+	}
+	if tied || most < min(2, able) {
+		return ""
+	}
+	return best
+}
+
 // nodeEntries builds the status's per-node entries.
 type nodeEntries struct {
 	uid      string
@@ -67,7 +100,7 @@ type nodeEntries struct {
 	full     map[string]bool
 	previous map[string]inferencev1.NodeCacheStatus
 	now      time.Time
-	// st takes the cache's size and, from the first Ready node, its revision.
+	// st takes the cache's size; its revision is pinned beforehand (agreedRevision).
 	st *inferencev1.ModelDataCacheConfigStatus
 }
 
@@ -89,10 +122,7 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 		st.TotalBytes = max(st.TotalBytes, rep.BytesTotal)
 		st.OriginBytes += rep.OriginBytes
 		st.PeerBytes += rep.PeerBytes
-		if rep.State == inferencev1.CacheReady && st.ResolvedRevision == "" {
-			st.ResolvedRevision = rep.Revision
-		}
-		if rep.State == inferencev1.CacheReady && rep.Revision != "" && rep.Revision != st.ResolvedRevision {
+		if rep.State == inferencev1.CacheReady && rep.Revision != "" && st.ResolvedRevision != "" && rep.Revision != st.ResolvedRevision {
 			// Downloaded while the source was rewritten: not the cache's content.
 			ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonSourceChanged
 			ns.Message = fmt.Sprintf("holds revision %s, but the cache is pinned to %s, which other nodes hold: the source was rewritten under the same location", rep.Revision, st.ResolvedRevision)

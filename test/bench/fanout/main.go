@@ -36,13 +36,13 @@ import (
 )
 
 const (
-	bucket  = "fanout-models"
-	prefix  = "models/fanout"
+	bucket = "fanout-models"
+	prefix = "models/fanout"
 	// noDigestPrefix holds the same model uploaded in parts: no file has a digest the nodes
 	// could check a peer's bytes by, so each reads them from the origin (peers.trust).
 	noDigestPrefix = "models/fanout-no-digest"
-	root    = "/opt/dlami/nvme"
-	peerTCP = 9444
+	root           = "/opt/dlami/nvme"
+	peerTCP        = 9444
 )
 
 type options struct {
@@ -135,7 +135,7 @@ type bench struct {
 type result struct {
 	nodes      int
 	peers      bool
-	noDigest   bool // the model without digests (noDigestPrefix)
+	noDigest   bool            // the model without digests (noDigestPrefix)
 	times      []time.Duration // each node's time to Ready, sorted
 	originSent int64           // bytes the origin sent (bodies, listings included)
 	status     inferencev1.ModelDataCacheConfigStatus
@@ -329,7 +329,7 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 	for i := range n {
 		name := fmt.Sprintf("run%d-node%d", k, i)
 		nodes = append(nodes, name)
-		if _, err := b.cluster.AddNode(ctx, name, testutil.NodeOptions{InstanceType: itype, GPUs: 8}); err != nil {
+		if _, err := b.cluster.AddNode(ctx, name, testutil.NodeOptions{InstanceType: itype, GPUs: 8, InternalIP: b.net.nodeIP(i)}); err != nil {
 			return result{}, err
 		}
 		disk := filepath.Join(b.dir, "nodes", name)
