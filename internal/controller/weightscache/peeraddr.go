@@ -88,7 +88,7 @@ func (r *Reconciler) peerAddressProblem(ctx context.Context, n *corev1.Node, add
 	}
 	r.peerAddrs.checked[n.Name] = addrVerdict{addr: addr, problem: problem, at: now}
 	r.peerAddrs.mu.Unlock()
-	if problem != "" && !(ok && v.addr == addr) {
+	if problem != "" && (!ok || v.addr != addr) {
 		ctrl.LoggerFrom(ctx).Info("refusing a node's peer address: it is no one's peer", "node", n.Name, "peerAddress", addr, "why", problem)
 	}
 	return problem, nil

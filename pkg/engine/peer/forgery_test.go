@@ -125,7 +125,7 @@ func forge(parts map[int][]byte) func(http.Handler) http.Handler {
 // source. With TrustPeers (nodes trusted) the same forgery is published, which is the risk the
 // option states.
 func TestALyingPeerCannotForgeAFileWithoutADigest(t *testing.T) {
-	crc64 := func(d []byte) string { return engine.CRC64NVME(d) }
+	crc64 := engine.CRC64NVME
 	for _, tc := range []struct {
 		name string
 		sums func([]byte) source.Checksums
