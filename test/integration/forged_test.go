@@ -17,6 +17,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -80,7 +81,7 @@ func peersOf(t *testing.T, ctx context.Context, node, uid string) []string {
 func TestAForgedPeerAddressIsNoOnesPeer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rc := newReconcilers(t, ctx, "fp-operator", "fp")
+	rc := newReconcilers(t, ctx, "fp-operator", "fp").with(func(c *controller.Config) { c.CheckPeerIPs = true })
 	const itype = "ml.fp-suite.xlarge"
 	nodes := map[string]struct{ ip, addr string }{
 		"fp-a":    {"10.71.0.1", "10.71.0.1:9444"},

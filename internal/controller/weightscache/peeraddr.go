@@ -96,7 +96,7 @@ func (r *Reconciler) peerAddressProblem(ctx context.Context, n *corev1.Node, add
 
 func (r *Reconciler) checkPeerAddress(ctx context.Context, n *corev1.Node, addr string) (string, error) {
 	ip, problem := parsePeerAddress(addr)
-	if problem != "" {
+	if problem != "" || !r.Config.CheckPeerIPs {
 		return problem, nil
 	}
 	for _, a := range n.Status.Addresses {
