@@ -21,10 +21,6 @@ type Config struct {
 	config.Operator
 	// OperatorNamespace is where shared objects live.
 	OperatorNamespace string
-	// CheckPeerIPs also requires a peer address's IP to be the node's own (its addresses, pod
-	// CIDRs, its agent pod's IP). Off until the test harness's kwok nodes report stable
-	// addresses; the IP:port form is always required.
-	CheckPeerIPs bool
 	// ExtendedResourceTolerations is placement.extendedResourceTolerations resolved: whether the
 	// pods prewarm creates tolerate the NoSchedule taints named after the extended resources the
 	// inference pods request (auto: whether the API server's admission adds them; see

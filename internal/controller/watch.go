@@ -90,6 +90,7 @@ const (
 	EventRollStarted       = "RollStarted"
 	EventOldCacheRemoved   = "OldCacheRemoved"
 	EventCleanupDone       = "CleanupDone"
+	EventDeletionTimeout   = "DeletionTimeout"
 	EventNodeReady         = "NodeReady"
 	EventNodeFailed        = "NodeFailed"
 	EventNodeDownloading   = "NodeDownloading"

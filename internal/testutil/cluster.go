@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -320,11 +321,23 @@ func (c *Cluster) AddNode(ctx context.Context, name string, opts NodeOptions) (*
 	if err := c.Client.Status().Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return nil, err
 	}
+	// kwok's first status write (addresses included) may land after ours; once the node is
+	// Ready kwok leaves its addresses alone, so they are put back until they hold.
+	addrPatch, err := json.Marshal(map[string]any{"status": map[string]any{"addresses": addresses}})
+	if err != nil {
+		return nil, err
+	}
 	err = Eventually(ctx, 30*time.Second, func() (bool, error) {
 		if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, node); err != nil {
 			return false, err
 		}
-		return NodeReady(node), nil
+		if !NodeReady(node) {
+			return false, nil
+		}
+		if slices.Equal(node.Status.Addresses, addresses) {
+			return true, nil
+		}
+		return false, c.Client.Status().Patch(ctx, node, client.RawPatch(types.MergePatchType, addrPatch))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node %s not Ready: %w", name, errors.Join(err, c.CheckProcesses()))

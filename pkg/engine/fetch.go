@@ -58,9 +58,6 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 	}
 	defer run.close()
 	if run.swarm = req.Swarm; run.swarm != nil {
-		for i, f := range listing.Files {
-			run.peerable[i] = req.TrustPeers || f.Checksums.Cryptographic()
-		}
 		run.swarm.Join(run.plan)
 		defer run.swarm.Leave()
 	}
@@ -111,24 +108,25 @@ type run struct {
 	// plan is the model cut into parts, with the parts this run holds; swarm, when set, is
 	// where parts may come from other than the source. peerOf[i] names the peer part i came
 	// from, if any (guarded by peerMu).
-	// peerable[i] says file i's parts may come from peers (Request.Swarm); tainted[i], that
-	// some did (in this run or one it resumes), so that only a cryptographic digest verifies
-	// it. heldBack[i] is the CRC32C of part i taken from a peer: it is offered on only once
-	// its file is verified (guarded by peerMu).
-	plan       *Plan
-	swarm      Swarm
-	trustPeers bool
-	peerable   []bool
-	tainted    []atomic.Bool
-	peerMu     sync.Mutex
-	peerOf     map[int]string
-	heldBack   map[int]uint32
+	// peerable[i] says file i's parts may come from peers, when there is a swarm (a digest
+	// vouches for it, or Request.TrustPeers); tainted[i], that some did (in this run or one it
+	// resumes), so that only a digest verifies it. heldBack[i] is the CRC32C of part i taken
+	// from a peer: it is offered on only once its file is verified (guarded by peerMu).
+	plan     *Plan
+	swarm    Swarm
+	peerable []bool
+	tainted  []atomic.Bool
+	peerMu   sync.Mutex
+	peerOf   map[int]string
+	heldBack map[int]uint32
 }
 
 func (e *Engine) prepare(dest string, src source.Source, listing source.Listing, trustPeers bool) (*run, error) {
-	r := &run{e: e, src: src, listing: listing, planID: planHash(listing.Files, listing.Revision), dir: partialDir(dest), trustPeers: trustPeers}
-	for _, f := range listing.Files {
+	r := &run{e: e, src: src, listing: listing, planID: planHash(listing.Files, listing.Revision), dir: partialDir(dest)}
+	r.peerable, r.tainted = make([]bool, len(listing.Files)), make([]atomic.Bool, len(listing.Files))
+	for i, f := range listing.Files {
 		r.total += f.Size
+		r.peerable[i] = trustPeers || f.Checksums.Cryptographic()
 	}
 	jpath := filepath.Join(r.dir, journalName)
 	st, resuming, err := readJournal(jpath, r.planID)
@@ -146,7 +144,7 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing,
 		info, err := os.Stat(filepath.Join(r.dir, filepath.FromSlash(f.Path)))
 		// A file with parts from peers that no digest can now check (the peers were trusted
 		// then, not now) is fetched again from the source.
-		untrusted := st.fromPeers[idx] && !st.verified[idx] && !trustPeers && !f.Checksums.Cryptographic()
+		untrusted := st.fromPeers[idx] && !st.verified[idx] && !r.peerable[idx]
 		if err != nil || info.Size() != f.Size || untrusted {
 			stale = append(stale, idx)
 			continue
@@ -161,7 +159,6 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing,
 	}
 	r.resume = st
 	r.plan, r.peerOf, r.heldBack = newPlan(listing, e.partSize, r.dir), map[int]string{}, map[int]uint32{}
-	r.peerable, r.tainted = make([]bool, len(listing.Files)), make([]atomic.Bool, len(listing.Files))
 	for idx := range st.fromPeers {
 		r.tainted[idx].Store(true)
 	}

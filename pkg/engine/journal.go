@@ -261,16 +261,16 @@ func appendJournal(path string) (*journal, error) {
 
 // Record writers: a write error stays in the bufio.Writer and flush returns it.
 
-func (j *journal) written(idx int, off, n int64, crc uint64, hasCRC bool, partCRC uint32, fromPeer bool) {
-	if fromPeer {
-		_, _ = fmt.Fprintf(j.w, "P %d\n", idx) // before the part: a torn journal errs on the side of distrust
+func (j *journal) written(rec record) {
+	if rec.peer {
+		_, _ = fmt.Fprintf(j.w, "P %d\n", rec.file) // before the part: a torn journal errs on the side of distrust
 	}
-	if hasCRC {
-		_, _ = fmt.Fprintf(j.w, "W %d %d %d %x\n", idx, off, n, crc)
+	if rec.hasCRC {
+		_, _ = fmt.Fprintf(j.w, "W %d %d %d %x\n", rec.file, rec.off, rec.n, rec.crc)
 	} else {
-		_, _ = fmt.Fprintf(j.w, "W %d %d %d\n", idx, off, n)
+		_, _ = fmt.Fprintf(j.w, "W %d %d %d\n", rec.file, rec.off, rec.n)
 	}
-	_, _ = fmt.Fprintf(j.w, "C %d %d %x\n", idx, off, partCRC)
+	_, _ = fmt.Fprintf(j.w, "C %d %d %x\n", rec.file, rec.off, rec.part)
 }
 
 func (j *journal) verified(idx int) { _, _ = fmt.Fprintf(j.w, "V %d\n", idx) }

@@ -295,7 +295,7 @@ func (p *pipeline) keepJournal() error {
 			if !ok {
 				return r.journal.flush()
 			}
-			r.journal.written(rec.file, rec.off, rec.n, rec.crc, rec.hasCRC, rec.part, rec.peer)
+			r.journal.written(rec)
 			if len(p.records) == 0 {
 				if err := r.journal.flush(); err != nil {
 					return err

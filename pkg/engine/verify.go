@@ -60,30 +60,24 @@ func (r *run) verifyFile(ctx context.Context, idx int) error {
 		return &VerificationError{file: idx, Path: f.Path, Kind: "size", Want: fmt.Sprint(f.Size), Got: fmt.Sprint(info.Size())}
 	}
 	sums := f.Checksums
-	if r.tainted[idx].Load() && (sums.Cryptographic() || !r.trustPeers) {
-		// Parts came from peers: a CRC of them proves nothing a lying peer could not arrange.
-		// Without TrustPeers only files with a digest take parts from peers (prepare, Fetch).
-		if sums = sums.Digests(); sums.Empty() {
-			return &VerificationError{file: idx, Path: f.Path, Kind: "digest", Want: "a digest from the source", Got: "parts from peers and none"}
-		}
-		err = readAndCompare(ctx, r.root, f.Path, sums, f.Size, nil, nil)
-		var verr *VerificationError
-		if errors.As(err, &verr) {
-			verr.file = idx
-		}
-		return err
-	}
-	if f.Checksums.Empty() {
+	switch {
+	case r.tainted[idx].Load() && sums.Cryptographic():
+		// Parts came from peers: a CRC of them proves nothing a lying peer could not arrange,
+		// so only the source's digest decides, read back. (A file without a digest takes parts
+		// from peers only with Request.TrustPeers: prepare.)
+		sums = sums.Digests()
+	case sums.Empty():
 		// The source vouches for nothing but the size; record what was written, to re-verify
 		// the file against later.
 		return r.record(ctx, idx)
-	}
-	if crc, ok := r.combinedCRC(idx); ok {
-		kind, want, _, _ := checker(f.Checksums, f.Size)
-		if got := r.inline[idx].encoder(crc); got != want {
-			return &VerificationError{file: idx, Path: f.Path, Kind: kind, Want: want, Got: got}
+	default:
+		if crc, ok := r.combinedCRC(idx); ok {
+			kind, want, _, _ := checker(sums, f.Size)
+			if got := r.inline[idx].encoder(crc); got != want {
+				return &VerificationError{file: idx, Path: f.Path, Kind: kind, Want: want, Got: got}
+			}
+			return nil
 		}
-		return nil
 	}
 	err = readAndCompare(ctx, r.root, f.Path, sums, f.Size, nil, nil)
 	var verr *VerificationError

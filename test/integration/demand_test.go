@@ -13,9 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
-	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
-	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // A node the placement does not select becomes a target of a cache while pods of the cache's
@@ -30,17 +28,7 @@ func TestPodsDemandMakesTheirNodeATarget(t *testing.T) {
 	const itype, otherType = "ml.dm-suite.xlarge", "ml.dm-other.xlarge"
 	upNode(t, ctx, "dm-a", itype)
 	upNode(t, ctx, "dm-x", otherType)
-	parent := testutil.MakeInferenceEndpointConfig("dm", "served").Obj()
-	parent.Spec.InstanceType = itype
-	if err := c.Create(ctx, parent); err != nil {
-		t.Fatal(err)
-	}
-	m := testutil.MakeModelDataCacheConfig("dm", "served-cache")
-	madeBy(m, parent)
-	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{itype}}
-	if err := c.Create(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	m := servedCache(t, ctx, "dm", "served", itype)
 	uid := string(m.UID)
 	asked := func(node string) bool {
 		t.Helper()

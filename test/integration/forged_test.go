@@ -2,13 +2,13 @@ package integration
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -17,8 +17,6 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
-	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // What one agent writes into its own NodeCache status is all an attacker holding that node's
@@ -81,7 +79,7 @@ func peersOf(t *testing.T, ctx context.Context, node, uid string) []string {
 func TestAForgedPeerAddressIsNoOnesPeer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rc := newReconcilers(t, ctx, "fp-operator", "fp").with(func(c *controller.Config) { c.CheckPeerIPs = true })
+	rc := newReconcilers(t, ctx, "fp-operator", "fp")
 	const itype = "ml.fp-suite.xlarge"
 	nodes := map[string]struct{ ip, addr string }{
 		"fp-a":    {"10.71.0.1", "10.71.0.1:9444"},
@@ -106,17 +104,7 @@ func TestAForgedPeerAddressIsNoOnesPeer(t *testing.T) {
 	if err := server.Client.Status().Update(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	m := testutil.MakeModelDataCacheConfig("fp", "shared-cache")
-	parent := testutil.MakeInferenceEndpointConfig("fp", "shared").Obj()
-	parent.Spec.InstanceType = itype
-	if err := server.Client.Create(ctx, parent); err != nil {
-		t.Fatal(err)
-	}
-	madeBy(m, parent)
-	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{itype}}
-	if err := server.Client.Create(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	m := servedCache(t, ctx, "fp", "shared", itype)
 	got := rc.cache(t, ctx, m)
 	if got.Status.TargetNodes != int32(len(nodes)) {
 		t.Fatalf("%d targets, want %d", got.Status.TargetNodes, len(nodes))
@@ -150,17 +138,7 @@ func TestAForgedReadyDoesNotPinTheRevision(t *testing.T) {
 	for i, name := range []string{"fr-liar", "fr-b", "fr-c"} {
 		nodeAt(t, ctx, name, itype, "10.72.0."+string(rune('1'+i)))
 	}
-	m := testutil.MakeModelDataCacheConfig("fr", "pinned-cache")
-	parent := testutil.MakeInferenceEndpointConfig("fr", "pinned").Obj()
-	parent.Spec.InstanceType = itype
-	if err := server.Client.Create(ctx, parent); err != nil {
-		t.Fatal(err)
-	}
-	madeBy(m, parent)
-	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{itype}}
-	if err := server.Client.Create(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	m := servedCache(t, ctx, "fr", "pinned", itype)
 	uid := string(m.UID)
 	rc.cache(t, ctx, m)
 	ready := func(rev string) prewarmv1alpha1.CacheStatus {
@@ -201,17 +179,7 @@ func TestAForgedHolderDoesNotBlockDeletionForever(t *testing.T) {
 	const itype = "ml.fh-suite.xlarge"
 	nodeAt(t, ctx, "fh-a", itype, "10.73.0.1")
 	nodeAt(t, ctx, "fh-liar", "ml.fh-other.xlarge", "10.73.0.2")
-	m := testutil.MakeModelDataCacheConfig("fh", "gone-cache")
-	parent := testutil.MakeInferenceEndpointConfig("fh", "gone").Obj()
-	parent.Spec.InstanceType = itype
-	if err := server.Client.Create(ctx, parent); err != nil {
-		t.Fatal(err)
-	}
-	madeBy(m, parent)
-	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{itype}}
-	if err := server.Client.Create(ctx, m); err != nil {
-		t.Fatal(err)
-	}
+	m := servedCache(t, ctx, "fh", "gone", itype)
 	uid := string(m.UID)
 	rc.cache(t, ctx, m)
 	// A node never asked for the cache says it is still removing it.
@@ -231,7 +199,7 @@ func TestAForgedHolderDoesNotBlockDeletionForever(t *testing.T) {
 	if err := server.Client.Get(ctx, client.ObjectKeyFromObject(m), held); err != nil {
 		t.Fatalf("the cache went at once: %v; want it kept while a node reports it, within the timeout", err)
 	}
-	cond := metaCondition(held.Status.Conditions, inferencev1.ConditionReady)
+	cond := meta.FindStatusCondition(held.Status.Conditions, inferencev1.ConditionReady)
 	if cond == nil || !strings.Contains(cond.Message, "fh-liar") {
 		t.Errorf("Ready condition %+v; want it to name the node that still reports the cache", cond)
 	}
@@ -242,12 +210,4 @@ func TestAForgedHolderDoesNotBlockDeletionForever(t *testing.T) {
 	if !apierrors.IsNotFound(err) {
 		t.Errorf("after controller.deletionTimeout the cache is still there (%v); a forged entry holds it forever", err)
 	}
-}
-
-func metaCondition(cs []metav1.Condition, typ string) *metav1.Condition {
-	i := slices.IndexFunc(cs, func(c metav1.Condition) bool { return c.Type == typ })
-	if i < 0 {
-		return nil
-	}
-	return &cs[i]
 }

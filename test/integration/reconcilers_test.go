@@ -84,6 +84,24 @@ func madeBy(m *inferencev1.ModelDataCacheConfig, parent *inferencev1.InferenceEn
 		Name: parent.Name, UID: parent.UID, Controller: ptr.To(true)}}
 }
 
+// servedCache creates an InferenceEndpointConfig ns/name of instanceType and the weights cache
+// it would make (name-cache, placed on instanceType), and returns the cache as created.
+func servedCache(t *testing.T, ctx context.Context, ns, name, instanceType string) *inferencev1.ModelDataCacheConfig {
+	t.Helper()
+	parent := testutil.MakeInferenceEndpointConfig(ns, name).Obj()
+	parent.Spec.InstanceType = instanceType
+	if err := server.Client.Create(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	m := testutil.MakeModelDataCacheConfig(ns, name+"-cache")
+	madeBy(m, parent)
+	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{instanceType}}
+	if err := server.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // cache reconciles a weights cache twice (the first pass adds its finalizer) and returns it as
 // stored.
 func (rc *reconcilers) cache(t *testing.T, ctx context.Context, m *inferencev1.ModelDataCacheConfig) *inferencev1.ModelDataCacheConfig {

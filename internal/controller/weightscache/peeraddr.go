@@ -3,10 +3,7 @@ package weightscache
 import (
 	"context"
 	"fmt"
-	"maps"
-	"net"
 	"net/netip"
-	"strconv"
 	"sync"
 	"time"
 
@@ -17,86 +14,69 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 )
 
-// AgentPodLabels select the agents' pods in the operator namespace.
-var AgentPodLabels = client.MatchingLabels{"app.kubernetes.io/name": "prewarm", "app.kubernetes.io/component": "agent"}
+// agentPods select the agents' pods in the operator namespace.
+var agentPods = client.MatchingLabels{"app.kubernetes.io/name": "prewarm", "app.kubernetes.io/component": "agent"}
 
-// peerAddresses is what the controller has decided of the peer addresses agents report: an
-// address is handed to other agents only if it is an IP and port where the node itself can be
-// (one of the Node's addresses, inside its pod CIDRs, or the IP of its agent pod). Other agents
-// send their bearer token to it, so an address an agent makes up (another host, a path) must
-// never reach them. Verdicts are kept per node until its address changes; a refusal is checked
-// again after refusalTTL (the agent's pod may have been seen before its IP was).
-type peerAddresses struct {
+// podIPs remembers which nodes' agent pods hold which IPs, as listed (the one check of a peer
+// address that costs an API call): a match is kept until the node reports another address, a
+// miss for podIPRecheck (the pod's IP may not have been written when it was listed). refused
+// is the address last refused per node, so that each refusal is logged once.
+type podIPs struct {
 	mu      sync.Mutex
-	checked map[string]addrVerdict // by node
+	seen    map[string]podIPVerdict // by node
+	refused map[string]string
 }
 
-type addrVerdict struct {
-	addr    string
-	problem string // "": usable
-	at      time.Time
+type podIPVerdict struct {
+	ip    netip.Addr
+	match bool
+	at    time.Time
 }
 
-const refusalTTL = time.Minute
+const podIPRecheck = time.Minute
 
-// usablePeers returns byNode with the NodeCaches whose peer address is not usable replaced by
-// copies that report none, so that they are no one's peer; each refusal is logged once.
-func (r *Reconciler) usablePeers(ctx context.Context, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]*prewarmv1alpha1.NodeCache, error) {
-	out, copied := byNode, false
+// peerAddrsOf returns the peer address of each target whose agent reports one that other agents
+// may be sent: exactly an IP and port, the IP the node's own (one of its addresses, inside its
+// pod CIDRs, or its agent pod's IP). Other agents send their bearer token there, so an address
+// an agent makes up (another host, a path) never reaches them; its node is no one's peer.
+func (r *Reconciler) peerAddrsOf(ctx context.Context, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]string, error) {
+	out := make(map[string]string, len(targets))
 	for _, n := range targets {
 		nc := byNode[n.Name]
 		if nc == nil || nc.Status.PeerAddress == "" {
 			continue
 		}
 		problem, err := r.peerAddressProblem(ctx, n, nc.Status.PeerAddress)
-		if err != nil {
+		switch {
+		case err != nil:
 			return nil, err
+		case problem != "":
+			r.logRefusal(ctx, n.Name, nc.Status.PeerAddress, problem)
+		default:
+			out[n.Name] = nc.Status.PeerAddress
 		}
-		if problem == "" {
-			continue
-		}
-		if !copied {
-			out, copied = maps.Clone(byNode), true
-		}
-		c := *nc // shallow: only the address differs, and nothing writes either
-		c.Status.PeerAddress = ""
-		out[n.Name] = &c
 	}
 	return out, nil
+}
+
+func (r *Reconciler) logRefusal(ctx context.Context, node, addr, problem string) {
+	r.podIPs.mu.Lock()
+	defer r.podIPs.mu.Unlock()
+	if r.podIPs.refused[node] == addr {
+		return
+	}
+	if r.podIPs.refused == nil {
+		r.podIPs.refused = map[string]string{}
+	}
+	r.podIPs.refused[node] = addr
+	ctrl.LoggerFrom(ctx).Info("refusing a node's peer address: it is no one's peer", "node", node, "peerAddress", addr, "why", problem)
 }
 
 // peerAddressProblem says why addr, which node n's agent reports, must not be given to other
 // agents ("" when it may).
 func (r *Reconciler) peerAddressProblem(ctx context.Context, n *corev1.Node, addr string) (string, error) {
-	r.peerAddrs.mu.Lock()
-	v, ok := r.peerAddrs.checked[n.Name]
-	r.peerAddrs.mu.Unlock()
-	now := time.Now()
-	if r.Now != nil {
-		now = r.Now()
-	}
-	if ok && v.addr == addr && (v.problem == "" || now.Sub(v.at) < refusalTTL) {
-		return v.problem, nil
-	}
-	problem, err := r.checkPeerAddress(ctx, n, addr)
-	if err != nil {
-		return "", err
-	}
-	r.peerAddrs.mu.Lock()
-	if r.peerAddrs.checked == nil {
-		r.peerAddrs.checked = map[string]addrVerdict{}
-	}
-	r.peerAddrs.checked[n.Name] = addrVerdict{addr: addr, problem: problem, at: now}
-	r.peerAddrs.mu.Unlock()
-	if problem != "" && (!ok || v.addr != addr) {
-		ctrl.LoggerFrom(ctx).Info("refusing a node's peer address: it is no one's peer", "node", n.Name, "peerAddress", addr, "why", problem)
-	}
-	return problem, nil
-}
-
-func (r *Reconciler) checkPeerAddress(ctx context.Context, n *corev1.Node, addr string) (string, error) {
 	ip, problem := parsePeerAddress(addr)
-	if problem != "" || !r.Config.CheckPeerIPs {
+	if problem != "" {
 		return problem, nil
 	}
 	for _, a := range n.Status.Addresses {
@@ -109,46 +89,57 @@ func (r *Reconciler) checkPeerAddress(ctx context.Context, n *corev1.Node, addr 
 			return "", nil
 		}
 	}
-	if r.APIReader != nil {
-		pods := &corev1.PodList{}
-		if err := r.APIReader.List(ctx, pods, client.InNamespace(r.Config.OperatorNamespace), AgentPodLabels,
-			client.MatchingFields{"spec.nodeName": n.Name}); err != nil {
-			return "", fmt.Errorf("listing the agent pods of node %s, to check its peer address: %w", n.Name, err)
-		}
-		for _, pod := range pods.Items {
-			if pod.Spec.NodeName != n.Name {
-				continue
-			}
-			for _, pip := range pod.Status.PodIPs {
-				if sameIP(pip.IP, ip) {
-					return "", nil
-				}
-			}
-		}
+	match, err := r.agentPodHas(ctx, n.Name, ip)
+	if err != nil || match {
+		return "", err
 	}
 	return fmt.Sprintf("%s is none of the node's addresses, in none of its pod CIDRs, and not its agent pod's IP", ip), nil
 }
 
+// agentPodHas reports whether node's agent pod has ip.
+func (r *Reconciler) agentPodHas(ctx context.Context, node string, ip netip.Addr) (bool, error) {
+	if r.APIReader == nil {
+		return false, nil
+	}
+	now := r.Now()
+	r.podIPs.mu.Lock()
+	v, ok := r.podIPs.seen[node]
+	r.podIPs.mu.Unlock()
+	if ok && v.ip == ip && (v.match || now.Sub(v.at) < podIPRecheck) {
+		return v.match, nil
+	}
+	pods := &corev1.PodList{}
+	if err := r.APIReader.List(ctx, pods, client.InNamespace(r.Config.OperatorNamespace), agentPods,
+		client.MatchingFields{"spec.nodeName": node}); err != nil {
+		return false, fmt.Errorf("listing the agent pods of node %s, to check its peer address: %w", node, err)
+	}
+	match := false
+	for _, pod := range pods.Items {
+		for _, pip := range pod.Status.PodIPs {
+			match = match || pod.Spec.NodeName == node && sameIP(pip.IP, ip)
+		}
+	}
+	r.podIPs.mu.Lock()
+	if r.podIPs.seen == nil {
+		r.podIPs.seen = map[string]podIPVerdict{}
+	}
+	r.podIPs.seen[node] = podIPVerdict{ip: ip, match: match, at: now}
+	r.podIPs.mu.Unlock()
+	return match, nil
+}
+
 // parsePeerAddress accepts exactly an IP and a port ("10.0.0.7:9444", "[fd00::7]:9444").
 func parsePeerAddress(addr string) (netip.Addr, string) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
+	ap, err := netip.ParseAddrPort(addr)
+	switch {
+	case err != nil:
 		return netip.Addr{}, fmt.Sprintf("%q is not an IP and port: %v", addr, err)
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil || ip.Zone() != "" {
-		return netip.Addr{}, fmt.Sprintf("%q: the host must be an IP address", addr)
-	}
-	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
-		return netip.Addr{}, fmt.Sprintf("%q: the port must be a number from 1 to 65535", addr)
-	}
-	if ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast() {
+	case ap.String() != addr || ap.Port() == 0 || ap.Addr().Zone() != "":
+		return netip.Addr{}, fmt.Sprintf("%q: want an IP and a port such as 10.0.0.7:9444", addr)
+	case ap.Addr().IsUnspecified() || ap.Addr().IsMulticast() || ap.Addr().IsLinkLocalUnicast():
 		return netip.Addr{}, fmt.Sprintf("%q: not an address a node's agent serves on", addr)
 	}
-	if net.JoinHostPort(ip.String(), port) != addr {
-		return netip.Addr{}, fmt.Sprintf("%q: write it as %s", addr, net.JoinHostPort(ip.String(), port))
-	}
-	return ip, ""
+	return ap.Addr(), ""
 }
 
 func sameIP(s string, ip netip.Addr) bool {

@@ -29,20 +29,19 @@ const DefaultPeerGroup = 16
 //     Ready ones first (none: it reads the source); group g's is group (g−1)/2, a binary tree
 //     whose root alone reads the source.
 //
-// A target without a peer address is no one's peer; it takes its parts from the members that
-// already had a swarm.
-func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache, groupSize int) map[string][]prewarmv1alpha1.CachePeer {
+// addr is the peer address of each target whose agent serves peers, as checked (peerAddrsOf). A
+// target without one is no one's peer; it takes its parts from the members that already had a
+// swarm.
+func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache, addr map[string]string, groupSize int) map[string][]prewarmv1alpha1.CachePeer {
 	if groupSize < 2 {
 		return nil
 	}
-	addr := map[string]string{}
 	var members, silent []string
 	for _, n := range targets {
 		if rep := reportFor(byNode[n.Name], uid); rep != nil && rep.State == inferencev1.CacheFailed && rep.Reason == prewarmv1alpha1.ReasonNoLocalDisk {
 			continue // keeps no cache: it would hold no part for its group
 		}
-		if nc := byNode[n.Name]; nc != nil && nc.Status.PeerAddress != "" {
-			addr[n.Name] = nc.Status.PeerAddress
+		if addr[n.Name] != "" {
 			members = append(members, n.Name)
 		} else {
 			silent = append(silent, n.Name)

@@ -76,7 +76,7 @@ type Reconciler struct {
 	Metrics *controller.Metrics
 	Now     func() time.Time
 
-	peerAddrs peerAddresses
+	podIPs podIPs
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
@@ -375,11 +375,11 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 	full := map[string]bool{}
 	var peers map[string][]prewarmv1alpha1.CachePeer
 	if !r.Config.Peers.Disabled {
-		usable, err := r.usablePeers(ctx, p.targets, byNode)
+		addrs, err := r.peerAddrsOf(ctx, p.targets, byNode)
 		if err != nil {
 			return nil, err
 		}
-		peers = assignPeers(uid, p.targets, usable, r.Config.Peers.GroupSize)
+		peers = assignPeers(uid, p.targets, byNode, addrs, r.Config.Peers.GroupSize)
 	}
 	for _, n := range slices.Concat(p.targets, p.retainedNodes) {
 		want := p.entry
@@ -539,8 +539,8 @@ func (r *Reconciler) label(ctx context.Context, m *inferencev1.ModelDataCacheCon
 	return controller.ApplyLabels(ctx, r.Client, key, controller.LabelChanges(slices.Concat(p.targets, p.retainedNodes, labelled), key, want))
 }
 
-// finishDeletion reports the nodes that still hold the deleted cache, and once none does, lets
-// the cache go.
+// finishDeletion reports the nodes that still hold the deleted cache, and once none does (or
+// controller.deletionTimeout has passed), lets the cache go.
 func (r *Reconciler) finishDeletion(ctx context.Context, m *inferencev1.ModelDataCacheConfig, st inferencev1.ModelDataCacheConfigStatus, byNode map[string]*prewarmv1alpha1.NodeCache, recordNodeEvents func()) (time.Duration, error) {
 	st.State = inferencev1.CacheDeleting
 	holders := holdersOf(string(m.UID), byNode)
@@ -548,25 +548,25 @@ func (r *Reconciler) finishDeletion(ctx context.Context, m *inferencev1.ModelDat
 	// never stops saying so (a forged entry) must not hold the cache, and so its namespace's
 	// deletion, forever. Agents remove what no request names either way.
 	left := r.Config.DeletionTimeout() - r.Now().Sub(m.DeletionTimestamp.Time)
-	switch {
-	case len(holders) == 0:
-		setCondition(&st, m, metav1.ConditionFalse, "Deleted", "every node has removed the cache")
-	case left > 0:
-		setCondition(&st, m, metav1.ConditionFalse, "Deleting",
-			fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), controller.Summarize(holders, 5)))
-	}
-	if len(holders) == 0 || left > 0 {
+	waiting := len(holders) > 0 && left > 0
+	if len(holders) == 0 || waiting {
+		if waiting {
+			setCondition(&st, m, metav1.ConditionFalse, "Deleting",
+				fmt.Sprintf("waiting for %d node(s) to remove the cache's files: %s", len(holders), controller.Summarize(holders, 5)))
+		} else {
+			setCondition(&st, m, metav1.ConditionFalse, "Deleted", "every node has removed the cache")
+		}
 		if err := r.writeStatus(ctx, m, st); err != nil {
 			return 0, err
 		}
 	}
 	recordNodeEvents()
-	if len(holders) > 0 && left > 0 {
+	if waiting {
 		return left, nil // NodeCache events bring us back sooner
 	}
 	if len(holders) > 0 {
 		ctrl.LoggerFrom(ctx).Info("deleting the cache while nodes still report it", "nodes", holders)
-		controller.Event(r.Recorder, m, corev1.EventTypeWarning, "DeletionTimeout", "Delete",
+		controller.Event(r.Recorder, m, corev1.EventTypeWarning, controller.EventDeletionTimeout, "Delete",
 			fmt.Sprintf("%d node(s) still report the cache %s after it was deleted (controller.deletionTimeout): %s; it goes, and their agents remove the files of caches no request names",
 				len(holders), r.Config.DeletionTimeout(), controller.Summarize(holders, 5)))
 	}

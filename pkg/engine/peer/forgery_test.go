@@ -51,26 +51,25 @@ func forgeKeepingCRC64(t *testing.T, data []byte, off, fix int) []byte {
 		}
 		rhs[b] = target >> b & 1
 	}
-	pivotOf := make([]int, 64)
-	for j := range pivotOf {
-		pivotOf[j] = -1
-	}
+	var pivotOf [64]int // the row that solves for bit j
+	var used [64]bool
 	for j := range 64 {
-		for b := range 64 {
-			if rows[b]>>j&1 == 0 || usedAsPivot(pivotOf, b) {
-				continue
+		b := -1
+		for k := range 64 {
+			if !used[k] && rows[k]>>j&1 == 1 {
+				b = k
+				break
 			}
-			pivotOf[j] = b
-			for o := range 64 {
-				if o != b && rows[o]>>j&1 == 1 {
-					rows[o] ^= rows[b]
-					rhs[o] ^= rhs[b]
-				}
-			}
-			break
 		}
-		if pivotOf[j] < 0 {
+		if b < 0 {
 			t.Fatalf("bit %d of the fix has no pivot: choose other fix bytes", j)
+		}
+		pivotOf[j], used[b] = b, true
+		for o := range 64 {
+			if o != b && rows[o]>>j&1 == 1 {
+				rows[o] ^= rows[b]
+				rhs[o] ^= rhs[b]
+			}
 		}
 	}
 	out := append([]byte(nil), data...)
@@ -86,15 +85,6 @@ func forgeKeepingCRC64(t *testing.T, data []byte, off, fix int) []byte {
 		t.Fatal("the forgery does not keep the CRC64NVME")
 	}
 	return out
-}
-
-func usedAsPivot(pivotOf []int, b int) bool {
-	for _, p := range pivotOf {
-		if p == b {
-			return true
-		}
-	}
-	return false
 }
 
 // forge serves forged bytes for the parts it names, vouching for them with their own CRC32C as
