@@ -137,17 +137,26 @@ func HTTPServer(addr string, handler http.Handler) manager.Runnable {
 	return httpServer{addr: addr, handler: handler}
 }
 
+// HTTPServerOn is HTTPServer on a listener already open.
+func HTTPServerOn(ln net.Listener, handler http.Handler) manager.Runnable {
+	return httpServer{ln: ln, handler: handler}
+}
+
 type httpServer struct {
 	addr    string
+	ln      net.Listener
 	handler http.Handler
 }
 
 func (httpServer) NeedLeaderElection() bool { return false }
 
 func (s httpServer) Start(ctx context.Context) error {
-	ln, err := net.Listen("tcp", s.addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", s.addr, err)
+	ln := s.ln
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", s.addr); err != nil {
+			return fmt.Errorf("listening on %s: %w", s.addr, err)
+		}
 	}
 	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	done := make(chan error, 1)

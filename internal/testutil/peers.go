@@ -3,7 +3,6 @@ package testutil
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 
@@ -59,12 +58,8 @@ func PeerArgs(ctx context.Context, c client.Client, node, dir string) ([]string,
 	if err := os.WriteFile(file, []byte(tok), 0o600); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return []string{"--peer-bind-address=" + addr, "--peer-address=" + addr, "--peer-token-file=" + file,
+	// Port 0: the agent takes a free port as it listens and reports it (no port picked here
+	// and released, which another process may take first).
+	return []string{"--peer-bind-address=127.0.0.1:0", "--peer-token-file=" + file,
 		"--peer-service-account=" + PeerUser}, nil
 }

@@ -86,7 +86,7 @@ the allowed roots.`,
 	f.DurationVar(&opts.MountWait, "mount-wait", 90*time.Second, "how long the node plugin waits for a cache before telling the kubelet to call again (under the kubelet's 2m limit)")
 	f.StringVar(&af.csi.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory; the node plugin mounts only under its pods directory")
 	f.StringVar(&af.peers.bind, "peer-bind-address", "", "where to serve this node's parts to other agents (default :<peers.port>; 0 turns sharing off for this node)")
-	f.StringVar(&af.peers.address, "peer-address", "", "host:port other agents reach the peer server at (default $POD_IP:<peers.port>)")
+	f.StringVar(&af.peers.address, "peer-address", "", "IP:port other agents reach the peer server at (default: the IP of --peer-bind-address, else $POD_IP, with the port it listens on)")
 	f.StringVar(&af.peers.tokenFile, "peer-token-file", "/var/run/secrets/prewarm.io/peer/token", "the projected service account token (audience peers.audience) this agent presents to others")
 	f.StringVar(&af.peers.serviceAccount, "peer-service-account", "", "the service account whose tokens other agents present (default system:serviceaccount:$POD_NAMESPACE:$SERVICE_ACCOUNT)")
 	af.eng.Register(cmd)
@@ -297,16 +297,25 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 	if pc.Disabled || pf.bind == "0" {
 		return nil, nil
 	}
-	port := strconv.Itoa(pc.Port)
 	if pf.bind == "" {
-		pf.bind = ":" + port
+		pf.bind = ":" + strconv.Itoa(pc.Port)
+	}
+	// Listening now tells the port a bind address with port 0 got, and holds it.
+	ln, err := net.Listen("tcp", pf.bind)
+	if err != nil {
+		return nil, fmt.Errorf("listening for peers on %s: %w", pf.bind, err)
 	}
 	if pf.address == "" {
+		bound := ln.Addr().(*net.TCPAddr)
 		ip := os.Getenv("POD_IP")
-		if ip == "" {
-			return nil, errors.New("peer sharing needs --peer-address or $POD_IP (or peers.disabled, or --peer-bind-address=0)")
+		if !bound.IP.IsUnspecified() {
+			ip = bound.IP.String()
 		}
-		pf.address = net.JoinHostPort(ip, port)
+		if ip == "" {
+			ln.Close()
+			return nil, errors.New("peer sharing needs --peer-address, $POD_IP or an IP in --peer-bind-address (or peers.disabled, or --peer-bind-address=0)")
+		}
+		pf.address = net.JoinHostPort(ip, strconv.Itoa(bound.Port))
 	}
 	if pf.serviceAccount == "" {
 		ns, sa := os.Getenv("POD_NAMESPACE"), os.Getenv("SERVICE_ACCOUNT")
@@ -318,7 +327,7 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 	reviewer := &agent.TokenReviewer{Client: mgr.GetClient(), Audience: pc.Audience, ServiceAccount: pf.serviceAccount}
 	server := peer.NewServer(peer.ServerOptions{Authorize: reviewer.Authorize, MaxPeers: pc.MaxPeers,
 		BytesPerSecond: pc.UploadRateBytes(), Registerer: opts.Registerer})
-	if err := mgr.Add(cli.HTTPServer(pf.bind, server)); err != nil {
+	if err := mgr.Add(cli.HTTPServerOn(ln, server)); err != nil {
 		return nil, err
 	}
 	return &agent.Peers{
