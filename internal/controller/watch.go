@@ -65,6 +65,21 @@ var NodePlacementChanged = predicate.Funcs{
 	},
 }
 
+// NodeAddressesChanged lets through the node updates that can change which peer addresses the
+// node's agent may report (peerAddrsOf): its addresses and its pod CIDRs. They change when a
+// node is first registered and seldom after.
+var NodeAddressesChanged = predicate.Funcs{
+	UpdateFunc: func(e event.UpdateEvent) bool {
+		before, ok1 := e.ObjectOld.(*corev1.Node)
+		after, ok2 := e.ObjectNew.(*corev1.Node)
+		if !ok1 || !ok2 {
+			return true
+		}
+		return !slices.Equal(before.Status.Addresses, after.Status.Addresses) ||
+			before.Spec.PodCIDR != after.Spec.PodCIDR || !slices.Equal(before.Spec.PodCIDRs, after.Spec.PodCIDRs)
+	},
+}
+
 // sameLabelsBesidesCaches compares two label sets but for prewarm's cache labels, without
 // copying them: it runs on every update of every node.
 func sameLabelsBesidesCaches(a, b map[string]string) bool {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -124,6 +125,51 @@ func TestAForgedPeerAddressIsNoOnesPeer(t *testing.T) {
 		if handed[nodes[bad].addr] {
 			t.Errorf("%s's forged address %q was handed to other agents", bad, nodes[bad].addr)
 		}
+	}
+}
+
+// An honest agent may report its address before the API server shows it as the node's: the
+// kubelet writes its pod's IP a moment after the agent starts. The refusal is not final: the
+// cache is looked at again soon, and the address is handed out once the pod's IP is written.
+func TestAPeerAddressNotYetBorneOutIsCheckedAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rc := newReconcilers(t, ctx, "la-operator", "la")
+	now := time.Now()
+	rc.wc.Now = func() time.Time { return now }
+	const itype = "ml.la-suite.xlarge"
+	nodeAt(t, ctx, "la-a", itype, "10.72.0.1")
+	agentReports(t, ctx, "la-a", "10.72.0.1:9444")
+	nodeAt(t, ctx, "la-b", itype, "10.72.0.2")
+	agentReports(t, ctx, "la-b", "10.244.9.9:9444")
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "la-operator", Name: "prewarm-agent-la-b",
+		Labels: map[string]string{"app.kubernetes.io/name": "prewarm", "app.kubernetes.io/component": "agent"}},
+		Spec: corev1.PodSpec{NodeName: "la-b", Containers: []corev1.Container{{Name: "agent", Image: "x"}}}}
+	if err := server.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	m := servedCache(t, ctx, "la", "shared", itype)
+	rc.cache(t, ctx, m)
+	res, err := rc.wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(m)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := peersOf(t, ctx, "la-a", string(m.UID)); len(got) != 0 {
+		t.Fatalf("la-a was handed %v before la-b's pod IP was written", got)
+	}
+	if res.RequeueAfter <= 0 || res.RequeueAfter > time.Minute {
+		t.Errorf("a refused address left the cache to be looked at again after %s; want soon", res.RequeueAfter)
+	}
+	pod.Status.PodIP, pod.Status.PodIPs = "10.244.9.9", []corev1.PodIP{{IP: "10.244.9.9"}}
+	if err := server.Client.Status().Update(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(res.RequeueAfter)
+	if _, err := rc.wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(m)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := peersOf(t, ctx, "la-a", string(m.UID)); !slices.Contains(got, "10.244.9.9:9444") {
+		t.Errorf("la-a's peers %v, want la-b's agent pod address once its IP is written", got)
 	}
 }
 

@@ -33,30 +33,52 @@ type podIPVerdict struct {
 	at    time.Time
 }
 
-const podIPRecheck = time.Minute
+// podIPRecheck is how long a listed agent pod that lacks a reported IP is believed: the kubelet
+// writes a pod's IPs shortly after its containers see them, so an agent may report its address
+// first. While any target's address stands refused, its cache is looked at again this often.
+const podIPRecheck = 5 * time.Second
+
+// checkPeerAddrs fills p.peerAddrs, unless peers are off, and has the cache looked at again soon
+// while an address is refused (a pod IP or node address not yet written where it is checked).
+func (r *Reconciler) checkPeerAddrs(ctx context.Context, p *plan, byNode map[string]*prewarmv1alpha1.NodeCache) error {
+	if r.Config.Peers.Disabled {
+		return nil
+	}
+	addrs, refused, err := r.peerAddrsOf(ctx, p.targets, byNode)
+	if err != nil {
+		return err
+	}
+	p.peerAddrs = addrs
+	if refused && (p.requeue == 0 || p.requeue > podIPRecheck) {
+		p.requeue = podIPRecheck
+	}
+	return nil
+}
 
 // peerAddrsOf returns the peer address of each target whose agent reports one that other agents
 // may be sent: exactly an IP and port, the IP the node's own (one of its addresses, inside its
 // pod CIDRs, or its agent pod's IP). Other agents send their bearer token there, so an address
 // an agent makes up (another host, a path) never reaches them; its node is no one's peer.
-func (r *Reconciler) peerAddrsOf(ctx context.Context, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (map[string]string, error) {
-	out := make(map[string]string, len(targets))
+// refused says whether any reported address was refused.
+func (r *Reconciler) peerAddrsOf(ctx context.Context, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (out map[string]string, refused bool, err error) {
+	out = make(map[string]string, len(targets))
 	for _, n := range targets {
 		nc := byNode[n.Name]
 		if nc == nil || nc.Status.PeerAddress == "" {
 			continue
 		}
-		problem, err := r.peerAddressProblem(ctx, n, nc.Status.PeerAddress)
+		problem, perr := r.peerAddressProblem(ctx, n, nc.Status.PeerAddress)
 		switch {
-		case err != nil:
-			return nil, err
+		case perr != nil:
+			return nil, false, perr
 		case problem != "":
+			refused = true
 			r.logRefusal(ctx, n.Name, nc.Status.PeerAddress, problem)
 		default:
 			out[n.Name] = nc.Status.PeerAddress
 		}
 	}
-	return out, nil
+	return out, refused, nil
 }
 
 func (r *Reconciler) logRefusal(ctx context.Context, node, addr, problem string) {

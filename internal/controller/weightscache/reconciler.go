@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -97,7 +98,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("weightscache").
 		For(&inferencev1.ModelDataCacheConfig{}).
 		Watches(&corev1.Node{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.ModelDataCacheConfigList{} }, nil),
-			builder.WithPredicates(controller.NodePlacementChanged)).
+			builder.WithPredicates(predicate.Or(controller.NodePlacementChanged, controller.NodeAddressesChanged))).
 		Watches(&prewarmv1alpha1.NodeCache{}, nodeCacheEvents{r}).
 		Complete(r)
 }
@@ -132,6 +133,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (time.Dura
 		return 0, err
 	}
 	if err := r.readTargets(ctx, p.targets, byNode); err != nil {
+		return 0, err
+	}
+	if err := r.checkPeerAddrs(ctx, &p, byNode); err != nil {
 		return 0, err
 	}
 	full, err := r.ask(ctx, m, p, related, byNode)
@@ -174,7 +178,9 @@ type plan struct {
 	// excluded are the nodes the placement selects that are neither targets nor retained: the
 	// pods could not run there (a taint they do not tolerate, a cordon).
 	excluded excluded
-	requeue  time.Duration
+	// peerAddrs are the targets' peer addresses that other agents may be sent (peerAddrsOf).
+	peerAddrs map[string]string
+	requeue   time.Duration
 }
 
 // excluded counts nodes left out of a cache's targets, by why.
@@ -375,11 +381,7 @@ func (r *Reconciler) ask(ctx context.Context, m *inferencev1.ModelDataCacheConfi
 	full := map[string]bool{}
 	var peers map[string][]prewarmv1alpha1.CachePeer
 	if !r.Config.Peers.Disabled {
-		addrs, err := r.peerAddrsOf(ctx, p.targets, byNode)
-		if err != nil {
-			return nil, err
-		}
-		peers = assignPeers(uid, p.targets, byNode, addrs, r.Config.Peers.GroupSize)
+		peers = assignPeers(uid, p.targets, byNode, p.peerAddrs, r.Config.Peers.GroupSize)
 	}
 	for _, n := range slices.Concat(p.targets, p.retainedNodes) {
 		want := p.entry
