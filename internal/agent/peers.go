@@ -2,21 +2,16 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -126,81 +121,6 @@ func newBudgets(o *Options) map[inferencev1.ModelSourceType]*engine.Budget {
 		}
 	}
 	return out
-}
-
-// TokenReviewer authorizes peer requests: the bearer token must be a service account token of
-// prewarm's agents, for the peer audience, as the API server says (TokenReview). Answers are
-// kept for a minute, so that a swarm's many requests cost the API server one review per peer
-// and minute.
-type TokenReviewer struct {
-	Client client.Client
-	// Audience the token must be for.
-	Audience string
-	// ServiceAccount is the agents' own, system:serviceaccount:<namespace>:<name>.
-	ServiceAccount string
-
-	mu    sync.Mutex
-	known map[[32]byte]review
-}
-
-type review struct {
-	peer string
-	err  error
-	at   time.Time
-}
-
-// reviewTTL is how long an answer is kept.
-const reviewTTL = time.Minute
-
-// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
-
-// Authorize is a peer.ServerOptions.Authorize.
-func (t *TokenReviewer) Authorize(r *http.Request) (string, error) {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || strings.TrimSpace(tok) == "" {
-		return "", peer.ErrUnauthenticated
-	}
-	key := sha256.Sum256([]byte(tok))
-	t.mu.Lock()
-	if t.known == nil {
-		t.known = map[[32]byte]review{}
-	}
-	if rv, ok := t.known[key]; ok && time.Since(rv.at) < reviewTTL {
-		t.mu.Unlock()
-		return rv.peer, rv.err
-	}
-	t.mu.Unlock()
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: tok, Audiences: []string{t.Audience}}}
-	if err := t.Client.Create(ctx, tr); err != nil {
-		return "", fmt.Errorf("reviewing the peer's token: %w", err) // not kept: the API server may be back soon
-	}
-	rv := review{at: time.Now()}
-	switch st := tr.Status; {
-	case !st.Authenticated:
-		rv.err = fmt.Errorf("%w: %s", peer.ErrUnauthenticated, st.Error)
-	case !slices.Contains(st.Audiences, t.Audience):
-		rv.err = fmt.Errorf("%w: the token is not for %s", peer.ErrUnauthenticated, t.Audience)
-	case st.User.Username != t.ServiceAccount:
-		rv.err = fmt.Errorf("%s is not a prewarm agent", st.User.Username)
-	default:
-		rv.peer = st.User.Username
-		if node := st.User.Extra["authentication.kubernetes.io/node-name"]; len(node) == 1 {
-			rv.peer = node[0] // bound to a pod: the peer's node
-		} else if pod := st.User.Extra["authentication.kubernetes.io/pod-name"]; len(pod) == 1 {
-			rv.peer = pod[0]
-		}
-	}
-	t.mu.Lock()
-	for k, old := range t.known { // keep the map to the live answers
-		if time.Since(old.at) >= reviewTTL {
-			delete(t.known, k)
-		}
-	}
-	t.known[key] = rv
-	t.mu.Unlock()
-	return rv.peer, rv.err
 }
 
 // TokenFile returns a peer.SwarmOptions.Token reading a projected service account token, which

@@ -149,7 +149,7 @@ image:
 // host; the pods restart when the configuration changes (its checksum is on their template).
 func TestAgentMountsFollowTheConfiguration(t *testing.T) {
 	objs := render(t, "--set", "config.cacheRoots={/opt/dlami/nvme,/mnt/disk1}", "--set", "config.fsx[0].fileSystemId=fs-0123456789abcdef0", "--set", "config.fsx[0].mountPath=/fsx")
-	ds := find(t, objs, "DaemonSet", "prewarm-agent")
+	ds := agentObject(t, objs, "DaemonSet")
 	vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
 	var hostPaths []string
 	for _, v := range vols {
@@ -174,7 +174,7 @@ func TestAgentMountsFollowTheConfiguration(t *testing.T) {
 		}
 	}
 	// A kubelet with another --root-dir: every kubelet path and flag follows.
-	moved := find(t, render(t, "--set", "agent.csi.kubeletDir=/data/kubelet"), "DaemonSet", "prewarm-agent")
+	moved := agentObject(t, render(t, "--set", "agent.csi.kubeletDir=/data/kubelet"), "DaemonSet")
 	ctrs, _, _ = unstructured.NestedSlice(moved.Object, "spec", "template", "spec", "containers")
 	args, _, _ := unstructured.NestedStringSlice(ctrs[0].(map[string]any), "args")
 	for _, a := range []string{"--kubelet-dir=/data/kubelet", "--csi-endpoint=/data/kubelet/plugins/csi.prewarm.io/csi.sock",
@@ -184,7 +184,7 @@ func TestAgentMountsFollowTheConfiguration(t *testing.T) {
 		}
 	}
 	sum := func(objs []*unstructured.Unstructured) string {
-		d := find(t, objs, "DaemonSet", "prewarm-agent")
+		d := agentObject(t, objs, "DaemonSet")
 		s, _, _ := unstructured.NestedString(d.Object, "spec", "template", "metadata", "annotations", "prewarm.io/config-checksum")
 		return s
 	}
@@ -312,8 +312,11 @@ func normalize(t *testing.T, u *unstructured.Unstructured) *unstructured.Unstruc
 	return u
 }
 
-func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+// agentObject returns the rendered object of kind named prewarm-agent (the DaemonSet, its
+// NetworkPolicy, ...).
+func agentObject(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
 	t.Helper()
+	const name = "prewarm-agent"
 	for _, u := range objs {
 		if u.GetKind() == kind && u.GetName() == name {
 			return u
@@ -330,4 +333,65 @@ func sortedKeys(m map[string]*unstructured.Unstructured) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// The agents' NetworkPolicy selects the agents' pods, names only ports they have, and lets the
+// peer port be reached from agents' pods alone; with peers off it has no peer rule.
+func TestAgentNetworkPolicyFitsTheAgents(t *testing.T) {
+	objs := render(t)
+	ds := agentObject(t, objs, "DaemonSet")
+	np := agentObject(t, objs, "NetworkPolicy")
+	podLabels, _, _ := unstructured.NestedStringMap(ds.Object, "spec", "template", "metadata", "labels")
+	sel, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
+	if len(sel) == 0 {
+		t.Fatal("the NetworkPolicy selects every pod of the namespace")
+	}
+	for k, v := range sel {
+		if podLabels[k] != v {
+			t.Errorf("the NetworkPolicy selects %s=%s; the agents' pods have %v", k, v, podLabels)
+		}
+	}
+	ctrs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	ports, _, _ := unstructured.NestedSlice(ctrs[0].(map[string]any), "ports")
+	named := map[string]bool{}
+	for _, p := range ports {
+		named[p.(map[string]any)["name"].(string)] = true
+	}
+	rules, _, _ := unstructured.NestedSlice(np.Object, "spec", "ingress")
+	peerRule := false
+	for _, r := range rules {
+		rule := r.(map[string]any)
+		rp, _, _ := unstructured.NestedSlice(rule, "ports")
+		for _, p := range rp {
+			name, _ := p.(map[string]any)["port"].(string)
+			if !named[name] {
+				t.Errorf("the NetworkPolicy opens port %q, which the agent does not have (%v)", name, named)
+			}
+			if name != "peers" {
+				continue
+			}
+			peerRule = true
+			from, _, _ := unstructured.NestedSlice(rule, "from")
+			if len(from) != 1 {
+				t.Fatalf("the peer port is open from %v; want the agents' pods only", from)
+			}
+			fromSel, _, _ := unstructured.NestedStringMap(from[0].(map[string]any), "podSelector", "matchLabels")
+			if !cmp.Equal(fromSel, sel) {
+				t.Errorf("the peer port is open to pods %v; want the agents' %v", fromSel, sel)
+			}
+		}
+	}
+	if !peerRule {
+		t.Error("the NetworkPolicy has no rule for the peer port: agents could not share")
+	}
+	for _, r := range agentObject(t, render(t, "--set", "config.peers.disabled=true"), "NetworkPolicy").Object["spec"].(map[string]any)["ingress"].([]any) {
+		if strings.Contains(fmt.Sprint(r), "peers") {
+			t.Errorf("with peers disabled the NetworkPolicy still opens %v", r)
+		}
+	}
+	for _, u := range render(t, "--set", "networkPolicy.enabled=false") {
+		if u.GetKind() == "NetworkPolicy" {
+			t.Error("networkPolicy.enabled=false still renders a NetworkPolicy")
+		}
+	}
 }

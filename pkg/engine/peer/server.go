@@ -46,6 +46,10 @@ const CRCHeader = "X-Prewarm-Crc32c"
 // is answered 401. Other errors are answered 403.
 var ErrUnauthenticated = errors.New("no valid peer token")
 
+// ErrTooManyRequests is returned by an Authorize that will not check credentials now (too many
+// to check): the request is answered 429, to be retried after a second.
+var ErrTooManyRequests = errors.New("too many peer tokens to check; retry")
+
 // ServerOptions configure a Server.
 type ServerOptions struct {
 	// Authorize says which peer a request comes from, or why it is refused. Required.
@@ -97,7 +101,7 @@ func NewServer(o ServerOptions) *Server {
 		parts: prometheus.NewCounter(prometheus.CounterOpts{Name: "prewarm_peer_served_parts_total",
 			Help: "Parts this node sent to its peers."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prewarm_peer_refused_total",
-			Help: "Peer requests refused, by reason (unauthenticated, forbidden, busy, missing, revision)."}, []string{"reason"}),
+			Help: "Peer requests refused, by reason (unauthenticated, forbidden, unchecked: too many tokens to review, busy, missing, revision)."}, []string{"reason"}),
 	}
 	if o.BytesPerSecond > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(o.BytesPerSecond), int(min(o.BytesPerSecond, chunk)))
@@ -145,8 +149,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	who, err := s.opts.Authorize(r)
 	if err != nil {
 		code, reason := http.StatusForbidden, "forbidden"
-		if errors.Is(err, ErrUnauthenticated) {
+		switch {
+		case errors.Is(err, ErrUnauthenticated):
 			code, reason = http.StatusUnauthorized, "unauthenticated"
+		case errors.Is(err, ErrTooManyRequests):
+			code, reason = http.StatusTooManyRequests, "unchecked"
+			w.Header().Set("Retry-After", "1")
 		}
 		s.refused.WithLabelValues(reason).Inc()
 		http.Error(w, err.Error(), code)

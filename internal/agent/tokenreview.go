@@ -1,0 +1,150 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	"k8s.io/apimachinery/pkg/util/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/prewarm/prewarm/pkg/engine/peer"
+)
+
+// TokenReviewer authorizes peer requests: the bearer token must be a service account token of
+// prewarm's agents, for the peer audience, as the API server says (TokenReview).
+//
+// Anyone who reaches the peer port can send tokens, so what a stranger costs is bounded:
+// answers, refusals included, are kept for reviewTTL in a cache of at most maxReviews tokens
+// (a swarm's many requests cost one review per peer and minute); one review runs per token
+// at a time; and tokens not known yet are reviewed at most reviewsPerSecond, and from one
+// remote address at most reviewsPerAddress a second. Beyond that a request is answered 429
+// without asking the API server.
+type TokenReviewer struct {
+	Client client.Client
+	// Audience the token must be for.
+	Audience string
+	// ServiceAccount is the agents' own, system:serviceaccount:<namespace>:<name>.
+	ServiceAccount string
+
+	once    sync.Once
+	known   *cache.LRUExpireCache // sha256 of the token -> review
+	inbound singleflight.Group
+	all     *rate.Limiter
+	byAddr  *cache.LRUExpireCache // remote IP -> *rate.Limiter
+	addrMu  sync.Mutex
+}
+
+type review struct {
+	peer string
+	err  error
+}
+
+const (
+	// reviewTTL is how long an answer is kept.
+	reviewTTL = time.Minute
+	// maxReviews is how many tokens' answers are kept; the least recently used go first.
+	maxReviews = 4096
+	// reviewsPerSecond (with a burst of reviewBurst) caps the reviews of tokens not yet known,
+	// all remote addresses together; reviewsPerAddress (burst addressBurst) caps one address.
+	// An honest agent presents one token an hour, so these bind only a flood.
+	reviewsPerSecond, reviewBurst   = 20, 50
+	reviewsPerAddress, addressBurst = 1, 5
+	// maxAddresses is how many remote addresses' limits are kept.
+	maxAddresses = 4096
+	// maxTokenBytes is the longest token sent for review: service account tokens are about a
+	// kilobyte.
+	maxTokenBytes = 16 << 10
+)
+
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+
+// Authorize is a peer.ServerOptions.Authorize.
+func (t *TokenReviewer) Authorize(r *http.Request) (string, error) {
+	t.once.Do(func() {
+		t.known = cache.NewLRUExpireCache(maxReviews)
+		t.byAddr = cache.NewLRUExpireCache(maxAddresses)
+		t.all = rate.NewLimiter(reviewsPerSecond, reviewBurst)
+	})
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	switch {
+	case !ok || strings.TrimSpace(tok) == "":
+		return "", peer.ErrUnauthenticated
+	case len(tok) > maxTokenBytes:
+		return "", fmt.Errorf("%w: a token of %d bytes", peer.ErrUnauthenticated, len(tok))
+	}
+	key := sha256.Sum256([]byte(tok))
+	if rv, ok := t.known.Get(key); ok {
+		return rv.(review).peer, rv.(review).err
+	}
+	v, err, _ := t.inbound.Do(string(key[:]), func() (any, error) {
+		if rv, ok := t.known.Get(key); ok {
+			return rv, nil
+		}
+		if !t.admit(r.RemoteAddr) {
+			return nil, peer.ErrTooManyRequests
+		}
+		rv, err := t.review(r.Context(), tok)
+		if err != nil {
+			return nil, err // not kept: the API server may be back soon
+		}
+		t.known.Add(key, rv, reviewTTL)
+		return rv, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return v.(review).peer, v.(review).err
+}
+
+// admit takes a review from the budget of all addresses and of addr's.
+func (t *TokenReviewer) admit(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	t.addrMu.Lock()
+	l, ok := t.byAddr.Get(host)
+	if !ok {
+		l = rate.NewLimiter(reviewsPerAddress, addressBurst)
+	}
+	// Kept while the address could still be over its budget.
+	t.byAddr.Add(host, l, addressBurst*time.Second/reviewsPerAddress)
+	t.addrMu.Unlock()
+	return l.(*rate.Limiter).Allow() && t.all.Allow()
+}
+
+func (t *TokenReviewer) review(ctx context.Context, tok string) (review, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: tok, Audiences: []string{t.Audience}}}
+	if err := t.Client.Create(ctx, tr); err != nil {
+		return review{}, fmt.Errorf("reviewing the peer's token: %w", err)
+	}
+	var rv review
+	switch st := tr.Status; {
+	case !st.Authenticated:
+		rv.err = fmt.Errorf("%w: %s", peer.ErrUnauthenticated, st.Error)
+	case !slices.Contains(st.Audiences, t.Audience):
+		rv.err = fmt.Errorf("%w: the token is not for %s", peer.ErrUnauthenticated, t.Audience)
+	case st.User.Username != t.ServiceAccount:
+		rv.err = fmt.Errorf("%s is not a prewarm agent", st.User.Username)
+	default:
+		rv.peer = st.User.Username
+		if node := st.User.Extra["authentication.kubernetes.io/node-name"]; len(node) == 1 {
+			rv.peer = node[0] // bound to a pod: the peer's node
+		} else if pod := st.User.Extra["authentication.kubernetes.io/pod-name"]; len(pod) == 1 {
+			rv.peer = pod[0]
+		}
+	}
+	return rv, nil
+}
