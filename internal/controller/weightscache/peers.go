@@ -31,7 +31,7 @@ const DefaultPeerGroup = 16
 //
 // addr is the peer address of each target whose agent serves peers, as checked (peerAddrsOf). A
 // target without one is no one's peer; it takes its parts from the members that already had a
-// swarm.
+// swarm, or from the first group when none had.
 func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache, addr map[string]string, groupSize int) map[string][]prewarmv1alpha1.CachePeer {
 	if groupSize < 2 {
 		return nil
@@ -87,15 +87,22 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 		})
 		return up[:min(len(up), groupSize)]
 	}
-	// A target whose agent has not said where it serves yet (a node that just joined) is no
-	// one's peer, but takes its parts from the settled members from its first request on.
+	// A target whose agent has not said where it serves yet (a node that just joined, or whose
+	// address is not borne out yet) is no one's peer, but takes its parts from upstream from its
+	// first request on: the settled members, or, while there are none (the whole fleet starts
+	// together), the first group of fresh members, which reads the source for it.
+	firstGroup := fresh[:min(len(fresh), groupSize)]
 	for _, name := range silent {
 		if asked := requestFor(byNode[name], uid); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
 			out[name] = asked.Peers
 			continue
 		}
+		up := upstreamFor(name)
+		if len(up) == 0 {
+			up = firstGroup
+		}
 		var peers []prewarmv1alpha1.CachePeer
-		for _, up := range upstreamFor(name) {
+		for _, up := range up {
 			peers = append(peers, prewarmv1alpha1.CachePeer{Node: up, Address: addr[up], Upstream: true})
 		}
 		out[name] = peers

@@ -187,6 +187,37 @@ func equalPeers(a, b map[string][]prewarmv1alpha1.CachePeer) bool {
 	return true
 }
 
+// When a whole fleet starts together and one node's address is not borne out yet, that node
+// still takes its parts from the others (the first group, upstream) rather than reading the
+// whole model from the source; it is no one's peer.
+func TestASilentNodeOfAFleetStartingTogetherTakesFromTheFirstGroup(t *testing.T) {
+	const uid = "cache-1"
+	nodes, byNode := fleetOf(3)
+	silent := nodes[2].Name
+	addrs := reportedAddrs(nodes, byNode)
+	delete(addrs, silent) // refused by peerAddrsOf
+	peers := assignPeers(uid, nodes, byNode, addrs, 16)
+	var ups []string
+	for _, p := range peers[silent] {
+		if !p.Upstream || p.Address != addrs[p.Node] {
+			t.Errorf("the silent node's peer %+v; want members upstream at their addresses", p)
+		}
+		ups = append(ups, p.Node)
+	}
+	slices.Sort(ups)
+	if want := []string{nodes[0].Name, nodes[1].Name}; !slices.Equal(ups, want) {
+		t.Errorf("the silent node takes from %v; want %v", ups, want)
+	}
+	for _, n := range nodes[:2] {
+		if slices.ContainsFunc(peers[n.Name], func(p prewarmv1alpha1.CachePeer) bool { return p.Node == silent }) {
+			t.Errorf("%s lists the silent node: %v", n.Name, peers[n.Name])
+		}
+		if slices.ContainsFunc(peers[n.Name], func(p prewarmv1alpha1.CachePeer) bool { return p.Upstream }) {
+			t.Errorf("%s of the first group has an upstream %v; want it to read the source", n.Name, peers[n.Name])
+		}
+	}
+}
+
 // A node with no local disk for caches holds no part: it is nobody's peer, and has none.
 func TestNodesWithoutADiskAreNoPeers(t *testing.T) {
 	const uid = "cache-1"
