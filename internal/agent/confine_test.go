@@ -17,6 +17,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 )
@@ -195,5 +196,59 @@ func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
 	})
 	if after, _ := os.Stat(filepath.Join(good, "config.json")); !os.SameFile(config, after) {
 		t.Error("the repair replaced an undamaged file")
+	}
+}
+
+// A sourceAccess rule that allows a namespace one directory of an FSx file system is held on
+// the disk, not only on the path as written: a link under the allowed directory that leads to
+// another directory of the same file system (another team's) is refused, while the same
+// namespace's model under the allowed directory is cached.
+func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
+	ctx, api := startAPI(t)
+	const (
+		uidOwn    = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb"
+		uidStolen = "cccccccc-cccc-4ccc-8ccc-cccccccccccc"
+		root      = "/opt/dlami/nvme"
+	)
+	host := t.TempDir()
+	model := map[string][]byte{"config.json": []byte(`{"a":1}`), "model.safetensors": gen.Bytes(10, 1<<20)}
+	writeFiles(t, filepath.Join(host, "fsx", "team-a", "secret-model"), model)
+	writeFiles(t, filepath.Join(host, "fsx", "shared", "open-model"), model)
+	if err := os.MkdirAll(filepath.Join(host, root), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// shared/x -> ../team-a: lexically under shared, on disk team-a's.
+	if err := os.Symlink("../team-a", filepath.Join(host, "fsx", "shared", "x")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(root)
+	cfg.SourceAccess = []config.SourceRule{
+		{Namespaces: []string{"team-a"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "team-a"}},
+		{Namespaces: []string{"team-b"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "shared"}},
+	}
+	nc := &prewarmv1alpha1.NodeCache{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
+			{UID: uidOwn, Namespace: "team-b", Name: "own", Root: root, Source: fsxSource("shared/open-model")},
+			{UID: uidStolen, Namespace: "team-b", Name: "stolen", Root: root, Source: fsxSource("shared/x/secret-model")},
+		}},
+	}
+	if err := api.Client.Create(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, ctx, api, "node-1", agent.Options{
+		Config: cfg, HostPrefix: host,
+		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond,
+		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
+	})
+	status, wait := watchStatus(t, ctx, api, "node-1", uidOwn, uidStolen)
+	wait("both settled", func() bool {
+		return status(uidOwn).State == inferencev1.CacheReady && status(uidStolen).State == inferencev1.CacheFailed
+	})
+	if st := status(uidStolen); st.Reason != prewarmv1alpha1.ReasonInvalidSource || !strings.Contains(st.Message, "shared/x/secret-model") {
+		t.Errorf("a source whose link leads out of its rule's directory: %+v; want InvalidSource naming it", st)
+	}
+	if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uidStolen)); len(e) != 0 {
+		t.Errorf("the other team's model was cached through the link: %v", e)
 	}
 }

@@ -92,7 +92,7 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 	}
 	r := j.current()
 	if r.Namespace != req.PodNamespace {
-		return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("cache %s belongs to namespace %s; pods of namespace %s may not mount it", req.CacheUID, r.Namespace, req.PodNamespace))
+		return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("cache %s is not a cache of namespace %s: its pods may mount only their own namespace's caches", req.CacheUID, req.PodNamespace))
 	}
 	st := j.snapshot()
 	if st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonNoLocalDisk {

@@ -82,8 +82,8 @@ func TestModelToMount(t *testing.T) {
 
 	other := pod("b", "intruder")
 	other.CacheUID = uidA
-	if _, err := a.ModelToMount(ctx, other); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "belongs to namespace a") {
-		t.Errorf("pod of namespace b: %v, want PermissionDenied naming the cache's namespace", err)
+	if _, err := a.ModelToMount(ctx, other); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "is not a cache of namespace b") || strings.Contains(err.Error(), "namespace a") {
+		t.Errorf("pod of namespace b: %v, want PermissionDenied that does not name the cache's namespace", err)
 	}
 	unknown := pod("a", "lost")
 	unknown.CacheUID = uidElse
@@ -139,7 +139,7 @@ func TestModelToMount(t *testing.T) {
 
 	// Events on the pods say why.
 	for _, x := range []struct{ ns, pod, reason, contains string }{
-		{"b", "intruder", agent.EventCacheRefused, "belongs to namespace a"},
+		{"b", "intruder", agent.EventCacheRefused, "is not a cache of namespace b"},
 		{"a", "lost", agent.EventCacheWaiting, "has not been asked"},
 		{"a", "cold", agent.EventCacheFilling, "waiting for node node-1 to hold cache"},
 	} {

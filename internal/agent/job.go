@@ -333,7 +333,7 @@ func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 	o := &j.a.opts
 	cs := j.req.Source
 	if cs.Type == inferencev1.ModelSourceFSx {
-		root, rel, err := o.fileSource(cs)
+		root, rel, err := o.fileSource(j.req.Namespace, cs)
 		if err != nil {
 			return nil, nil, err
 		}

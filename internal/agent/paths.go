@@ -90,27 +90,29 @@ func (o *Options) openCacheParent(root string) (*os.Root, error) {
 	return r.OpenRoot(prewarmv1alpha1.Directory)
 }
 
-// fileSource resolves an FSx source inside its file system's mount: it returns the os.Root of
-// the mount and the model's path below it. Links on the way are followed only while they stay
-// inside the mount.
-func (o *Options) fileSource(cs prewarmv1alpha1.CacheSource) (*os.Root, string, error) {
+// fileSource resolves an FSx source of namespace ns inside what the sourceAccess rule allowing
+// it opens (its directory of the file system's mount): it returns the os.Root of that directory
+// and the model's path below it. Links on the way are followed only while they stay inside it,
+// so a link under an allowed path never leads to a directory the rule does not allow.
+func (o *Options) fileSource(ns string, cs prewarmv1alpha1.CacheSource) (*os.Root, string, error) {
 	mount, err := o.Config.FSxMountPath(cs.FileSystemID)
 	if err != nil {
 		return nil, "", err
 	}
-	rel := cs.Path
-	if rel == "" {
-		rel = "."
-	}
-	if !filepath.IsLocal(rel) {
+	if cs.Path != "" && !filepath.IsLocal(cs.Path) {
 		return nil, "", &confineError{fmt.Sprintf("source %s: want a path inside the file system", cs)}
 	}
-	root, err := os.OpenRoot(o.local(mount))
+	dir, ok := o.Config.FSxAllowedDir(ns, cs)
+	if !ok {
+		return nil, "", &confineError{fmt.Sprintf("source %s: no sourceAccess rule lets namespace %s read it", cs, ns)}
+	}
+	rel, err := filepath.Rel(filepath.FromSlash(dir), filepath.Clean(filepath.FromSlash(cs.Path)))
+	if err != nil || !filepath.IsLocal(rel) {
+		return nil, "", &confineError{fmt.Sprintf("source %s: not under %q, the directory its rule allows", cs, dir)}
+	}
+	root, err := o.openAllowedDir(mount, dir, cs)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, "", fmt.Errorf("FSx file system %s is not mounted at %s on this node: %w", cs.FileSystemID, mount, err)
-		}
-		return nil, "", fmt.Errorf("opening the mount %s of FSx file system %s: %w", mount, cs.FileSystemID, err)
+		return nil, "", err
 	}
 	info, err := root.Stat(rel)
 	if err != nil {
@@ -125,4 +127,28 @@ func (o *Options) fileSource(cs prewarmv1alpha1.CacheSource) (*os.Root, string, 
 		return nil, "", fmt.Errorf("source %s is not a directory", cs)
 	}
 	return root, rel, nil
+}
+
+// openAllowedDir opens directory dir (a sourceAccess rule's, "" for all) of the FSx mount,
+// looked up inside the mount.
+func (o *Options) openAllowedDir(mount, dir string, cs prewarmv1alpha1.CacheSource) (*os.Root, error) {
+	root, err := os.OpenRoot(o.local(mount))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("FSx file system %s is not mounted at %s on this node: %w", cs.FileSystemID, mount, err)
+		}
+		return nil, fmt.Errorf("opening the mount %s of FSx file system %s: %w", mount, cs.FileSystemID, err)
+	}
+	if dir == "" {
+		return root, nil
+	}
+	defer root.Close()
+	sub, err := root.OpenRoot(filepath.FromSlash(dir))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, &source.NotFoundError{Err: fmt.Errorf("source %s: %w", cs, err)}
+		}
+		return nil, &confineError{fmt.Sprintf("source %s: %v (a source may not lead out of %s)", cs, err, mount)}
+	}
+	return sub, nil
 }

@@ -689,6 +689,23 @@ func (o Operator) SourceAllowed(ns string, src prewarmv1alpha1.CacheSource) (boo
 	return false, fmt.Sprintf("%s is not among the sources prewarm reads with its own identity for namespace %s: the cluster admin allows it with config.sourceAccess in the chart's values (%s)", src, ns, ruleFor(ns, src))
 }
 
+// FSxAllowedDir is the directory of FSx source src's file system that the broadest
+// sourceAccess rule allowing it for namespace ns opens ("" for the whole file system): the
+// agents read src inside it, so that no link under an allowed path leads out of what the
+// rule allows (a rule is matched on the path as written). ok is false when no rule allows src.
+func (o Operator) FSxAllowedDir(ns string, src prewarmv1alpha1.CacheSource) (dir string, ok bool) {
+	for _, r := range o.SourceAccess {
+		if r.FSx == nil || r.FSx.FileSystemID != src.FileSystemID || !under(src.Path, r.FSx.Path) ||
+			!slices.Contains(r.Namespaces, ns) && !slices.Contains(r.Namespaces, "*") {
+			continue
+		}
+		if d := strings.Trim(r.FSx.Path, "/"); !ok || len(d) < len(dir) {
+			dir, ok = d, true
+		}
+	}
+	return dir, ok
+}
+
 // ruleFor is the sourceAccess rule that would allow src for namespace ns, as chart values.
 func ruleFor(ns string, src prewarmv1alpha1.CacheSource) string {
 	switch src.Type {

@@ -95,6 +95,34 @@ sourceAccess:
 			t.Errorf("SourceAllowed(%s, %s, %s, %s) = %v, %q; want %v", tc.ns, tc.kind, tc.bucket, tc.prefix, ok, why, tc.want)
 		}
 	}
+	// The directory the agents read an FSx source inside: the broadest rule's that allows it.
+	wide, err := config.Parse([]byte(`
+fsx: [{fileSystemId: fs-0123456789abcdef0, mountPath: /fsx}]
+sourceAccess:
+  - namespaces: [team-a, team-b]
+    fsx: {fileSystemId: fs-0123456789abcdef0, path: /shared/}
+  - namespaces: [team-a]
+    fsx: {fileSystemId: fs-0123456789abcdef0, path: shared/llama}
+  - namespaces: [admin]
+    fsx: {fileSystemId: fs-0123456789abcdef0}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		ns, path, dir string
+		ok            bool
+	}{
+		{"team-a", "shared/llama/8b", "shared", true},
+		{"team-b", "shared/x", "shared", true},
+		{"admin", "team-a/x", "", true},
+		{"team-b", "team-a/x", "", false},
+	} {
+		src := prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: "fs-0123456789abcdef0", Path: tc.path}
+		if dir, ok := wide.FSxAllowedDir(tc.ns, src); dir != tc.dir || ok != tc.ok {
+			t.Errorf("FSxAllowedDir(%s, %s) = %q, %v; want %q, %v", tc.ns, tc.path, dir, ok, tc.dir, tc.ok)
+		}
+	}
 	for _, bad := range []string{
 		"sourceAccess: [{namespaces: [], s3: {bucket: b}}]",
 		"sourceAccess: [{namespaces: ['*']}]",

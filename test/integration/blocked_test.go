@@ -77,6 +77,12 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 			mutate: func(i *inferencev1.InferenceEndpointConfig) {
 				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "prewarm-prepare", Image: "busybox"}}}
 			}},
+		// The FSx mount prewarm adds is prewarm's access, not the tenant's containers'.
+		{name: "init-fsx-mount", reason: inferencev1.ReasonInvalidSpec, inMessage: `mounts "prewarm-fsx", a volume prewarm adds to the pods for its own container`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "peek", Image: "busybox",
+					VolumeMounts: []corev1.VolumeMount{{Name: "prewarm-fsx", MountPath: "/fsx"}}}}}
+			}},
 		// A namespace that enforces the baseline level admits the pods: their model volume is
 		// prewarm's CSI volume, not a hostPath.
 		{name: "pss", ns: "blocked-pss", reason: inferencev1.ReasonDeploymentCreated, inMessage: "rolling out", deployment: true},

@@ -72,12 +72,15 @@ func (e *env) intruderRefused(t *testing.T, ctx context.Context, cache *inferenc
 	if err := e.C.Client.Create(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	note := e.waitEvent(t, ctx, p, agent.EventCacheRefused, "belongs to namespace "+restrictedNS)
+	note := e.waitEvent(t, ctx, p, agent.EventCacheRefused, "is not a cache of namespace "+otherNS)
 	if err := e.C.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
 		t.Fatal(err)
 	}
 	if realseed.ContainerRunning(p) {
 		t.Errorf("%s/%s runs with another namespace's cache", p.Namespace, p.Name)
+	}
+	if strings.Contains(note, restrictedNS) {
+		t.Errorf("the refusal names the cache's namespace to the intruder: %s", note)
 	}
 	t.Logf("pod of %s asking for %s's cache on %s: %s", otherNS, restrictedNS, warm1, note)
 	e.deletePod(t, ctx, p)

@@ -43,6 +43,14 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
 				"spec.kubernetes.initContainers has a container named %q, the name of prewarm's own init container: choose another name", k.Name)}
 		}
+		// prewarm's volumes carry prewarm's access (a host path of the FSx mount): only its own
+		// container mounts them.
+		for _, vm := range k.VolumeMounts {
+			if vm.Name == cacheVolumeName || vm.Name == fsxVolumeName {
+				return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
+					"spec.kubernetes.initContainers %q mounts %q, a volume prewarm adds to the pods for its own container: mount only volumes of spec.kubernetes.volumes", k.Name, vm.Name)}
+			}
+		}
 	}
 	terms := r.Config.Rules().RequiredTerms(m.placement)
 	for _, p := range m.preferred {

@@ -288,18 +288,22 @@ func (r *Reconciler) prepareSource(m *model, cs prewarmv1alpha1.CacheSource, src
 		if err != nil {
 			return err
 		}
-		// The mount is prewarm's access, not the namespace's: only for what it may read there.
+		// The mount is prewarm's access, not the namespace's: only what the namespace may read
+		// there is mounted (the directory of the rule that allows it), so that no link under the
+		// allowed path leads out of it.
 		if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), cs); !ok {
 			return errors.New(why)
 		}
+		dir, _ := r.Config.FSxAllowedDir(m.owner.GetNamespace(), cs)
+		allowed := filepath.Join(mount, filepath.FromSlash(dir))
 		prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))
 		if cs.Revision != "" {
 			prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
 		}
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{
-			HostPath: &corev1.HostPathVolumeSource{Path: mount, Type: ptr.To(corev1.HostPathDirectory)},
+			HostPath: &corev1.HostPathVolumeSource{Path: allowed, Type: ptr.To(corev1.HostPathDirectory)},
 		}})
-		prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: mount, ReadOnly: true})
+		prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: allowed, ReadOnly: true})
 	}
 	return nil
 }

@@ -191,6 +191,19 @@ func TestPodTemplate(t *testing.T) {
 		!slices.ContainsFunc(prep.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/fsx/b" && vm.ReadOnly }) {
 		t.Errorf("volumes %+v mounts %+v; want only fs-…1's mount, read-only", tmpl.Spec.Volumes, prep.VolumeMounts)
 	}
+	// A rule allowing one directory: only that directory of the mount reaches the pod, so no
+	// link in it leads to the rest of the file system.
+	withFSx.Config.SourceAccess = []config.SourceRule{{Namespaces: []string{"ns"}, FSx: &config.FSxRule{FileSystemID: "fs-0123456789abcdef1", Path: "llama"}}}
+	if tmpl, err = withFSx.podTemplate(&fsx, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	prep = tmpl.Spec.InitContainers[0]
+	if !slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/b/llama" }) ||
+		slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/b" }) ||
+		!slices.ContainsFunc(prep.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/fsx/b/llama" && vm.ReadOnly }) ||
+		!slices.Contains(prep.Args, "--source-dir=/fsx/b/llama") {
+		t.Errorf("volumes %+v mounts %+v args %v; want only the rule's directory /fsx/b/llama, read-only", tmpl.Spec.Volumes, prep.VolumeMounts, prep.Args)
+	}
 
 	// Without a cache: the init container always downloads; no host path at all.
 	tmpl, err = r.podTemplate(m, nil, nil)

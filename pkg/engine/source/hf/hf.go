@@ -178,6 +178,7 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	}
 	var files []source.File
 	next := s.repoURL() + "/tree/" + s.commit + "?recursive=true&expand=false"
+	seen := map[string]bool{next: true}
 	for next != "" {
 		resp, err := s.get(ctx, http.MethodGet, next, nil)
 		if err != nil {
@@ -203,7 +204,9 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 			}
 			files = append(files, f)
 		}
-		next = nextLink(resp.Header.Get("Link"))
+		if next, err = s.nextPage(next, resp.Header.Get("Link"), seen); err != nil {
+			return source.Listing{}, err
+		}
 	}
 	if len(files) == 0 {
 		return source.Listing{}, &source.NotFoundError{Err: fmt.Errorf("%s has no files at %s", s.opts.RepoID, s.commit)}
@@ -213,11 +216,30 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 
 var linkNext = regexp.MustCompile(`<([^>]+)>\s*;\s*rel="?next"?`)
 
-func nextLink(h string) string {
-	if m := linkNext.FindStringSubmatch(h); m != nil {
-		return m[1]
+// nextPage is the file tree's page after page at (from its Link header), "" when it is the
+// last. The token goes with every page, so a next page must be on the Hub itself (the scheme
+// and host of the page before), and a page seen before ends the listing with an error rather
+// than a loop.
+func (s *Source) nextPage(at, link string, seen map[string]bool) (string, error) {
+	m := linkNext.FindStringSubmatch(link)
+	if m == nil {
+		return "", nil
 	}
-	return ""
+	base, err := url.Parse(at)
+	if err != nil {
+		return "", err
+	}
+	next, err := base.Parse(m[1])
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%s: the file tree's next page %q: %w", s.opts.RepoID, m[1], err)
+	case next.Scheme != base.Scheme || next.Host != base.Host:
+		return "", fmt.Errorf("%s: the file tree's next page is on %s://%s, not on the Hub (%s://%s): not followed", s.opts.RepoID, next.Scheme, next.Host, base.Scheme, base.Host)
+	case seen[next.String()]:
+		return "", fmt.Errorf("%s: the file tree's pages lead back to %s", s.opts.RepoID, next)
+	}
+	seen[next.String()] = true
+	return next.String(), nil
 }
 
 // OpenRange reads a byte range of a file at the resolved commit, following the Hub's redirect

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,5 +178,41 @@ func TestRepoIDValidated(t *testing.T) {
 		if _, err := hf.New(hf.Options{RepoID: bad}); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// The token goes with every page of the file tree, so a page's Link to another origin is not
+// followed (the token would reach it), and pages that lead back end the listing.
+func TestTreePagesStayOnTheHub(t *testing.T) {
+	var leaked atomic.Int64
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			leaked.Add(1)
+		}
+		_, _ = w.Write([]byte(`[]`))
+	}))
+	defer elsewhere.Close()
+	const commit = "0123456789abcdef0123456789abcdef01234567"
+	var next string
+	hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "<"+next+">; rel=\"next\"")
+		_, _ = w.Write([]byte(`[{"type":"file","path":"config.json","size":2,"oid":"` + commit + `"}]`))
+	}))
+	defer hub.Close()
+	for _, tc := range []struct{ name, next, want string }{
+		{"another origin", elsewhere.URL + "/page2", "not on the Hub"},
+		{"the same page again", "?recursive=true&expand=false", "lead back"},
+	} {
+		next = tc.next
+		src, err := hf.New(hf.Options{RepoID: "org/model", Revision: commit, Endpoint: hub.URL, Token: "hf_secret"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := src.List(context.Background()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: List: %v; want an error saying %q", tc.name, err, tc.want)
+		}
+	}
+	if n := leaked.Load(); n != 0 {
+		t.Errorf("the token was sent to another origin %d times", n)
 	}
 }
