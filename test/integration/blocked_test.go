@@ -83,6 +83,38 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "peek", Image: "busybox",
 					VolumeMounts: []corev1.VolumeMount{{Name: "prewarm-fsx", MountPath: "/fsx"}}}}}
 			}},
+		// What HyperPod's schema accepts and no source or node can serve: refused before any
+		// Deployment, naming the field and the fix.
+		{name: "bad-bucket", reason: inferencev1.ReasonInvalidSpec, inMessage: `s3Storage.bucketName "My_Models" is not an S3 bucket name`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.ModelSourceConfig.S3Storage.BucketName = "My_Models"
+			}},
+		{name: "url-location", reason: inferencev1.ReasonInvalidSpec, inMessage: `modelLocation "s3://example-bucket/models/x" is a URL`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.ModelSourceConfig.ModelLocation = "s3://example-bucket/models/x"
+			}},
+		{name: "abs-location", reason: inferencev1.ReasonInvalidSpec, inMessage: `starts with /: an S3 key prefix does not; write "models/x"`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) { i.Spec.ModelSourceConfig.ModelLocation = "/models/x" }},
+		{name: "dotdot-location", reason: inferencev1.ReasonInvalidSpec, inMessage: `has a .. segment`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.ModelSourceConfig.ModelLocation = "models/../../etc"
+			}},
+		{name: "fsx-escape", reason: inferencev1.ReasonInvalidSpec, inMessage: `leads out of the file system`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx, ModelLocation: "/team-a",
+					FSxStorage: &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef0"}}
+			}},
+		{name: "bad-image", reason: inferencev1.ReasonInvalidSpec, inMessage: `worker.image "vLLM/OpenAI:latest" is not an image reference`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) { i.Spec.Worker.Image = "vLLM/OpenAI:latest" }},
+		{name: "bad-env", reason: inferencev1.ReasonInvalidSpec, inMessage: `worker.environmentVariables name "A=B"`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Worker.EnvironmentVariables = append(i.Spec.Worker.EnvironmentVariables, corev1.EnvVar{Name: "A=B", Value: "x"})
+			}},
+		{name: "volume-clash", reason: inferencev1.ReasonInvalidSpec, inMessage: `spec.kubernetes.volumes has a volume named "model-weights"`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{Volumes: []corev1.Volume{{Name: "model-weights",
+					VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}}
+			}},
 		// A namespace that enforces the baseline level admits the pods: their model volume is
 		// prewarm's CSI volume, not a hostPath.
 		{name: "pss", ns: "blocked-pss", reason: inferencev1.ReasonDeploymentCreated, inMessage: "rolling out", deployment: true},

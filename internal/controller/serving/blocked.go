@@ -27,6 +27,9 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 			"prewarm serves this %s through a Service of the same name, and %q is not a valid Service name (%s): rename the %s",
 			m.kind, name, strings.Join(errs, "; "), m.kind)}
 	}
+	if p := checkSpec(m); p != nil {
+		return p
+	}
 	if v := m.worker.ModelVolumeMount.Name; slices.Contains([]string{cacheVolumeName, fsxVolumeName}, v) {
 		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
 			"worker.modelVolumeMount.name %q is the name of a volume prewarm adds to the pods (%s, %s): choose another name",
