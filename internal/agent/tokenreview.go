@@ -58,7 +58,7 @@ const (
 	// all remote addresses together; reviewsPerAddress (burst addressBurst) caps one address.
 	// An honest agent presents one token an hour, so these bind only a flood.
 	reviewsPerSecond, reviewBurst   = 20, 50
-	reviewsPerAddress, addressBurst = 1, 5
+	reviewsPerAddress, addressBurst = 2, 20
 	// maxAddresses is how many remote addresses' limits are kept.
 	maxAddresses = 4096
 	// maxTokenBytes is the longest token sent for review: service account tokens are about a
@@ -143,7 +143,7 @@ func (t *TokenReviewer) review(ctx context.Context, tok string) (review, error) 
 		if node := st.User.Extra["authentication.kubernetes.io/node-name"]; len(node) == 1 {
 			rv.peer = node[0] // bound to a pod: the peer's node
 		} else if pod := st.User.Extra["authentication.kubernetes.io/pod-name"]; len(pod) == 1 {
-			rv.peer = pod[0]
+			rv.peer = "pod/" + pod[0] // bound to a pod on no node
 		}
 	}
 	return rv, nil

@@ -47,10 +47,41 @@ func ServiceAccountToken(ctx context.Context, c client.Client, namespace, name, 
 	return tr.Status.Token, nil
 }
 
+// NodePeerToken returns a token of PeerServiceAccount for audience bound to a pod on node, as
+// the kubelet projects one into the agent's pod of that node: the API server puts the node's
+// name in it, which peers check. The pod (prewarm-agent-token-<node>, in PeerNamespace, with
+// none of the agents' labels) stands in for the agent's pod; it is made once per node.
+func NodePeerToken(ctx context.Context, c client.Client, node, audience string) (string, error) {
+	if _, err := PeerToken(ctx, c, audience); err != nil { // the namespace and account
+		return "", err
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: PeerNamespace, Name: "prewarm-agent-token-" + node},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: PeerServiceAccount,
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers:  []corev1.Container{{Name: "agent", Image: "prewarm-agent-stand-in"}}},
+	}
+	if err := c.Create(ctx, pod); apierrors.IsAlreadyExists(err) {
+		err = c.Get(ctx, client.ObjectKeyFromObject(pod), pod)
+		if err != nil {
+			return "", err
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("creating the pod node %s's peer token is bound to: %w", node, err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: PeerNamespace, Name: PeerServiceAccount}}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: ptr.To[int64](3600),
+		BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}}}
+	if err := c.SubResource("token").Create(ctx, sa, tr); err != nil {
+		return "", fmt.Errorf("requesting node %s's peer token: %w", node, err)
+	}
+	return tr.Status.Token, nil
+}
+
 // PeerArgs returns the flags that make an agent process serve its parts on a free loopback
-// port, with a token of the agents' service account in dir.
+// port, with a token of the agents' service account bound to node (NodePeerToken) in dir.
 func PeerArgs(ctx context.Context, c client.Client, node, dir string) ([]string, error) {
-	tok, err := PeerToken(ctx, c, PeerAudience)
+	tok, err := NodePeerToken(ctx, c, node, PeerAudience)
 	if err != nil {
 		return nil, err
 	}

@@ -97,13 +97,26 @@ func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 		return false, "no " + series
 	})
 
-	t.Run("a peer server answers only prewarm's agents", func(t *testing.T) {
+	t.Run("a peer server answers only the agents of the cache's nodes", func(t *testing.T) {
 		nc := &prewarmv1alpha1.NodeCache{}
 		if err := e.c.Get(ctx, types.NamespacedName{Name: nodes[0]}, nc); err != nil {
 			t.Fatal(err)
 		}
 		url := "http://" + nc.Status.PeerAddress + peer.Prefix + uid + "/parts/0?revision=" + m.Status.ResolvedRevision
-		agentToken, err := testutil.PeerToken(ctx, e.c, testutil.PeerAudience)
+		// The agents' service account, but bound to no node (as only a cluster admin can mint).
+		unbound, err := testutil.PeerToken(ctx, e.c, testutil.PeerAudience)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A target's agent, and the agent of a node no cache asks for.
+		target, err := testutil.NodePeerToken(ctx, e.c, nodes[1], testutil.PeerAudience)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.cluster.AddNode(ctx, "fan-bystander", testutil.NodeOptions{InstanceType: "ml.c5.xlarge"}); err != nil {
+			t.Fatal(err)
+		}
+		bystander, err := testutil.NodePeerToken(ctx, e.c, "fan-bystander", testutil.PeerAudience)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +136,9 @@ func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 			{"a token that is not one", "not-a-token", http.StatusUnauthorized},
 			{"the agents' token for another audience", otherAudience, http.StatusUnauthorized},
 			{"another service account's token", someoneElse, http.StatusForbidden},
-			{"an agent's token", agentToken, http.StatusOK},
+			{"the agents' token bound to no node", unbound, http.StatusForbidden},
+			{"the agent's token of a node the cache does not ask", bystander, http.StatusForbidden},
+			{"the agent's token of a node the cache asks", target, http.StatusOK},
 		} {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 			if tc.token != "" {

@@ -149,6 +149,18 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 	if err := onA.Patch(ctx, nc, patch); !apierrors.IsForbidden(err) {
 		t.Errorf("an agent changed its NodeCache's spec: %v; want forbidden", err)
 	}
+	// Nor ask for caches by creating its NodeCache with them (peers serve the agents of the
+	// nodes asked): created bare, it is admitted.
+	if err := c.Delete(ctx, &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "binding-a"}}); err != nil {
+		t.Fatal(err)
+	}
+	forged := &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "binding-a"}, Spec: *nc.Spec.DeepCopy()}
+	if err := onA.Create(ctx, forged); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || err != nil && !strings.Contains(err.Error(), "only the controller asks nodes for caches") {
+		t.Errorf("an agent created its NodeCache asking for a cache: %v; want it refused", err)
+	}
+	if err := onA.Create(ctx, &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "binding-a"}}); err != nil {
+		t.Errorf("an agent could not create its own NodeCache: %v", err)
+	}
 	// The status that was refused is not there.
 	got := &prewarmv1alpha1.NodeCache{}
 	if err := c.Get(ctx, client.ObjectKey{Name: "binding-b"}, got); err != nil || len(got.Status.Caches) != 0 {

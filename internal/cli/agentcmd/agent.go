@@ -325,7 +325,8 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 		pf.serviceAccount = "system:serviceaccount:" + ns + ":" + sa
 	}
 	reviewer := &agent.TokenReviewer{Client: mgr.GetClient(), Audience: pc.Audience, ServiceAccount: pf.serviceAccount}
-	server := peer.NewServer(peer.ServerOptions{Authorize: reviewer.Authorize, MaxPeers: pc.MaxPeers,
+	targets := &agent.TargetCheck{Reader: mgr.GetAPIReader()}
+	server := peer.NewServer(peer.ServerOptions{Authorize: reviewer.Authorize, Admit: targets.Admit, MaxPeers: pc.MaxPeers,
 		BytesPerSecond: pc.UploadRateBytes(), Registerer: opts.Registerer})
 	if err := mgr.Add(cli.HTTPServerOn(ln, server)); err != nil {
 		return nil, err

@@ -54,6 +54,10 @@ var ErrTooManyRequests = errors.New("too many peer tokens to check; retry")
 type ServerOptions struct {
 	// Authorize says which peer a request comes from, or why it is refused. Required.
 	Authorize func(r *http.Request) (peer string, err error)
+	// Admit, when set, says whether peer may be sent anything of the cache named key (nil: it
+	// may); a refusal is answered 403 before the server says whether it offers key at all.
+	// ErrTooManyRequests is answered 429.
+	Admit func(r *http.Request, peer, key string) error
 	// MaxPeers is K: how many peers are sent parts at once (default 4).
 	MaxPeers int
 	// StreamsPerPeer is how many parts one peer is sent at once (default 4).
@@ -101,7 +105,7 @@ func NewServer(o ServerOptions) *Server {
 		parts: prometheus.NewCounter(prometheus.CounterOpts{Name: "prewarm_peer_served_parts_total",
 			Help: "Parts this node sent to its peers."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prewarm_peer_refused_total",
-			Help: "Peer requests refused, by reason (unauthenticated, forbidden, unchecked: too many tokens to review, busy, missing, revision)."}, []string{"reason"}),
+			Help: "Peer requests refused, by reason (unauthenticated, forbidden, not-asked: the asker's node is not asked for the cache, unchecked: too many to check, busy, missing, revision)."}, []string{"reason"}),
 	}
 	if o.BytesPerSecond > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(o.BytesPerSecond), int(min(o.BytesPerSecond, chunk)))
@@ -164,6 +168,18 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(r.URL.Path, Prefix) || !keyPattern.MatchString(key) {
 		http.NotFound(w, r)
 		return
+	}
+	if s.opts.Admit != nil {
+		if err := s.opts.Admit(r, who, key); err != nil {
+			code, reason := http.StatusForbidden, "not-asked"
+			if errors.Is(err, ErrTooManyRequests) {
+				code, reason = http.StatusTooManyRequests, "unchecked"
+				w.Header().Set("Retry-After", "1")
+			}
+			s.refused.WithLabelValues(reason).Inc()
+			http.Error(w, err.Error(), code)
+			return
+		}
 	}
 	plan := s.Offered(key)
 	if plan == nil {

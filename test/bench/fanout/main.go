@@ -341,7 +341,7 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 			"--metrics-bind-address=0", "--health-probe-bind-address=0",
 			"--part-size=" + b.o.partSize, "--concurrency=" + strconv.Itoa(b.o.concurrency)}
 		if peers {
-			tok, err := testutil.PeerToken(ctx, c, testutil.PeerAudience)
+			tok, err := testutil.NodePeerToken(ctx, c, name, testutil.PeerAudience)
 			if err != nil {
 				return result{}, err
 			}
