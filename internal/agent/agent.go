@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -360,21 +361,41 @@ func (a *Agent) demands(ctx context.Context) ([]prewarmv1alpha1.CacheDemand, err
 			}
 		}
 	}
-	out := make([]prewarmv1alpha1.CacheDemand, 0, len(count))
+	return fairDemands(count, prewarmv1alpha1.MaxDemands), nil
+}
+
+// fairDemands lists at most limit of the demands counted (with the pods of each), shared
+// fairly among namespaces: in rounds, each namespace's next demand (those most pods ask for
+// first), so that one namespace's pods naming many caches cannot crowd out another's. The
+// list is sorted by UID and namespace.
+func fairDemands(count map[prewarmv1alpha1.CacheDemand]int32, limit int) []prewarmv1alpha1.CacheDemand {
+	byNS := map[string][]prewarmv1alpha1.CacheDemand{}
 	for d, n := range count {
 		d.Pods = n
-		out = append(out, d)
+		byNS[d.Namespace] = append(byNS[d.Namespace], d)
+	}
+	namespaces := slices.Sorted(maps.Keys(byNS))
+	for _, ns := range namespaces {
+		slices.SortFunc(byNS[ns], func(x, y prewarmv1alpha1.CacheDemand) int {
+			return cmp.Or(cmp.Compare(y.Pods, x.Pods), strings.Compare(x.UID, y.UID))
+		})
+	}
+	var out []prewarmv1alpha1.CacheDemand
+	for round := 0; len(out) < limit; round++ {
+		took := false
+		for _, ns := range namespaces {
+			if round < len(byNS[ns]) && len(out) < limit {
+				out, took = append(out, byNS[ns][round]), true
+			}
+		}
+		if !took {
+			break
+		}
 	}
 	slices.SortFunc(out, func(x, y prewarmv1alpha1.CacheDemand) int {
 		return cmp.Or(strings.Compare(x.UID, y.UID), strings.Compare(x.Namespace, y.Namespace))
 	})
-	if len(out) > prewarmv1alpha1.MaxDemands {
-		out = out[:prewarmv1alpha1.MaxDemands]
-	}
-	if len(out) == 0 {
-		out = nil
-	}
-	return out, nil
+	return out
 }
 
 // ClientOptions are the manager client options an agent needs: its Node is read from the API
