@@ -6,13 +6,10 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/sync/singleflight"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -23,63 +20,43 @@ import (
 // writes, requests it. A node's agent token thus reaches the bytes of the caches its own node
 // holds or fetches, not of every cache its peers hold. A token bound to no node is refused.
 //
-// Answers are kept for admitTTL in a cache of at most maxAdmits (node, cache) pairs, and one
-// read of a node's NodeCache runs at a time, so a swarm's requests cost one read per peer and
-// cache and minute.
+// Answers are remembered for admitTTL (refusals for refuseTTL), for at most maxRemembered
+// (node, cache) pairs, and one read of a node's NodeCache runs at a time, so a swarm's
+// requests cost one read per peer and cache and minute.
 type TargetCheck struct {
 	// Reader reads NodeCaches from the API server.
 	Reader client.Reader
 
-	once     sync.Once
-	answers  *cache.LRUExpireCache // node/uid -> error (nil: admitted)
-	inflight singleflight.Group
+	answers remembered[admission]
 }
+
+// admission is TargetCheck's answer: nil, or why the node is refused.
+type admission struct{ refusal error }
 
 const (
 	// admitTTL is how long an admission is kept (a node withdrawn from a cache keeps its
 	// access at most this long); refuseTTL a refusal (a node just asked is admitted soon).
 	admitTTL, refuseTTL = time.Minute, 10 * time.Second
-	maxAdmits           = 4096
 )
-
-// errNotAsked is kept as an answer: the node is not asked for the cache.
-type errNotAsked struct{ node, uid string }
-
-func (e *errNotAsked) Error() string {
-	return fmt.Sprintf("node %s is not asked for cache %s", e.node, e.uid)
-}
 
 // Admit is a peer.ServerOptions.Admit.
 func (c *TargetCheck) Admit(r *http.Request, who, uid string) error {
-	c.once.Do(func() { c.answers = cache.NewLRUExpireCache(maxAdmits) })
 	if who == "" || strings.ContainsAny(who, ":/") {
 		return fmt.Errorf("%s: a peer token must be bound to an agent's pod on a node", who)
 	}
-	key := who + "/" + uid
-	if v, ok := c.answers.Get(key); ok {
-		err, _ := v.(error)
-		return err
-	}
-	v, err, _ := c.inflight.Do(key, func() (any, error) {
-		ok, err := c.asked(r.Context(), who, uid)
-		switch {
+	a, err := c.answers.get(who+"/"+uid, func() (admission, time.Duration, error) {
+		switch ok, err := c.asked(r.Context(), who, uid); {
 		case err != nil:
-			return nil, err // not kept: the API server may answer next time
+			return admission{}, 0, err
 		case ok:
-			c.answers.Add(key, nil, admitTTL)
-			return nil, nil
+			return admission{}, admitTTL, nil
 		}
-		refusal := &errNotAsked{who, uid}
-		c.answers.Add(key, refusal, refuseTTL)
-		return refusal, nil
+		return admission{fmt.Errorf("node %s is not asked for cache %s", who, uid)}, refuseTTL, nil
 	})
 	if err != nil {
 		return fmt.Errorf("checking that node %s is asked for cache %s: %w", who, uid, err)
 	}
-	if refusal, ok := v.(error); ok {
-		return refusal
-	}
-	return nil
+	return a.refusal
 }
 
 // asked reports whether node's NodeCache requests cache uid.

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/util/cache"
@@ -24,11 +23,11 @@ import (
 // prewarm's agents, for the peer audience, as the API server says (TokenReview).
 //
 // Anyone who reaches the peer port can send tokens, so what a stranger costs is bounded:
-// answers, refusals included, are kept for reviewTTL in a cache of at most maxReviews tokens
-// (a swarm's many requests cost one review per peer and minute); one review runs per token
-// at a time; and tokens not known yet are reviewed at most reviewsPerSecond, and from one
-// remote address at most reviewsPerAddress a second. Beyond that a request is answered 429
-// without asking the API server.
+// answers, refusals included, are remembered for reviewTTL (at most maxRemembered tokens; a
+// swarm's many requests cost one review per peer and minute); one review runs per token at a
+// time; and tokens not known yet are reviewed at most reviewsPerSecond, and from one remote
+// address at most reviewsPerAddress a second. Beyond that a request is answered 429 without
+// asking the API server.
 type TokenReviewer struct {
 	Client client.Client
 	// Audience the token must be for.
@@ -36,12 +35,11 @@ type TokenReviewer struct {
 	// ServiceAccount is the agents' own, system:serviceaccount:<namespace>:<name>.
 	ServiceAccount string
 
-	once    sync.Once
-	known   *cache.LRUExpireCache // sha256 of the token -> review
-	inbound singleflight.Group
-	all     *rate.Limiter
-	byAddr  *cache.LRUExpireCache // remote IP -> *rate.Limiter
-	addrMu  sync.Mutex
+	known  remembered[review] // by sha256 of the token
+	once   sync.Once
+	all    *rate.Limiter
+	byAddr *cache.LRUExpireCache // remote IP -> *rate.Limiter
+	addrMu sync.Mutex
 }
 
 type review struct {
@@ -52,8 +50,6 @@ type review struct {
 const (
 	// reviewTTL is how long an answer is kept.
 	reviewTTL = time.Minute
-	// maxReviews is how many tokens' answers are kept; the least recently used go first.
-	maxReviews = 4096
 	// reviewsPerSecond (with a burst of reviewBurst) caps the reviews of tokens not yet known,
 	// all remote addresses together; reviewsPerAddress (burst addressBurst) caps one address.
 	// An honest agent presents one token an hour, so these bind only a flood.
@@ -70,11 +66,6 @@ const (
 
 // Authorize is a peer.ServerOptions.Authorize.
 func (t *TokenReviewer) Authorize(r *http.Request) (string, error) {
-	t.once.Do(func() {
-		t.known = cache.NewLRUExpireCache(maxReviews)
-		t.byAddr = cache.NewLRUExpireCache(maxAddresses)
-		t.all = rate.NewLimiter(reviewsPerSecond, reviewBurst)
-	})
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	switch {
 	case !ok || strings.TrimSpace(tok) == "":
@@ -83,31 +74,25 @@ func (t *TokenReviewer) Authorize(r *http.Request) (string, error) {
 		return "", fmt.Errorf("%w: a token of %d bytes", peer.ErrUnauthenticated, len(tok))
 	}
 	key := sha256.Sum256([]byte(tok))
-	if rv, ok := t.known.Get(key); ok {
-		return rv.(review).peer, rv.(review).err
-	}
-	v, err, _ := t.inbound.Do(string(key[:]), func() (any, error) {
-		if rv, ok := t.known.Get(key); ok {
-			return rv, nil
-		}
+	rv, err := t.known.get(string(key[:]), func() (review, time.Duration, error) {
 		if !t.admit(r.RemoteAddr) {
-			return nil, peer.ErrTooManyRequests
+			return review{}, 0, peer.ErrTooManyRequests
 		}
-		rv, err := t.review(r.Context(), tok)
-		if err != nil {
-			return nil, err // not kept: the API server may be back soon
-		}
-		t.known.Add(key, rv, reviewTTL)
-		return rv, nil
+		rv, err := t.review(r.Context(), tok) // an error is not kept: the API server may be back soon
+		return rv, reviewTTL, err
 	})
 	if err != nil {
 		return "", err
 	}
-	return v.(review).peer, v.(review).err
+	return rv.peer, rv.err
 }
 
 // admit takes a review from the budget of all addresses and of addr's.
 func (t *TokenReviewer) admit(addr string) bool {
+	t.once.Do(func() {
+		t.byAddr = cache.NewLRUExpireCache(maxAddresses)
+		t.all = rate.NewLimiter(reviewsPerSecond, reviewBurst)
+	})
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		host = addr

@@ -52,32 +52,28 @@ func EnqueueAll(c client.Client, newList func() client.ObjectList, keep func(cli
 // creation, deletion, and updates of labels, taints or schedulability. The kubelet's status
 // updates, every few seconds on every node, do not count, nor do prewarm's own cache-ready
 // labels (written by the reconcilers this would wake).
-var NodePlacementChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
-		before, ok1 := e.ObjectOld.(*corev1.Node)
-		after, ok2 := e.ObjectNew.(*corev1.Node)
-		if !ok1 || !ok2 {
-			return true
-		}
-		return !sameLabelsBesidesCaches(before.Labels, after.Labels) ||
-			!slices.EqualFunc(before.Spec.Taints, after.Spec.Taints, func(a, b corev1.Taint) bool { return a.MatchTaint(&b) && a.Value == b.Value }) ||
-			before.Spec.Unschedulable != after.Spec.Unschedulable
-	},
-}
+var NodePlacementChanged = nodeUpdates(func(before, after *corev1.Node) bool {
+	return !sameLabelsBesidesCaches(before.Labels, after.Labels) ||
+		!slices.EqualFunc(before.Spec.Taints, after.Spec.Taints, func(a, b corev1.Taint) bool { return a.MatchTaint(&b) && a.Value == b.Value }) ||
+		before.Spec.Unschedulable != after.Spec.Unschedulable
+})
 
 // NodeAddressesChanged lets through the node updates that can change which peer addresses the
 // node's agent may report (peerAddrsOf): its addresses and its pod CIDRs. They change when a
 // node is first registered and seldom after.
-var NodeAddressesChanged = predicate.Funcs{
-	UpdateFunc: func(e event.UpdateEvent) bool {
+var NodeAddressesChanged = nodeUpdates(func(before, after *corev1.Node) bool {
+	return !slices.Equal(before.Status.Addresses, after.Status.Addresses) ||
+		before.Spec.PodCIDR != after.Spec.PodCIDR || !slices.Equal(before.Spec.PodCIDRs, after.Spec.PodCIDRs)
+})
+
+// nodeUpdates is a predicate letting through node updates for which changed holds (and every
+// creation, deletion and generic event).
+func nodeUpdates(changed func(before, after *corev1.Node) bool) predicate.Funcs {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		before, ok1 := e.ObjectOld.(*corev1.Node)
 		after, ok2 := e.ObjectNew.(*corev1.Node)
-		if !ok1 || !ok2 {
-			return true
-		}
-		return !slices.Equal(before.Status.Addresses, after.Status.Addresses) ||
-			before.Spec.PodCIDR != after.Spec.PodCIDR || !slices.Equal(before.Spec.PodCIDRs, after.Spec.PodCIDRs)
-	},
+		return !ok1 || !ok2 || changed(before, after)
+	}}
 }
 
 // sameLabelsBesidesCaches compares two label sets but for prewarm's cache labels, without

@@ -46,8 +46,8 @@ const CRCHeader = "X-Prewarm-Crc32c"
 // is answered 401. Other errors are answered 403.
 var ErrUnauthenticated = errors.New("no valid peer token")
 
-// ErrTooManyRequests is returned by an Authorize that will not check credentials now (too many
-// to check): the request is answered 429, to be retried after a second.
+// ErrTooManyRequests is returned by an Authorize or Admit that will not check now (too many to
+// check): the request is answered 429, to be retried after a second.
 var ErrTooManyRequests = errors.New("too many peer tokens to check; retry")
 
 // ServerOptions configure a Server.
@@ -55,8 +55,8 @@ type ServerOptions struct {
 	// Authorize says which peer a request comes from, or why it is refused. Required.
 	Authorize func(r *http.Request) (peer string, err error)
 	// Admit, when set, says whether peer may be sent anything of the cache named key (nil: it
-	// may); a refusal is answered 403 before the server says whether it offers key at all.
-	// ErrTooManyRequests is answered 429.
+	// may); a refusal is answered as Authorize's are, before the server says whether it offers
+	// key at all.
 	Admit func(r *http.Request, peer, key string) error
 	// MaxPeers is K: how many peers are sent parts at once (default 4).
 	MaxPeers int
@@ -139,6 +139,21 @@ func (s *Server) Offered(key string) *engine.Plan {
 
 var keyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
+// refuse answers a request Authorize or Admit refused: 401 for ErrUnauthenticated, 429 for
+// ErrTooManyRequests (retry in a second), otherwise 403, counted under reason.
+func (s *Server) refuse(w http.ResponseWriter, err error, reason string) {
+	code := http.StatusForbidden
+	switch {
+	case errors.Is(err, ErrUnauthenticated):
+		code, reason = http.StatusUnauthorized, "unauthenticated"
+	case errors.Is(err, ErrTooManyRequests):
+		code, reason = http.StatusTooManyRequests, "unchecked"
+		w.Header().Set("Retry-After", "1")
+	}
+	s.refused.WithLabelValues(reason).Inc()
+	http.Error(w, err.Error(), code)
+}
+
 // longPoll is the most time a /have waits for a change.
 const longPoll = 15 * time.Second
 
@@ -152,16 +167,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	who, err := s.opts.Authorize(r)
 	if err != nil {
-		code, reason := http.StatusForbidden, "forbidden"
-		switch {
-		case errors.Is(err, ErrUnauthenticated):
-			code, reason = http.StatusUnauthorized, "unauthenticated"
-		case errors.Is(err, ErrTooManyRequests):
-			code, reason = http.StatusTooManyRequests, "unchecked"
-			w.Header().Set("Retry-After", "1")
-		}
-		s.refused.WithLabelValues(reason).Inc()
-		http.Error(w, err.Error(), code)
+		s.refuse(w, err, "forbidden")
 		return
 	}
 	key, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, Prefix), "/")
@@ -171,13 +177,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.opts.Admit != nil {
 		if err := s.opts.Admit(r, who, key); err != nil {
-			code, reason := http.StatusForbidden, "not-asked"
-			if errors.Is(err, ErrTooManyRequests) {
-				code, reason = http.StatusTooManyRequests, "unchecked"
-				w.Header().Set("Retry-After", "1")
-			}
-			s.refused.WithLabelValues(reason).Inc()
-			http.Error(w, err.Error(), code)
+			s.refuse(w, err, "not-asked")
 			return
 		}
 	}
