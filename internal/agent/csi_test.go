@@ -211,7 +211,7 @@ func TestMountNeedsTheNamespacesOwnValidToken(t *testing.T) {
 			}
 			if token != "" {
 				var err error
-				if sealed, err = credentials.Seal(got.Status.CredentialsKey, "node-1", uid, credentials.Credentials{HFToken: token}, nil); err != nil {
+				if sealed, err = credentials.Seal(got.Status.CredentialsKey, "node-1", uid, credentials.Credentials{HFToken: token}, "v1", nil); err != nil {
 					return false, err
 				}
 			}

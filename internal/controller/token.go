@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,9 +16,9 @@ import (
 // repo. A nil ref, or an optional one whose Secret or key is not there, is no token. A required
 // one that is not there gives missing, which says what is absent and what to do; err is a
 // failure to read.
-func HFToken(ctx context.Context, r client.Reader, ns, repo string, ref *corev1.SecretKeySelector) (token, missing string, err error) {
+func HFToken(ctx context.Context, r client.Reader, ns, repo string, ref *corev1.SecretKeySelector) (token SecretValue, missing string, err error) {
 	if ref == nil {
-		return "", "", nil
+		return SecretValue{}, "", nil
 	}
 	key := ref.Key
 	if key == "" {
@@ -27,14 +28,29 @@ func HFToken(ctx context.Context, r client.Reader, ns, repo string, ref *corev1.
 	err = r.Get(ctx, types.NamespacedName{Namespace: ns, Name: ref.Name}, sec)
 	switch {
 	case err != nil && !apierrors.IsNotFound(err):
-		return "", "", fmt.Errorf("reading Secret %s/%s: %w", ns, ref.Name, err)
+		return SecretValue{}, "", fmt.Errorf("reading Secret %s/%s: %w", ns, ref.Name, err)
 	case len(sec.Data[key]) > 0:
-		return string(sec.Data[key]), "", nil
+		return SecretValue{Value: string(sec.Data[key]), Version: SecretVersion(sec, key)}, "", nil
 	case ptr.Deref(ref.Optional, false):
-		return "", "", nil
+		return SecretValue{}, "", nil
 	case err != nil:
-		return "", fmt.Sprintf("Secret %s/%s (key %s), the Hugging Face token for %s, does not exist; create it: kubectl -n %s create secret generic %s --from-literal=%s=hf_...",
+		return SecretValue{}, fmt.Sprintf("Secret %s/%s (key %s), the Hugging Face token for %s, does not exist; create it: kubectl -n %s create secret generic %s --from-literal=%s=hf_...",
 			ns, ref.Name, key, repo, ns, ref.Name, key), nil
 	}
-	return "", fmt.Sprintf("Secret %s/%s has no key %s holding a Hugging Face token for %s", ns, ref.Name, key, repo), nil
+	return SecretValue{}, fmt.Sprintf("Secret %s/%s has no key %s holding a Hugging Face token for %s", ns, ref.Name, key, repo), nil
+}
+
+// SecretValue is a value read from a Secret, with the version of the Secret it was read from.
+type SecretValue struct {
+	Value string
+	// Version identifies where the value came from (SecretVersion), not what it is.
+	Version string
+}
+
+// SecretVersion identifies the keys of one version of a Secret: its UID, its resourceVersion
+// and the keys read. Any change of the Secret (a rotation, a recreation) changes it; it reveals
+// nothing of the Secret's content, so that what is compared to decide whether credentials must
+// be sealed again is no oracle for guessing them.
+func SecretVersion(s *corev1.Secret, keys ...string) string {
+	return string(s.UID) + "/" + s.ResourceVersion + "/" + strings.Join(keys, ",")
 }

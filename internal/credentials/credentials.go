@@ -86,20 +86,21 @@ func KeyID(public string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// Digest identifies credentials sealed to a key, without revealing them.
-func Digest(public string, c Credentials) string {
-	b, _ := json.Marshal(c)
+// Digest identifies credentials of the given version sealed to a key. It is derived from the
+// version (where the credentials were read: controller.SecretVersion), not from the
+// credentials: every agent can read every NodeCache, and a digest of the credentials
+// themselves would let any of them test guesses of another namespace's keys offline.
+func Digest(public, version string) string {
 	h := sha256.New()
-	h.Write([]byte("prewarm.io/credentials-digest\x00" + public + "\x00"))
-	h.Write(b)
+	h.Write([]byte("prewarm.io/credentials-digest/v2\x00" + public + "\x00" + version))
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// Seal seals c to the public key of node's agent, for cache uid. A request that already holds
-// the same credentials sealed to the same key is kept as it is (sealing is randomized, so
-// sealing again would rewrite the NodeCache for nothing).
-func Seal(public, node, uid string, c Credentials, current *prewarmv1alpha1.SealedCredentials) (*prewarmv1alpha1.SealedCredentials, error) {
-	id, digest := KeyID(public), Digest(public, c)
+// Seal seals c, of the given version, to the public key of node's agent, for cache uid. A
+// request that already holds the same version sealed to the same key is kept as it is (sealing
+// is randomized, so sealing again would rewrite the NodeCache for nothing).
+func Seal(public, node, uid string, c Credentials, version string, current *prewarmv1alpha1.SealedCredentials) (*prewarmv1alpha1.SealedCredentials, error) {
+	id, digest := KeyID(public), Digest(public, version)
 	if current != nil && current.KeyID == id && current.Digest == digest {
 		return current, nil
 	}

@@ -18,7 +18,7 @@ func TestSealOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := credentials.Credentials{AWSAccessKeyID: "AKIA0000", AWSSecretAccessKey: "secret/with+chars", HFToken: "hf_x"}
-	s, err := credentials.Seal(a.Public(), "node-a", "uid-1", c, nil)
+	s, err := credentials.Seal(a.Public(), "node-a", "uid-1", c, "uid-s/41/token", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,16 +46,28 @@ func TestSealOpen(t *testing.T) {
 	}
 	// Sealing again the same credentials to the same key keeps the request as it is; a change
 	// of either seals anew.
-	again, err := credentials.Seal(a.Public(), "node-a", "uid-1", c, s)
+	again, err := credentials.Seal(a.Public(), "node-a", "uid-1", c, "uid-s/41/token", s)
 	if err != nil || again != s {
 		t.Errorf("sealing unchanged credentials gave a new request: %v", err)
 	}
 	c2 := c
 	c2.HFToken = "hf_rotated"
-	if rotated, err := credentials.Seal(a.Public(), "node-a", "uid-1", c2, s); err != nil || rotated.Digest == s.Digest {
+	rotated, err := credentials.Seal(a.Public(), "node-a", "uid-1", c2, "uid-s/42/token", s)
+	if err != nil || rotated.Digest == s.Digest {
 		t.Errorf("a rotated token kept the old seal: %v", err)
 	}
-	if other, err := credentials.Seal(b.Public(), "node-a", "uid-1", c, s); err != nil || other.KeyID == s.KeyID {
+	if got, err := a.Open("node-a", "uid-1", rotated); err != nil || got != c2 {
+		t.Errorf("the rotated seal opens to %+v, %v; want %+v", got, err, c2)
+	}
+	// The digest, which every agent can read, says nothing of what is sealed: other credentials
+	// of the same version give the same digest (no offline test of guessed keys against it).
+	if credentials.Digest(a.Public(), "uid-s/41/token") != s.Digest {
+		t.Error("the digest is not the version's")
+	}
+	if guess, err := credentials.Seal(a.Public(), "node-a", "uid-1", c2, "uid-s/41/token", nil); err != nil || guess.Digest != s.Digest {
+		t.Errorf("the digest depends on the credentials sealed: %v", err)
+	}
+	if other, err := credentials.Seal(b.Public(), "node-a", "uid-1", c, "uid-s/41/token", s); err != nil || other.KeyID == s.KeyID {
 		t.Errorf("a new agent key kept the old seal: %v", err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/credentials"
@@ -165,6 +166,20 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		}
 		if got, err := key.Open("owned-node", string(m.UID), sealed()); err != nil || got.HFToken != "hf_secret" {
 			t.Fatalf("the node's agent opens %+v, %v; want the parent's token", got, err)
+		}
+		// A rotated token is sealed again; the digest every agent can read names the Secret's
+		// version, not the token (no offline guessing against it).
+		first := sealed()
+		if strings.Contains(first.Digest, "hf_secret") || first.Digest != credentials.Digest(key.Public(), controller.SecretVersion(secret, "token")) {
+			t.Errorf("the digest %s is not the Secret version's", first.Digest)
+		}
+		secret.Data["token"] = []byte("hf_rotated")
+		if err := c.Update(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
+		reconcileCache(m)
+		if got, err := key.Open("owned-node", string(m.UID), sealed()); err != nil || got.HFToken != "hf_rotated" {
+			t.Fatalf("after the rotation the node's agent opens %+v, %v; want the new token", got, err)
 		}
 		if err := c.Delete(ctx, secret); err != nil {
 			t.Fatal(err)

@@ -32,7 +32,8 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 	hfm := m.source.HuggingFaceModel.DeepCopy()
 	m.source.HuggingFaceModel = hfm
 
-	token, missing, err := controller.HFToken(ctx, r.APIReader, m.owner.GetNamespace(), hfm.ModelID, hfm.TokenSecretRef)
+	hfToken, missing, err := controller.HFToken(ctx, r.APIReader, m.owner.GetNamespace(), hfm.ModelID, hfm.TokenSecretRef)
+	token := hfToken.Value
 	switch {
 	case err != nil:
 		return &problem{inferencev1.ReasonTokenSecretProblem, err.Error()}

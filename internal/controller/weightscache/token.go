@@ -21,6 +21,9 @@ type access struct {
 	// creds are sealed to each node's agent; empty: the agents read with their own identity
 	// (a source the configuration allows), or anonymously (a public Hugging Face model).
 	creds credentials.Credentials
+	// version identifies where creds came from (controller.SecretVersion): a change of it seals
+	// them again.
+	version string
 	// refused, when set, says why the nodes may not read the source at all.
 	refused string
 	// tokenProblem, when set, says why a Hugging Face token is missing (the nodes download
@@ -63,7 +66,7 @@ func (r *Reconciler) sourceAccess(ctx context.Context, m *inferencev1.ModelDataC
 	if c.AWSAccessKeyID == "" || c.AWSSecretAccessKey == "" {
 		return access{refused: fmt.Sprintf("%s, and Secret %s/%s lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY", why, m.Namespace, name)}, nil
 	}
-	return access{creds: c}, nil
+	return access{creds: c, version: controller.SecretVersion(s, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}, nil
 }
 
 // hfToken reads the Hugging Face token a cache's source names, if any.
@@ -78,10 +81,10 @@ func (r *Reconciler) hfToken(ctx context.Context, m *inferencev1.ModelDataCacheC
 		return access{}, err
 	case missing != "":
 		return access{tokenProblem: missing + "; the nodes download without it"}, nil
-	case token == "":
+	case token.Value == "":
 		return access{}, nil // an optional token that is not there: the nodes download without one
 	}
-	return access{creds: credentials.Credentials{HFToken: token}}, nil
+	return access{creds: credentials.Credentials{HFToken: token.Value}, version: token.Version}, nil
 }
 
 // sealFor seals the cache's credentials to node's agent key; nil when there are none. Until the
@@ -99,7 +102,7 @@ func sealFor(nc *prewarmv1alpha1.NodeCache, node, uid string, a access, asked *p
 	if asked != nil {
 		current = asked.Credentials
 	}
-	return credentials.Seal(nc.Status.CredentialsKey, node, uid, a.creds, current)
+	return credentials.Seal(nc.Status.CredentialsKey, node, uid, a.creds, a.version, current)
 }
 
 // deleteLegacyToken removes the token copy that earlier versions kept in the operator namespace
