@@ -9,6 +9,10 @@ import (
 // metrics are the agent's Prometheus metrics (besides the engine's
 // prewarm_engine_downloaded_bytes_total and prewarm_engine_part_retries_total).
 type metrics struct {
+	// perCache labels the per-cache gauges by cache UID; without it they are sums over the
+	// node's caches (the metrics port is not authenticated: any pod that reaches it would learn
+	// which caches the node holds).
+	perCache bool
 	state    *prometheus.GaugeVec
 	rate     *prometheus.GaugeVec
 	done     *prometheus.GaugeVec
@@ -21,17 +25,22 @@ type metrics struct {
 	repaired prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
+	var cache []string
+	if perCache {
+		cache = []string{"cache"}
+	}
 	m := &metrics{
+		perCache: perCache,
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "prewarm_agent_cache_state", Help: "1 for the state this node's copy of a cache is in.",
-		}, []string{"cache", "state"}),
+			Name: "prewarm_agent_cache_state", Help: "Caches of this node in a state (per cache with agent.metricsPerCache: 1 for its state).",
+		}, append(cache, "state")),
 		rate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "prewarm_agent_download_bytes_per_second", Help: "Current download rate of a cache.",
-		}, []string{"cache"}),
+			Name: "prewarm_agent_download_bytes_per_second", Help: "Current download rate of this node's caches (of one with agent.metricsPerCache).",
+		}, cache),
 		done: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "prewarm_agent_cache_bytes", Help: "Bytes of a cache this node holds, downloaded or verified.",
-		}, []string{"cache"}),
+			Name: "prewarm_agent_cache_bytes", Help: "Bytes of caches this node holds, downloaded or verified (of one with agent.metricsPerCache).",
+		}, cache),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prewarm_agent_download_failures_total", Help: "Downloads that failed, by reason.",
 		}, []string{"reason"}),
@@ -63,9 +72,13 @@ func (m *metrics) observe(st prewarmv1alpha1.NodeCacheStatus) {
 	m.rate.Reset()
 	m.done.Reset()
 	for _, c := range st.Caches {
-		m.state.WithLabelValues(c.UID, string(c.State)).Set(1)
-		m.rate.WithLabelValues(c.UID).Set(float64(c.BytesPerSecond))
-		m.done.WithLabelValues(c.UID).Set(float64(c.BytesDone))
+		var cache []string
+		if m.perCache {
+			cache = []string{c.UID}
+		}
+		m.state.WithLabelValues(append(cache, string(c.State))...).Add(1)
+		m.rate.WithLabelValues(cache...).Add(float64(c.BytesPerSecond))
+		m.done.WithLabelValues(cache...).Add(float64(c.BytesDone))
 	}
 	for _, r := range st.Roots {
 		m.free.WithLabelValues(r.Path).Set(float64(r.FreeBytes))

@@ -286,6 +286,10 @@ type Agent struct {
 	// change only the progress of its downloads (10s); a change of state is written at once.
 	// It bounds the API writes of a fleet downloading at once: nodes / progressInterval.
 	ProgressInterval string `json:"progressInterval,omitempty"`
+	// MetricsPerCache labels the agents' per-cache metrics by cache UID (false: sums over a
+	// node's caches). The metrics port is not authenticated: with it, any pod that can reach
+	// an agent learns which caches its node holds.
+	MetricsPerCache bool `json:"metricsPerCache,omitempty"`
 }
 
 // ProgressIntervalDuration is the validated progress interval.

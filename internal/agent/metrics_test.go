@@ -1,0 +1,80 @@
+package agent
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+)
+
+// By default the agent's metrics are sums over its node's caches and name none of them (the
+// port is not authenticated); agent.metricsPerCache labels them by cache UID.
+func TestMetricsNameCachesOnlyWhenAsked(t *testing.T) {
+	st := prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{
+		{UID: "uid-a", State: inferencev1.CacheReady, BytesDone: 100},
+		{UID: "uid-b", State: inferencev1.CacheReady, BytesDone: 20},
+		{UID: "uid-c", State: inferencev1.CacheDownloading, BytesDone: 5, BytesPerSecond: 7},
+	}}
+	for _, tc := range []struct {
+		perCache bool
+		want     string
+	}{
+		{false, `
+prewarm_agent_cache_bytes 125
+prewarm_agent_cache_state{state="Downloading"} 1
+prewarm_agent_cache_state{state="Ready"} 2
+prewarm_agent_download_bytes_per_second 7
+`},
+		{true, `
+prewarm_agent_cache_bytes{cache="uid-a"} 100
+prewarm_agent_cache_bytes{cache="uid-b"} 20
+prewarm_agent_cache_bytes{cache="uid-c"} 5
+prewarm_agent_cache_state{cache="uid-a",state="Ready"} 1
+prewarm_agent_cache_state{cache="uid-b",state="Ready"} 1
+prewarm_agent_cache_state{cache="uid-c",state="Downloading"} 1
+prewarm_agent_download_bytes_per_second{cache="uid-a"} 0
+prewarm_agent_download_bytes_per_second{cache="uid-b"} 0
+prewarm_agent_download_bytes_per_second{cache="uid-c"} 7
+`},
+	} {
+		reg := prometheus.NewPedanticRegistry()
+		m := newMetrics(reg, tc.perCache)
+		m.observe(st)
+		m.observe(st) // a second report replaces the first, it does not add to it
+		got := gather(t, reg, "prewarm_agent_cache_bytes", "prewarm_agent_cache_state", "prewarm_agent_download_bytes_per_second")
+		if got != strings.TrimSpace(tc.want) {
+			t.Errorf("perCache=%v:\n%s\nwant\n%s", tc.perCache, got, strings.TrimSpace(tc.want))
+		}
+	}
+}
+
+// gather renders the named metrics of reg as "series value" lines, sorted as Gather sorts them.
+func gather(t *testing.T, reg *prometheus.Registry, names ...string) string {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, f := range families {
+		if !strings.Contains(" "+strings.Join(names, " ")+" ", " "+f.GetName()+" ") {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			var labels []string
+			for _, l := range mt.GetLabel() {
+				labels = append(labels, l.GetName()+`="`+l.GetValue()+`"`)
+			}
+			series := f.GetName()
+			if len(labels) > 0 {
+				series += "{" + strings.Join(labels, ",") + "}"
+			}
+			lines = append(lines, series+" "+strconv.FormatFloat(mt.GetGauge().GetValue(), 'f', -1, 64))
+		}
+	}
+	return strings.Join(lines, "\n")
+}
