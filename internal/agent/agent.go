@@ -296,23 +296,42 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 // known, can have it mounted: another namespace's pod naming the cache keeps nothing), or a
 // hostPath of its directory (pods made before the CSI volume).
 func (a *Agent) podUsing(ctx context.Context, uid, ns string) (string, error) {
+	pods, err := a.podsUsing(ctx, uid, ns)
+	if err != nil || len(pods) == 0 {
+		return "", err
+	}
+	return pods[0].Namespace + "/" + pods[0].Name, nil
+}
+
+// podsUsing returns the pods on this node, not finished, that use cache uid of namespace ns
+// (any namespace when ns is empty): by its CSI volume, or by a host path to its directory.
+func (a *Agent) podsUsing(ctx context.Context, uid, ns string) ([]corev1.Pod, error) {
 	pods, err := a.activePods(ctx)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	dirs := map[string]bool{}
 	for _, root := range a.opts.Config.Roots() {
 		dirs[prewarmv1alpha1.CacheDir(a.opts.nodePath(root), uid)] = true
 	}
-	for _, p := range pods {
-		for _, v := range p.Spec.Volumes {
-			if (v.HostPath != nil && dirs[filepath.Clean(v.HostPath.Path)]) ||
-				(prewarmv1alpha1.VolumeCacheUID(v) == uid && (ns == "" || p.Namespace == ns)) {
-				return p.Namespace + "/" + p.Name, nil
-			}
-		}
+	return slices.DeleteFunc(pods, func(p corev1.Pod) bool {
+		return !slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
+			return (v.HostPath != nil && dirs[filepath.Clean(v.HostPath.Path)]) ||
+				(prewarmv1alpha1.VolumeCacheUID(v) == uid && (ns == "" || p.Namespace == ns))
+		})
+	}), nil
+}
+
+// warnPods records a Warning event on each pod of the node that uses the job's cache.
+func (a *Agent) warnPods(ctx context.Context, j *job, reason, msg string) {
+	pods, err := a.podsUsing(ctx, j.req.UID, j.req.Namespace)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing the node's pods to tell them", "reason", reason)
+		return
 	}
-	return "", nil
+	for _, p := range pods {
+		a.event(MountRequest{CacheUID: j.req.UID, PodNamespace: p.Namespace, PodName: p.Name, PodUID: p.UID}, corev1.EventTypeWarning, reason, msg)
+	}
 }
 
 // activePods lists the pods on this node that have not finished (from the agent's cache,

@@ -26,6 +26,9 @@ const (
 	EventCacheFilling = "CacheFilling"
 	EventCacheRefused = "CacheRefused"
 	EventCacheWaiting = "CacheWaiting"
+	// EventCacheDamaged: re-verification found files of a cache the pod uses damaged on disk;
+	// they are fetched again, and what the pod read of them before may have been damaged.
+	EventCacheDamaged = "CacheDamaged"
 )
 
 // MountRequest is what a kubelet asks of the node plugin for one pod's model volume.
@@ -194,7 +197,11 @@ func (a *Agent) event(req MountRequest, typ, reason, msg string) {
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: req.PodNamespace, Name: req.PodName, UID: req.PodUID},
 	}
-	a.recorder.Eventf(pod, nil, typ, reason, "Mount", "%s", msg)
+	action := "Mount"
+	if reason == EventCacheDamaged {
+		action = "Verify"
+	}
+	a.recorder.Eventf(pod, nil, typ, reason, action, "%s", msg)
 }
 
 // demand makes the job download now, ahead of the caches no pod waits for, even on a node that

@@ -196,6 +196,9 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		j.a.metrics.damaged.Add(float64(len(damaged)))
 		msg := damageMessage(damaged, len(m.Files))
 		log.Info("cache damaged; repairing", "files", len(damaged), "damage", msg)
+		j.a.warnPods(ctx, j, EventCacheDamaged, fmt.Sprintf("re-verification on node %s: %s; fetching them again. "+
+			"What this pod read of them before may have been damaged, and a file it holds open stays the damaged copy: restart the pod to read the repaired files",
+			j.a.opts.NodeName, msg))
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheDamaged, msg+"; fetching them again"
 		})

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -94,7 +95,8 @@ func TestCSINodePluginEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = counted.Close() })
-	e.addNode("csi-warm", "ml.g5.24xlarge", s3srv.Endpoint, e.csiArgs("csi-warm")...)
+	// csi-warm reads its caches back every 3 s: a byte flipped on its disk is caught (below).
+	e.addNode("csi-warm", "ml.g5.24xlarge", s3srv.Endpoint, append(e.csiArgs("csi-warm"), "--verify-interval=3s")...)
 	// Sharing off on csi-cold: its S3 reads are what shows the pods sharing one download.
 	e.addNode("csi-cold", "ml.g5.xlarge", counted.URL, append(e.csiArgs("csi-cold"), noSharing)...)
 	e.startController("--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect", "--leader-election-namespace=default", "--metrics-bind-address=0", "--health-probe-bind-address=0",
@@ -145,6 +147,39 @@ func TestCSINodePluginEndToEnd(t *testing.T) {
 		if _, err := os.Stat(target); !os.IsNotExist(err) {
 			t.Errorf("target after unpublish: %v", err)
 		}
+	})
+
+	t.Run("a byte flipped under a mounted pod is caught at the verify interval and repaired, and the pod is told", func(t *testing.T) {
+		if err := warm.publish(served); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := warm.unmount(served); err != nil {
+				t.Error(err)
+			}
+		}()
+		const shard = "model-00002-of-00003.safetensors"
+		f, err := os.OpenFile(filepath.Join(e.cacheDir("csi-warm", uid), shard), os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// In place, the size kept: what a failing disk or a stray write does.
+		if _, err := f.WriteAt([]byte{model[shard][4321] ^ 0x80}, 4321); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		e.waitEvent("team-a", served.Name, "CacheDamaged")
+		e.eventually(30*time.Second, "the shard repaired, as the mounted pod sees it", func() (bool, string) {
+			b, err := os.ReadFile(filepath.Join(warm.target(served), shard))
+			return err == nil && bytes.Equal(b, model[shard]), fmt.Sprint(err)
+		})
+		e.eventually(30*time.Second, "csi-warm Ready again", func() (bool, string) {
+			m := &inferencev1.ModelDataCacheConfig{}
+			err := e.c.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "csi-model-cache"}, m)
+			return err == nil && m.Status.ReadyNodes == 1, fmt.Sprint(m.Status.Nodes, err)
+		})
 	})
 
 	t.Run("a pod of another namespace is refused, with an event", func(t *testing.T) {
