@@ -20,6 +20,7 @@ import (
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // startAPI starts a real API server (and etcd) for the test, and a context that ends with it.
@@ -250,5 +251,41 @@ func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 	}
 	if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uidStolen)); len(e) != 0 {
 		t.Errorf("the other team's model was cached through the link: %v", e)
+	}
+}
+
+// A model holding a file named like prewarm's own (its manifest) cannot be cached as it is:
+// the node fails it at once with a terminal InvalidSource naming the file, instead of retrying.
+func TestAModelNamingPrewarmsOwnFilesFailsForGood(t *testing.T) {
+	ctx, api := startAPI(t)
+	const (
+		uid  = "dddddddd-dddd-4ddd-8ddd-dddddddddddd"
+		root = "/opt/dlami/nvme"
+	)
+	host := t.TempDir()
+	writeFiles(t, filepath.Join(host, "fsx", "odd"), map[string][]byte{
+		"config.json": []byte(`{"a":1}`), engine.ManifestName: []byte(`{"files":[]}`),
+	})
+	if err := os.MkdirAll(filepath.Join(host, root), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	nc := &prewarmv1alpha1.NodeCache{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
+			{UID: uid, Namespace: "a", Name: "odd", Root: root, Source: fsxSource("odd")},
+		}},
+	}
+	if err := api.Client.Create(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+	runAgent(t, ctx, api, "node-1", agent.Options{
+		Config: testConfig(root), HostPrefix: host,
+		StatusInterval: 100 * time.Millisecond, RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
+	})
+	status, wait := watchStatus(t, ctx, api, "node-1", uid)
+	wait("failed", func() bool { return status(uid).State == inferencev1.CacheFailed })
+	st := status(uid)
+	if st.Reason != prewarmv1alpha1.ReasonInvalidSource || !prewarmv1alpha1.Terminal(st.Reason) || !strings.Contains(st.Message, engine.ManifestName) {
+		t.Errorf("a model naming prewarm's manifest: %+v; want a terminal InvalidSource naming the file", st)
 	}
 }
