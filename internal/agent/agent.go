@@ -245,9 +245,16 @@ func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 		if j != nil {
 			<-j.done
 		}
-		// A cache a pod on this node still uses stays until no pod does.
+		// A cache a pod on this node still uses stays until no pod does: by the pod list, and
+		// by the mount table (a pod the list does not show yet, or any more).
 		for {
 			pod, err := a.podUsing(ctx, uid, ns)
+			if err == nil && pod == "" {
+				var mounted bool
+				if mounted, err = a.cacheMounted(uid); err == nil && mounted {
+					pod = "(a pod's volume, still mounted)"
+				}
+			}
 			if err == nil && pod == "" {
 				break
 			}

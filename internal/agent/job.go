@@ -103,8 +103,18 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		return wait, false
 	}
 	model := filepath.Join(dir, prewarmv1alpha1.ModelSubdir)
+	if err := j.a.sweepSetAside(model); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "removing copies of the cache no pod mounts any more")
+	}
 	if wait, ready, done := j.keep(ctx, model); done {
 		return wait, ready
+	}
+	// What is there is replaced: kept aside while a pod's volume mounts it.
+	if aside, err := j.a.setAside(model); err != nil {
+		j.fail(prewarmv1alpha1.ReasonDownloadFailed, "setting aside the copy pods mount: "+err.Error())
+		return 0, false
+	} else if aside {
+		ctrl.LoggerFrom(ctx).Info("the copy being replaced is mounted by pods: kept aside until they go")
 	}
 	return j.fetch(ctx, model)
 }
@@ -215,7 +225,11 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheLost, "the cache is not whole: "+err.Error()
 		})
-		if err := os.RemoveAll(model); err != nil {
+		aside, err := j.a.setAside(model) // a pod's volume may still mount it
+		if err == nil && !aside {
+			err = os.RemoveAll(model)
+		}
+		if err != nil {
 			j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
 			return 0, false, true
 		}

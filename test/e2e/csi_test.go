@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/csikubelet"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // kubelet plays node name's kubelet for prewarm's volumes (csikubelet) against its agent.
@@ -182,6 +184,58 @@ func TestCSINodePluginEndToEnd(t *testing.T) {
 		})
 	})
 
+	t.Run("a copy replaced under a mounted pod is kept for the pod until it unmounts", func(t *testing.T) {
+		if err := warm.publish(served); err != nil {
+			t.Fatal(err)
+		}
+		target := warm.target(served)
+		var mounted unix.Stat_t
+		if err := unix.Stat(target, &mounted); err != nil {
+			t.Fatal(err)
+		}
+		// The copy's manifest unreadable: the node fetches the whole model again, into a new
+		// directory.
+		if err := os.WriteFile(filepath.Join(e.cacheDir("csi-warm", uid), engine.ManifestName), []byte("{garbage"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		e.eventually(60*time.Second, "csi-warm Ready again on a new copy", func() (bool, string) {
+			var now unix.Stat_t
+			err := unix.Stat(e.cacheDir("csi-warm", uid), &now)
+			m := &inferencev1.ModelDataCacheConfig{}
+			if err == nil {
+				err = e.c.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "csi-model-cache"}, m)
+			}
+			return err == nil && now.Ino != mounted.Ino && m.Status.ReadyNodes == 1, fmt.Sprint(m.Status.Nodes, err)
+		})
+		assertTree(t, e.cacheDir("csi-warm", uid), model)
+		// The pod still reads every file of the copy it mounted.
+		for p, data := range model {
+			if got, err := os.ReadFile(filepath.Join(target, p)); err != nil || !bytes.Equal(got, data) {
+				t.Errorf("the mounted pod's %s: %v (read %d bytes); want the model's file", p, err, len(got))
+			}
+		}
+		aside := func() []string {
+			entries, _ := os.ReadDir(filepath.Dir(e.cacheDir("csi-warm", uid)))
+			var names []string
+			for _, x := range entries {
+				if strings.Contains(x.Name(), "set-aside") {
+					names = append(names, x.Name())
+				}
+			}
+			return names
+		}
+		if got := aside(); len(got) != 1 {
+			t.Errorf("copies set aside while the pod mounts one: %v, want 1", got)
+		}
+		if err := warm.unmount(served); err != nil {
+			t.Fatal(err)
+		}
+		e.eventually(30*time.Second, "the copy set aside removed once unmounted", func() (bool, string) {
+			got := aside()
+			return len(got) == 0, fmt.Sprint(got)
+		})
+	})
+
 	t.Run("a pod of another namespace is refused, with an event", func(t *testing.T) {
 		p := csiPod("team-b", "intruder", "csi-warm", dep)
 		if err := e.c.Create(ctx, p); err != nil {
@@ -231,14 +285,29 @@ func TestCSINodePluginEndToEnd(t *testing.T) {
 		})
 		e.waitEvent("team-a", "cold-0", "CacheMounted")
 
-		// The pods go (the kubelet unmounts first): the node was a target only for them.
-		for _, p := range pods {
+		// The pods go: the node was a target only for them. cold-0's object goes while its
+		// volume is still mounted (what the agent's pod list says lags what the node has):
+		// the cache stays until the volume is unmounted.
+		for _, p := range pods[1:] {
 			if err := cold.unmount(p); err != nil {
 				t.Fatal(err)
 			}
+		}
+		for _, p := range pods {
 			if err := e.c.Delete(ctx, p); err != nil {
 				t.Fatal(err)
 			}
+		}
+		agentLog := e.agents["csi-cold"]
+		e.eventually(60*time.Second, "csi-cold keeping the cache its unlisted pod mounts", func() (bool, string) {
+			_, err := os.Stat(e.cacheDir("csi-cold", uid))
+			return strings.Contains(agentLog.LogTail(20000), "still mounted"), fmt.Sprintf("no such line in the agent's log; the cache's directory: %v", err)
+		})
+		if _, err := os.Stat(e.cacheDir("csi-cold", uid)); err != nil {
+			t.Errorf("the cache a mounted volume uses was removed: %v", err)
+		}
+		if err := cold.unmount(pods[0]); err != nil {
+			t.Fatal(err)
 		}
 		e.eventually(60*time.Second, "the cache gone from csi-cold", func() (bool, string) {
 			_, err := os.Stat(e.cacheDir("csi-cold", uid))
