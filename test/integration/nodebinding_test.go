@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -165,5 +167,41 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 	got := &prewarmv1alpha1.NodeCache{}
 	if err := c.Get(ctx, client.ObjectKey{Name: "binding-b"}, got); err != nil || len(got.Status.Caches) != 0 {
 		t.Errorf("binding-b's status = %+v (%v); want untouched", got.Status, err)
+	}
+
+	// Events: an agent records them only about pods, signed as its own pod (no posing as the
+	// kubelet or the controller, no notes on other objects).
+	n := 0
+	event := func(as client.Client, kind, controller, instance string) error {
+		n++
+		ev := &eventsv1.Event{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("agent-event-%d", n)},
+			EventTime:  metav1.NowMicro(), Action: "Mount", Reason: "CacheMounted", Type: corev1.EventTypeNormal, Note: "test",
+			ReportingController: controller, ReportingInstance: instance,
+			Regarding: corev1.ObjectReference{Kind: kind, APIVersion: "v1", Namespace: "default", Name: "some-pod"},
+		}
+		if kind == "Node" {
+			ev.Regarding.Namespace = ""
+		}
+		return as.Create(ctx, ev)
+	}
+	own := "prewarm-agent-" + pod.Name
+	if err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
+		err := event(onA, "Node", "prewarm-agent", own)
+		return apierrors.IsForbidden(err) || apierrors.IsInvalid(err), nil
+	}); err != nil {
+		t.Fatalf("the events policy never refused an agent's event about a Node: %v", err)
+	}
+	if err := event(onA, "Pod", "prewarm-agent", own); err != nil {
+		t.Errorf("the agent of binding-a could not record an event about a pod as itself: %v", err)
+	}
+	if err := event(onA, "Pod", "kubelet", "kubelet-binding-b"); err == nil || !strings.Contains(err.Error(), "must name it") {
+		t.Errorf("an agent recorded an event as the kubelet: %v; want it refused", err)
+	}
+	if err := event(onA, "Pod", "prewarm-agent", "prewarm-agent-prewarm-agent-binding-b"); err == nil {
+		t.Error("an agent recorded an event as another node's agent; want it refused")
+	}
+	if err := event(unbound, "Pod", "prewarm-agent", own); err == nil || !strings.Contains(err.Error(), "names none") {
+		t.Errorf("a token bound to no pod recorded an event: %v; want it refused", err)
 	}
 }
