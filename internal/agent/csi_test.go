@@ -197,7 +197,8 @@ func TestMountNeedsTheNamespacesOwnValidToken(t *testing.T) {
 		StatusInterval: 100 * time.Millisecond, RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
 	// The agent publishes its key; the controller's part (sealing the namespace's token to it)
-	// is played here.
+	// is played here. A new token is a new version of the Secret (the digest the agent keys its
+	// checks by is the Secret's version).
 	ask := func(token string) {
 		var sealed *prewarmv1alpha1.SealedCredentials
 		t.Helper()
@@ -211,7 +212,7 @@ func TestMountNeedsTheNamespacesOwnValidToken(t *testing.T) {
 			}
 			if token != "" {
 				var err error
-				if sealed, err = credentials.Seal(got.Status.CredentialsKey, "node-1", uid, credentials.Credentials{HFToken: token}, "v1", nil); err != nil {
+				if sealed, err = credentials.Seal(got.Status.CredentialsKey, "node-1", uid, credentials.Credentials{HFToken: token}, "secret-version-of-"+token, nil); err != nil {
 					return false, err
 				}
 			}
