@@ -122,6 +122,9 @@ const (
 	ManagedBy = "prewarm"
 	// ImageCacheLabel, on an image cache's DaemonSet and pods, is the InferenceImageCache's name.
 	ImageCacheLabel = "prewarm.io/image-cache"
+	// SourceNamespaceLabel, on a pull secret copied for an image cache, is the namespace it
+	// was copied from: the copy goes when no parent of that namespace uses the cache.
+	SourceNamespaceLabel = "prewarm.io/source-namespace"
 	// FieldManager is the controller's server-side apply field manager.
 	FieldManager = "prewarm-controller"
 )

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
 	"sync"
 	"time"
@@ -86,9 +87,22 @@ func PutSecret(ctx context.Context, c client.Client, want *corev1.Secret) error 
 		return nil
 	case err != nil:
 		return err
-	case have.Type == want.Type && equality.Semantic.DeepEqual(have.Data, want.Data):
+	case have.Type == want.Type && equality.Semantic.DeepEqual(have.Data, want.Data) && hasLabels(have, want.Labels):
 		return nil
 	}
 	have.Data = want.Data
+	if have.Labels == nil {
+		have.Labels = map[string]string{}
+	}
+	maps.Copy(have.Labels, want.Labels)
 	return c.Update(ctx, have)
+}
+
+func hasLabels(o client.Object, labels map[string]string) bool {
+	for k, v := range labels {
+		if o.GetLabels()[k] != v {
+			return false
+		}
+	}
+	return true
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"fmt"
 	"regexp"
 	"slices"
@@ -119,26 +120,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		"--config="+e.config(s3srv.Endpoint), "--agent-image=prewarm/agent:e2e")
 
 	// The inference pods' namespace pulls with a secret; the image cache must pull with it too.
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "regcred"}, Type: corev1.SecretTypeDockerConfigJson,
-		Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"registry.example":{"auth":"dTpw"}}}`)}}
-	if err := c.Create(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	e.eventually(30*time.Second, "default service account", func() (bool, string) {
-		sa := &corev1.ServiceAccount{}
-		if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "default"}, sa); err != nil {
-			if apierrors.IsNotFound(err) { // no service account controller here: make it
-				sa = &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "default"}}
-				err = c.Create(ctx, sa)
-			}
-			if err != nil {
-				return false, err.Error()
-			}
-		}
-		sa.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "regcred"}}
-		err := c.Update(ctx, sa)
-		return err == nil, fmt.Sprint(err)
-	})
+	pullWith(t, e, "default", "regcred")
 
 	applySeed(t, c)
 	var seedCache string
@@ -203,7 +185,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		}
 		copied := &corev1.Secret{}
 		if err := c.Get(ctx, types.NamespacedName{Namespace: opNS, Name: spec.ImagePullSecrets[0].Name}, copied); err != nil ||
-			string(copied.Data[corev1.DockerConfigJsonKey]) != string(secret.Data[corev1.DockerConfigJsonKey]) {
+			string(copied.Data[corev1.DockerConfigJsonKey]) != dockerConfig("default") {
 			t.Errorf("copied pull secret: %v", err)
 		}
 
@@ -264,22 +246,39 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		}
 	})
 
-	second := testutil.MakeInferenceEndpointConfig("default", "second").Location(prefix).Obj()
+	// second is another tenant's, pulling with its own secret.
+	second := testutil.MakeInferenceEndpointConfig("team-x", "second").Location(prefix).Obj()
 	second.Spec.ModelCacheConfig.WeightsCache.Enabled = false
 	third := testutil.MakeInferenceEndpointConfig("default", "third").Location(prefix).Obj()
 	third.Spec.ModelCacheConfig.WeightsCache.Enabled = false
 	var newCache string
 	t.Run("parents share one cache; it lives as long as one of them uses it", func(t *testing.T) {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-x"}}); err != nil {
+			t.Fatal(err)
+		}
+		pullWith(t, e, "team-x", "regcred-x")
 		if err := c.Create(ctx, second); err != nil {
 			t.Fatal(err)
 		}
-		e.eventually(30*time.Second, "two references", func() (bool, string) {
+		e.eventually(30*time.Second, "two references, and both tenants' pull secrets", func() (bool, string) {
 			ic, err := e.imageCache(seedCache)
 			if err != nil {
 				return false, err.Error()
 			}
-			return len(ic.Spec.ParentReferences) == 2 && len(e.imageCaches()) == 1, fmt.Sprintf("%+v", ic.Spec.ParentReferences)
+			return len(ic.Spec.ParentReferences) == 2 && len(e.imageCaches()) == 1 && len(ic.Spec.ImagePullSecrets) == 2,
+				fmt.Sprintf("%+v %+v", ic.Spec.ParentReferences, ic.Spec.ImagePullSecrets)
 		})
+		copies := func() []string {
+			list := &corev1.SecretList{}
+			if err := c.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{"prewarm.io/image-cache": seedCache}); err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, s := range list.Items {
+				names = append(names, s.Labels["prewarm.io/source-namespace"]+"/"+s.Name)
+			}
+			return names
+		}
 		seed := &inferencev1.InferenceEndpointConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "example-model"}}
 		if err := c.Delete(ctx, seed); err != nil {
 			t.Fatal(err)
@@ -292,9 +291,18 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		if refs := ic.Spec.ParentReferences; len(refs) != 1 || refs[0].Name != "second" {
 			t.Errorf("references %+v, want only second", refs)
 		}
-		if got := e.podNodes(seedCache); len(got) != 3 {
-			t.Errorf("pods on %v, want still three", got)
+		// The departed tenant's registry credentials go with it; team-x's stay.
+		if got := copies(); len(got) != 1 || !strings.HasPrefix(got[0], "team-x/") {
+			t.Errorf("pull secret copies %v once default's parent left, want only team-x's", got)
 		}
+		if ps := ic.Spec.ImagePullSecrets; len(ps) != 1 || !strings.Contains(ps[0].Name, "team-x") {
+			t.Errorf("the image cache pulls with %+v, want only team-x's copy", ps)
+		}
+		// The DaemonSet rolls to the new pull secrets (a node at a time): still a pod on each.
+		e.eventually(60*time.Second, "image cache pods on the three nodes", func() (bool, string) {
+			got := e.podNodes(seedCache)
+			return len(got) == 3, fmt.Sprint(got)
+		})
 
 		// A third parent shares it, then moves to another image: a new cache for that image.
 		if err := c.Create(ctx, third); err != nil {
@@ -373,4 +381,35 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		e.waitGone("the third parent", third)
 	})
 	e.check()
+}
+
+// dockerConfig is the registry credential namespace ns pulls with.
+func dockerConfig(ns string) string {
+	return `{"auths":{"registry.example":{"auth":"` + base64.StdEncoding.EncodeToString([]byte(ns+":p")) + `"}}}`
+}
+
+// pullWith makes namespace ns's pods pull with a secret of that name (its default service
+// account's imagePullSecrets), as a tenant sets it up.
+func pullWith(t *testing.T, e *weightsEnv, ns, name string) {
+	t.Helper()
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeDockerConfigJson,
+		Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(dockerConfig(ns))}}
+	if err := e.c.Create(e.ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually(30*time.Second, ns+" service account", func() (bool, string) {
+		sa := &corev1.ServiceAccount{}
+		if err := e.c.Get(e.ctx, types.NamespacedName{Namespace: ns, Name: "default"}, sa); err != nil {
+			if apierrors.IsNotFound(err) { // no service account controller here: make it
+				sa = &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "default"}}
+				err = e.c.Create(e.ctx, sa)
+			}
+			if err != nil {
+				return false, err.Error()
+			}
+		}
+		sa.ImagePullSecrets = []corev1.LocalObjectReference{{Name: name}}
+		err := e.c.Update(e.ctx, sa)
+		return err == nil, fmt.Sprint(err)
+	})
 }

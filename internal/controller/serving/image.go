@@ -149,10 +149,44 @@ func (r *Reconciler) releaseImageCaches(ctx context.Context, uid, keep string) e
 			continue
 		}
 		c.Spec.ParentReferences = refs
+		if err := r.dropPullSecretCopies(ctx, c); err != nil {
+			return err
+		}
 		if err := r.Client.Update(ctx, c); client.IgnoreNotFound(err) != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// dropPullSecretCopies deletes the pull secrets copied for c from namespaces none of its parents
+// is in any more (a tenant's registry credentials do not outlive its use of a shared cache), and
+// takes from c's spec the names of copies that are gone. Copies made before copies were labelled
+// with their namespace are kept until the cache goes (they are owned by it).
+func (r *Reconciler) dropPullSecretCopies(ctx context.Context, c *inferencev1.InferenceImageCache) error {
+	if r.APIReader == nil {
+		return nil
+	}
+	copies := &corev1.SecretList{}
+	if err := r.APIReader.List(ctx, copies, client.InNamespace(c.Namespace), client.MatchingLabels{controller.ImageCacheLabel: c.Name}); err != nil {
+		return err
+	}
+	used := map[string]bool{}
+	for _, p := range c.Spec.ParentReferences {
+		used[p.Namespace] = true
+	}
+	kept := map[string]bool{}
+	for i := range copies.Items {
+		s := &copies.Items[i]
+		if ns, ok := s.Labels[controller.SourceNamespaceLabel]; ok && !used[ns] {
+			if err := r.Client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("deleting pull secret %s copied from namespace %s: %w", s.Name, ns, err)
+			}
+			continue
+		}
+		kept[s.Name] = true
+	}
+	c.Spec.ImagePullSecrets = slices.DeleteFunc(c.Spec.ImagePullSecrets, func(s corev1.LocalObjectReference) bool { return !kept[s.Name] })
 	return nil
 }
 
@@ -192,7 +226,8 @@ func (r *Reconciler) copyPullSecrets(ctx context.Context, m *model, c *inference
 		name := truncate(fmt.Sprintf("%s-%s-%s", c.Name, m.owner.GetNamespace(), ref.Name), 253)
 		dst := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: name,
-				Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy, controller.ImageCacheLabel: c.Name}},
+				Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy, controller.ImageCacheLabel: c.Name,
+					controller.SourceNamespaceLabel: m.owner.GetNamespace()}},
 			Type: src.Type, Data: src.Data,
 		}
 		if err := controllerutil.SetOwnerReference(c, dst, r.Client.Scheme()); err != nil {
