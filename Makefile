@@ -59,9 +59,32 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint.
 testbin: ## Build the test binaries (kube-apiserver, etcd, kwok, versitygw, ...) if missing.
 	bash hack/testbin.sh >/dev/null
 
+# The test suites: the end-to-end tests (kwok nodes, agents as processes, S3 on loopback), the
+# real-node tests (real kubelets and containers), and every other package (unit tests, and
+# tests against a real kube-apiserver and etcd).
+E2E_PKGS := ./test/e2e
+REALNODE_PKGS := ./test/realnode
+INTEGRATION_PKGS = $(shell go list ./... | grep -v -e '/test/e2e$$' -e '/test/realnode$$')
+
+.PHONY: test-unit
+test-unit: ## Unit tests only (go test -short): no test binaries needed, about a minute.
+	go test -short -count=1 ./...
+
+.PHONY: test-integration
+test-integration: testbin ## Every package but the end-to-end and real-node suites: unit tests and tests against a real kube-apiserver, etcd and S3.
+	go test $(GO_TEST_FLAGS) $(INTEGRATION_PKGS)
+
+.PHONY: test-e2e
+test-e2e: testbin ## The end-to-end suite: kwok nodes, the controller and agents as processes, S3 on loopback.
+	go test $(GO_TEST_FLAGS) $(E2E_PKGS)
+
+.PHONY: test-realnode
+test-realnode: testbin ## The real-node suite: real kubelets, containerd and the chart (root on Debian; skips elsewhere, saying why).
+	go test $(GO_TEST_FLAGS) $(REALNODE_PKGS)
+
 .PHONY: test
-test: verify lint testbin ## Check generated files and formatting, lint, then run every test: unit, integration (real kube-apiserver), e2e and architecture; then the engine's on tmpfs and ramfs.
-	go test $(GO_TEST_FLAGS) ./...
+test: verify lint testbin ## Check generated files and formatting, lint, then every suite (test-integration, test-e2e and test-realnode, run as one go test so they share the cores); then the engine's tests on tmpfs and ramfs.
+	go test $(GO_TEST_FLAGS) $(INTEGRATION_PKGS) $(E2E_PKGS) $(REALNODE_PKGS)
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh
 
 ##@ Release

@@ -21,6 +21,7 @@ func TestClusterRunsWorkloadsOnKwokNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a whole control plane")
 	}
+	NeedsTestBin(t)
 	c, err := StartCluster()
 	if err != nil {
 		t.Fatal(err)

@@ -221,6 +221,9 @@ func TableHeaders(tab *metav1.Table) []string {
 // RunWithAPIServer runs a package's tests (from its TestMain) against one API server, started
 // first and stored in *server, and stopped after them; it returns the exit code.
 func RunWithAPIServer(m *testing.M, server **APIServer) int {
+	if SkipPackageIfShort() {
+		return 0
+	}
 	s, err := StartAPIServer()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

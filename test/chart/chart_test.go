@@ -40,6 +40,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if testutil.SkipPackageIfShort() {
+		return
+	}
 	var err error
 	if root, err = testutil.ModuleRoot(); err == nil {
 		helm, err = helmBinary()

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
@@ -37,6 +38,9 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	if testutil.SkipPackageIfShort() {
+		return 0
+	}
 	tmp, err := os.MkdirTemp("", "prewarm-e2e-")
 	if err != nil {
 		panic(err)

@@ -135,7 +135,12 @@ func TestSeedOnRealNodes(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) { os.Exit(realnode.Main(m.Run)) }
+func TestMain(m *testing.M) {
+	if testutil.SkipPackageIfShort() {
+		return
+	}
+	os.Exit(realnode.Main(m.Run))
+}
 
 const (
 	opNS        = realseed.OpNS

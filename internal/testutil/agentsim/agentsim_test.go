@@ -38,6 +38,7 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	testutil.NeedsTestBin(t)
 	api, err := testutil.StartAPIServer()
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
@@ -49,6 +50,7 @@ func TestParseIsLiteral(t *testing.T) {
 // an address parsed as a URL would list models/a instead.
 func TestOpenS3PrefixIsBytes(t *testing.T) {
 	dir := t.TempDir()
+	testutil.NeedsTestBin(t)
 	srv, err := s3fixture.Start(filepath.Join(dir, "s3"))
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
@@ -39,6 +40,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if testutil.SkipPackageIfShort() {
+		return
+	}
 	dir, err := os.MkdirTemp("", "s3-test-")
 	if err != nil {
 		panic(err)
