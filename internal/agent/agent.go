@@ -230,10 +230,13 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 }
 
 // removeLocked removes cache uid's directories under every root, after its job (if any) stops.
+// The removal runs for the agent's lifetime (a.life), not ctx's, which may be a reconcile's:
+// ctx gives only its logger.
 func (a *Agent) removeLocked(ctx context.Context, uid string, j *job) {
 	if a.removing[uid] {
 		return
 	}
+	ctx = ctrl.LoggerInto(a.life, ctrl.LoggerFrom(ctx))
 	a.removing[uid] = true
 	a.withdraw(uid)
 	ns := "" // unknown (a cache left from before the agent started): any pod naming it counts

@@ -140,5 +140,5 @@ func (m *model) portName() string {
 
 func (m *model) uid() string { return string(m.owner.GetUID()) }
 
-// sortedJoin joins names for a message.
-func sortedJoin(names []string) string { return strings.Join(names, ", ") }
+// joinNames joins names for a message, in their order.
+func joinNames(names []string) string { return strings.Join(names, ", ") }

@@ -52,7 +52,7 @@ func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.P
 		return ctrl.Result{}, p
 	}
 	if len(m.unsupported) > 0 {
-		msg := "accepted and validated as HyperPod defines them, without effect here: " + sortedJoin(m.unsupported)
+		msg := "accepted and validated as HyperPod defines them, without effect here: " + joinNames(m.unsupported)
 		if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionUnsupported); prev == nil || prev.Message != msg {
 			transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeWarning, controller.EventUnsupportedFields, "Validate", msg)
 		}
