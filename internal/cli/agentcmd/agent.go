@@ -185,7 +185,7 @@ each value is taken byte for byte) into --dest, so a pod on a cold node still st
 			o.Sources.Connections = eng.Connections()
 			switch o.Source.Kind {
 			case sources.S3:
-				o.Sources.PathStyle = o.Sources.PathStyle || o.Sources.Endpoint != ""
+				o.Sources.PathStyle = o.Sources.PathStyle || sources.DefaultPathStyle(o.Sources.Endpoint)
 			case sources.HuggingFace:
 				o.Sources.Endpoint = hfEndpoint
 				o.Sources.Token = os.Getenv("HF_TOKEN") // from the parent's tokenSecretRef, set by the pod template

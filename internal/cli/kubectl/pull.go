@@ -50,7 +50,7 @@ a pull of what DEST already holds returns at once.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return o.run(cmd, args[0], args[1]) },
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.endpoint, "endpoint", "", "S3 endpoint (an S3-compatible store) or Hugging Face endpoint (a mirror)")
+	f.StringVar(&o.endpoint, "endpoint", "", "S3 endpoint (an S3-compatible store) or Hugging Face endpoint (a mirror; default $HF_ENDPOINT, else the Hub)")
 	f.StringVar(&o.region, "region", "", "S3 region (default: from the AWS environment)")
 	f.BoolVar(&o.pathStyle, "path-style", false, "address S3 buckets in the path (default when --endpoint is set)")
 	f.IntVar(&o.concurrency, "concurrency", engine.DefaultConcurrency, "ranged reads in flight at once")
@@ -85,18 +85,25 @@ func (o *pullOptions) run(cmd *cobra.Command, src, dest string) error {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	pathStyle := o.pathStyle || (o.endpoint != "" && !cmd.Flags().Changed("path-style"))
+	pathStyle := sources.DefaultPathStyle(o.endpoint)
+	if cmd.Flags().Changed("path-style") {
+		pathStyle = o.pathStyle
+	}
 	ctx := cmd.Context()
 	spec, err := sources.Parse(src)
 	if err != nil {
 		return err
+	}
+	endpoint := o.endpoint
+	if endpoint == "" && spec.Kind == sources.HuggingFace {
+		endpoint = os.Getenv("HF_ENDPOINT") // as the Hub's own tools read it
 	}
 	spec.Region = o.region
 	if o.revision != "" {
 		spec.Revision = o.revision
 	}
 	s, err := sources.Open(ctx, spec, sources.Options{
-		Endpoint: o.endpoint, PathStyle: pathStyle, Token: token, Connections: o.concurrency,
+		Endpoint: endpoint, PathStyle: pathStyle, Token: token, Connections: o.concurrency,
 	})
 	if err != nil {
 		return err

@@ -97,11 +97,17 @@ func Parse(uri string) (Spec, error) {
 	return s, nil
 }
 
+// DefaultPathStyle is how S3 at endpoint is addressed unless asked otherwise: in the path
+// whenever an endpoint is set (S3-compatible stores want it), by virtual-hosted names at AWS's
+// own (no endpoint).
+func DefaultPathStyle(endpoint string) bool { return endpoint != "" }
+
 // Options apply to the sources that use them.
 type Options struct {
 	// Endpoint overrides the S3 endpoint or the Hugging Face Hub endpoint.
 	Endpoint string
-	// PathStyle addresses S3 buckets in the path (most S3-compatible stores want it).
+	// PathStyle addresses S3 buckets in the path (most S3-compatible stores want it; see
+	// DefaultPathStyle).
 	PathStyle bool
 	// Token is the Hugging Face token.
 	Token string

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"regexp"
 	"strings"
 
@@ -26,7 +25,8 @@ type Options struct {
 	// Revision is a branch, tag or commit; default "main". A branch or tag is resolved once,
 	// in List, to a commit, and every read uses that commit.
 	Revision string
-	// Endpoint is the Hub or a mirror; default $HF_ENDPOINT, else https://huggingface.co.
+	// Endpoint is the Hub or a mirror; default https://huggingface.co. (The environment is the
+	// caller's to read: kubectl-prewarm pull takes $HF_ENDPOINT, the agents the configuration.)
 	Endpoint string
 	// Token is sent as a bearer token, for gated and private repositories. It never appears in
 	// errors or String.
@@ -53,9 +53,6 @@ func New(opts Options) (*Source, error) {
 	}
 	if opts.Revision == "" {
 		opts.Revision = "main"
-	}
-	if opts.Endpoint == "" {
-		opts.Endpoint = os.Getenv("HF_ENDPOINT")
 	}
 	if opts.Endpoint == "" {
 		opts.Endpoint = DefaultEndpoint
