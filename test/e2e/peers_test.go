@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -71,17 +72,23 @@ func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 	if got := m.Status.OriginBytes + m.Status.PeerBytes; got < int64(len(nodes))*total {
 		t.Errorf("origin + peer bytes %d, want at least %d (each node holds the model)", got, int64(len(nodes))*total)
 	}
-	for _, n := range nodes {
-		nc := &prewarmv1alpha1.NodeCache{}
-		if err := e.c.Get(ctx, types.NamespacedName{Name: n}, nc); err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range nc.Spec.Caches {
-			if r.UID == uid && len(r.Peers) != len(nodes)-1 {
-				t.Errorf("%s is asked to share with %v, want the 3 others", n, r.Peers)
+	// Every node ends up sharing with the three others. Not at once on a busy machine: a node
+	// whose peer address the controller could not yet bear out (its informer behind the
+	// harness's address patch) is looked at again every few seconds.
+	e.eventually(30*time.Second, "every node asked to share with the 3 others", func() (bool, string) {
+		for _, n := range nodes {
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := e.c.Get(ctx, types.NamespacedName{Name: n}, nc); err != nil {
+				return false, err.Error()
+			}
+			for _, r := range nc.Spec.Caches {
+				if r.UID == uid && len(r.Peers) != len(nodes)-1 {
+					return false, fmt.Sprintf("%s is asked to share with %v", n, r.Peers)
+				}
 			}
 		}
-	}
+		return true, ""
+	})
 	e.eventually(30*time.Second, "the origin bytes metric", func() (bool, string) {
 		body, err := httpGet("http://" + metricsAddr + "/metrics")
 		if err != nil {
