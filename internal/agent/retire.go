@@ -26,19 +26,16 @@ const setAsidePrefix = ".model.prewarm-set-aside-"
 
 // setAside moves model out of the way if a pod's volume mounts it, and reports whether it did.
 func (a *Agent) setAside(model string) (bool, error) {
-	mounted, err := a.mountedDirs(model)
-	if err != nil || len(mounted) == 0 {
-		return false, err
-	}
 	var st unix.Stat_t
 	if err := unix.Stat(model, &st); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return false, nil
+			return false, nil // nothing there: the mount table is not read
 		}
 		return false, err
 	}
-	if !mounted[st.Ino] {
-		return false, nil
+	mounted, err := a.mountedDirs(model)
+	if err != nil || !mounted[st.Ino] {
+		return false, err
 	}
 	aside := filepath.Join(filepath.Dir(model), setAsidePrefix+strconv.FormatInt(a.opts.Now().UnixNano(), 10))
 	return true, os.Rename(model, aside)
@@ -47,16 +44,9 @@ func (a *Agent) setAside(model string) (bool, error) {
 // sweepSetAside removes the copies set aside in model's cache directory that no volume mounts
 // any more.
 func (a *Agent) sweepSetAside(model string) error {
-	dir := filepath.Dir(model)
-	entries, err := os.ReadDir(dir)
+	aside, err := setAsideCopies(model)
 	if err != nil {
 		return err
-	}
-	var aside []string
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), setAsidePrefix) {
-			aside = append(aside, filepath.Join(dir, e.Name()))
-		}
 	}
 	if len(aside) == 0 {
 		return nil
@@ -127,14 +117,8 @@ func (a *Agent) cacheMounted(uid string) (bool, error) {
 			}
 			continue
 		}
-		dirs := []string{model}
-		entries, _ := os.ReadDir(filepath.Dir(model))
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), setAsidePrefix) {
-				dirs = append(dirs, filepath.Join(filepath.Dir(model), e.Name()))
-			}
-		}
-		for _, d := range dirs {
+		aside, _ := setAsideCopies(model)
+		for _, d := range append(aside, model) {
 			var st unix.Stat_t
 			if unix.Lstat(d, &st) == nil && mounted[st.Ino] {
 				return true, nil
@@ -142,4 +126,20 @@ func (a *Agent) cacheMounted(uid string) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// setAsideCopies lists the copies set aside beside model.
+func setAsideCopies(model string) ([]string, error) {
+	dir := filepath.Dir(model)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var aside []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), setAsidePrefix) {
+			aside = append(aside, filepath.Join(dir, e.Name()))
+		}
+	}
+	return aside, nil
 }
