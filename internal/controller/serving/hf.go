@@ -5,10 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/pkg/engine/source"
@@ -17,7 +13,7 @@ import (
 // problem is a reason and message that stop a parent from being cached or deployed.
 type problem struct{ reason, message string }
 
-// Error lets a step return a problem: reconcileModel reports it on the parent.
+// Error lets a phase return a problem: the phases' runner reports it on the parent.
 func (p *problem) Error() string { return p.reason + ": " + p.message }
 
 // resolveHF checks a Hugging Face source before anything is cached or deployed: the token
@@ -70,13 +66,4 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 	}
 	hfm.CommitSHA = commit
 	return nil
-}
-
-// fail records a problem that stops the parent, with a Warning event when it is news.
-func (r *Reconciler) fail(ctx context.Context, m *model, st *inferencev1.ParentStatus, p *problem) {
-	if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
-		transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
-	}
-	st.State = inferencev1.DeploymentFailed
-	setCondition(st, m.owner.GetGeneration(), inferencev1.ConditionReady, metav1.ConditionFalse, p.reason, p.message)
 }

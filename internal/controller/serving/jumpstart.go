@@ -75,43 +75,17 @@ func jumpStartParentsOf(_ context.Context, o client.Object) []reconcile.Request 
 // Reconcile resolves one JumpStartModel through the catalog and brings its caches, Deployment,
 // Service and status to what it asks.
 func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	res, err := r.reconcile(ctx, req)
-	r.Metrics.ReconcileError("jumpstart", err)
-	return res, err
-}
-
-func (r *JumpStartReconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	j := &inferencev1.JumpStartModel{}
-	if err := r.Client.Get(ctx, req.NamespacedName, j); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !j.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, j)
-	}
-	st := j.Status.DeepCopy()
-	st.ObservedGeneration = j.Generation
-	ctx, pending := withTransitions(ctx)
-	res, err := r.reconcileJumpStart(ctx, j, st)
-	werr := r.writeJumpStartStatus(ctx, j, st)
-	if werr == nil {
-		pending.flush() // the transitions they tell of are now recorded
-	} else if err == nil {
-		err = werr
-	}
-	return res, err
-}
-
-func (r *JumpStartReconciler) reconcileJumpStart(ctx context.Context, j *inferencev1.JumpStartModel, st *inferencev1.ParentStatus) (ctrl.Result, error) {
-	stub := &model{owner: j, kind: "JumpStartModel"}
-	entry, p, err := r.lookup(ctx, j)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if p != nil {
-		r.fail(ctx, stub, st, p)
-		return ctrl.Result{}, nil // a catalog or spec change brings us back
-	}
-	return r.reconcileModel(ctx, fromJumpStart(j, entry), st)
+	return reconcileParent(ctx, r.Reconciler, req, parentKind[*inferencev1.JumpStartModel]{
+		name: "jumpstart", kind: "JumpStartModel",
+		status: func(j *inferencev1.JumpStartModel) *inferencev1.ParentStatus { return &j.Status },
+		model: func(ctx context.Context, j *inferencev1.JumpStartModel) (*model, *problem, error) {
+			entry, p, err := r.lookup(ctx, j)
+			if err != nil || p != nil {
+				return nil, p, err
+			}
+			return fromJumpStart(j, entry), nil, nil
+		},
+	})
 }
 
 // lookup finds the JumpStartModel's catalog entry; a problem says why it cannot be used.
@@ -212,8 +186,4 @@ func withPartition(res corev1.ResourceRequirements, profile string) corev1.Resou
 		res.Requests[mig] = resource.MustParse("1")
 	}
 	return res
-}
-
-func (r *JumpStartReconciler) writeJumpStartStatus(ctx context.Context, j *inferencev1.JumpStartModel, st *inferencev1.ParentStatus) error {
-	return controller.WriteStatus(ctx, r.Client, j, &j.Status, *st)
 }

@@ -23,165 +23,138 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 )
 
-// reconcileModel does the work shared by every parent kind, writing what it finds into st. A
-// problem that only a change of the spec or of the cluster can fix is reported on the parent
-// (condition and event) rather than retried in a loop.
-func (r *Reconciler) reconcileModel(ctx context.Context, m *model, st *inferencev1.ParentStatus) (ctrl.Result, error) {
-	// The pods tolerate what the parent says, and what the operator configuration adds (its
-	// own tolerations; those an extended-resource admission gives GPU pods): the caches are
-	// for the nodes those pods may run on.
-	m.placement.Tolerations = r.Config.Rules().Tolerations(m.placement.Tolerations, append(slices.Clone(m.kubernetes.InitContainers), workerContainer(m))...)
-	res, err := r.applyModel(ctx, m, st)
-	var p *problem
-	if errors.As(err, &p) {
-		r.fail(ctx, m, st, p)
-		// What blocks may be another object (a Deployment of the same name): look again later.
-		return ctrl.Result{RequeueAfter: time.Minute}, nil
+// phases are the steps of a parent's reconcile, in order: what the API server would refuse,
+// the image cache, what the parent owns, the Hugging Face pin, the weights cache and its gate,
+// the pod template, the Deployment and Service, the old caches, the rollout's status. Each
+// writes what it finds into the state's status.
+func (r *Reconciler) phases() []phase {
+	return []phase{
+		{"validate", r.validatePhase, time.Minute},
+		{"image", r.imagePhase, time.Minute},
+		{"read", r.readPhase, time.Minute},
+		{"pin", r.pinPhase, 30 * time.Second},
+		{"weights", r.weightsPhase, time.Minute},
+		{"template", r.templatePhase, time.Minute},
+		{"deployment", r.deploymentPhase, time.Minute},
+		{"service", r.servicePhase, time.Minute},
+		{"cleanup", r.cleanupPhase, time.Minute},
+		{"rollout", r.rolloutPhase, time.Minute},
 	}
-	return res, err
 }
 
-// applyModel runs the phases in order: what the API server would refuse, the image cache, the
-// Hugging Face pin, the weights cache and its gate, the Deployment and Service, the old caches,
-// the rollout's status. Each writes what it finds into st.
-func (r *Reconciler) applyModel(ctx context.Context, m *model, st *inferencev1.ParentStatus) (ctrl.Result, error) {
-	gen := m.owner.GetGeneration()
-	st.Replicas = 0
-	st.Selector = labels.SelectorFromSet(selector(m)).String()
+// validatePhase refuses what the API server would refuse of the derived objects, and says which
+// fields have no effect here. The pods tolerate what the parent says and what the operator
+// configuration adds (its own tolerations; those an extended-resource admission gives GPU
+// pods): the caches are for the nodes those pods may run on.
+func (r *Reconciler) validatePhase(_ context.Context, s *state) error {
+	m := s.m
+	m.placement.Tolerations = r.Config.Rules().Tolerations(m.placement.Tolerations, append(slices.Clone(m.kubernetes.InitContainers), workerContainer(m))...)
+	s.status.Replicas = 0
+	s.status.Selector = labels.SelectorFromSet(selector(m)).String()
 	if p := r.checkDerived(m); p != nil {
-		return ctrl.Result{}, p
+		return p
 	}
-	if len(m.unsupported) > 0 {
-		msg := "accepted and validated as HyperPod defines them, without effect here: " + joinNames(m.unsupported)
-		if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionUnsupported); prev == nil || prev.Message != msg {
-			transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeWarning, controller.EventUnsupportedFields, "Validate", msg)
-		}
-		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect, msg)
-	} else {
-		setCondition(st, gen, inferencev1.ConditionUnsupported, metav1.ConditionFalse, inferencev1.ReasonFieldsWithoutEffect, "every field set has its effect")
+	if len(m.unsupported) == 0 {
+		s.condition(inferencev1.ConditionUnsupported, metav1.ConditionFalse, inferencev1.ReasonFieldsWithoutEffect, "every field set has its effect")
+		return nil
 	}
-	imageCache, err := r.imagePhase(ctx, m, st)
-	if err != nil {
-		return ctrl.Result{}, err
+	msg := "accepted and validated as HyperPod defines them, without effect here: " + joinNames(m.unsupported)
+	if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionUnsupported); prev == nil || prev.Message != msg {
+		s.tell(corev1.EventTypeWarning, controller.EventUnsupportedFields, "Validate", msg)
 	}
-
-	dep := &appsv1.Deployment{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.owner.GetNamespace(), Name: m.owner.GetName()}, dep); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, err
-		}
-		dep = nil
-	}
-	owned, err := r.ownedCaches(ctx, m)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	if p := r.resolveHF(ctx, m, owned); p != nil {
-		r.fail(ctx, m, st, p)
-		return ctrl.Result{RequeueAfter: 30 * time.Second}, nil
-	}
-
-	use, result, hold, err := r.weightsPhase(ctx, m, st, dep, owned)
-	if err != nil {
-		return result, err
-	}
-	if hold {
-		st.State = inferencev1.DeploymentPending
-		st.DeploymentStatus = nil
-		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache,
-			"the Deployment is created once the weights cache settles")
-		return result, nil
-	}
-
-	if m.restricted, err = r.restrictedNamespace(ctx, m.owner.GetNamespace()); err != nil {
-		return result, err
-	}
-	tmpl, err := r.podTemplate(m, use, imageCache)
-	if err != nil {
-		return result, &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
-	}
-	if dep, err = r.deploymentPhase(ctx, m, st, dep, tmpl, use); err != nil {
-		return result, err
-	}
-	if err := r.ensureService(ctx, m); err != nil {
-		return result, err
-	}
-	if err := r.removeOldCaches(ctx, m, dep, owned, use); err != nil {
-		return result, err
-	}
-	deadline, err := r.rolloutStatus(ctx, m, st, dep, &tmpl)
-	if deadline > 0 && (result.RequeueAfter == 0 || deadline < result.RequeueAfter) {
-		result.RequeueAfter = deadline
-	}
-	return result, err
+	s.condition(inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect, msg)
+	return nil
 }
 
 // imagePhase keeps the shared image cache of the parent's image and placement, and lets go of
 // others. It never holds the Deployment back.
-func (r *Reconciler) imagePhase(ctx context.Context, m *model, st *inferencev1.ParentStatus) (*inferencev1.InferenceImageCache, error) {
-	gen := m.owner.GetGeneration()
-	var imageCache *inferencev1.InferenceImageCache
+func (r *Reconciler) imagePhase(ctx context.Context, s *state) error {
+	m := s.m
 	keep := ""
 	if m.imageCache {
 		if err := controller.AddFinalizer(ctx, r.Client, m.owner, inferencev1.ParentFinalizer); err != nil {
-			return nil, err
+			return err
 		}
 		ic, err := r.ensureImageCache(ctx, m)
 		var p *problem
 		switch {
 		case errors.As(err, &p):
 			// Not this parent's image cache: the parent does without one, and says why.
-			st.ImageCacheStatus = nil
-			setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, p.reason, p.message)
+			s.status.ImageCacheStatus = nil
+			s.condition(inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, p.reason, p.message)
 		case err != nil:
-			return nil, err
+			return err
 		default:
-			imageCache, keep = ic, ic.Name
-			st.ImageCacheStatus = imageRollup(ic)
+			s.image, keep = ic, ic.Name
+			s.status.ImageCacheStatus = imageRollup(ic)
 			if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
-				setCondition(st, gen, inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
+				s.condition(inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
 			} else {
-				setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonPulling, "the image cache has not reported yet")
+				s.condition(inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonPulling, "the image cache has not reported yet")
 			}
 		}
 	} else {
-		st.ImageCacheStatus = nil
-		setCondition(st, gen, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled,
+		s.status.ImageCacheStatus = nil
+		s.condition(inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled,
 			"modelCacheConfig.imageCache is not enabled; nodes pull the image when a pod lands")
 	}
 	// References to other image caches (an old image, or imageCache just disabled) go.
-	return imageCache, r.releaseImageCaches(ctx, m.uid(), keep)
+	return r.releaseImageCaches(ctx, m.uid(), keep)
+}
+
+// readPhase reads the parent's Deployment, if there is one, and its weights caches.
+func (r *Reconciler) readPhase(ctx context.Context, s *state) error {
+	dep := &appsv1.Deployment{}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: s.m.owner.GetNamespace(), Name: s.m.owner.GetName()}, dep); {
+	case apierrors.IsNotFound(err):
+		s.dep = nil
+	case err != nil:
+		return err
+	default:
+		s.dep = dep
+	}
+	owned, err := r.ownedCaches(ctx, s.m)
+	s.owned = owned
+	return err
+}
+
+// pinPhase checks a Hugging Face source's token and pins its revision (resolveHF).
+func (r *Reconciler) pinPhase(ctx context.Context, s *state) error {
+	if p := r.resolveHF(ctx, s.m, s.owned); p != nil {
+		return p
+	}
+	return nil
 }
 
 // weightsPhase keeps the parent's weights cache and decides, through its gate, which cache the
-// pods read (use), and whether the Deployment waits (hold).
-func (r *Reconciler) weightsPhase(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, owned []inferencev1.ModelDataCacheConfig) (use *inferencev1.ModelDataCacheConfig, result ctrl.Result, hold bool, err error) {
-	gen := m.owner.GetGeneration()
+// pods read (s.use), and whether the Deployment waits (s.hold).
+func (r *Reconciler) weightsPhase(ctx context.Context, s *state) error {
+	m := s.m
 	if m.weights == nil {
-		st.WeightsCacheStatus = nil
+		s.status.WeightsCacheStatus = nil
 		why := "modelCacheConfig.weightsCache is not enabled; pods download the model"
 		if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume {
 			why = "the model is the parent's own volume (modelSourceType kubernetesVolume), mounted as it is: there is nothing to cache"
 		}
-		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, why)
-		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "no weights cache to wait for")
-		return nil, result, false, nil
+		s.condition(inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, why)
+		s.condition(inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled, "no weights cache to wait for")
+		return nil
 	}
 	if ok, why := r.Config.CacheRootAllowed(m.weights.HostPath); !ok {
-		st.WeightsCacheStatus = nil
-		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, why)
-		return nil, result, false, &problem{inferencev1.ReasonHostPathNotAllowed,
+		s.status.WeightsCacheStatus = nil
+		s.condition(inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, why)
+		return &problem{inferencev1.ReasonHostPathNotAllowed,
 			why + "; nothing is cached or deployed until modelCacheConfig.weightsCache.hostPath is an allowed root"}
 	}
-	cache, err := r.ensureCache(ctx, m, owned)
+	cache, err := r.ensureCache(ctx, m, s.owned)
 	if err != nil {
-		return nil, result, false, err
+		return err
 	}
-	if !slices.ContainsFunc(owned, func(c inferencev1.ModelDataCacheConfig) bool { return c.UID == cache.UID }) {
-		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventCacheCreated, "Create",
+	if !slices.ContainsFunc(s.owned, func(c inferencev1.ModelDataCacheConfig) bool { return c.UID == cache.UID }) {
+		s.record(controller.EventCacheCreated, "Create",
 			fmt.Sprintf("weights cache %s: %s under %s on every target node", cache.Name, sourceName(cache), cache.Spec.HostPath))
 	}
-	st.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
+	s.status.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
 		Name: cache.Name, State: cache.Status.State, TargetNodes: cache.Status.TargetNodes, ReadyNodes: cache.Status.ReadyNodes,
 	}
 	if ready := apimeta.FindStatusCondition(cache.Status.Conditions, inferencev1.ConditionReady); ready != nil {
@@ -189,57 +162,83 @@ func (r *Reconciler) weightsPhase(ctx context.Context, m *model, st *inferencev1
 		if cache.Status.State == inferencev1.CacheReady {
 			status = metav1.ConditionTrue
 		}
-		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, status, ready.Reason, ready.Message)
+		s.condition(inferencev1.ConditionWeightsCacheReady, status, ready.Reason, ready.Message)
 	} else {
-		setCondition(st, gen, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the cache has not reported yet")
+		s.condition(inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the cache has not reported yet")
 	}
+	r.gateCache(s, cache)
+	return nil
+}
 
+// gateCache decides, through cache's gate, which cache the pods read and whether the Deployment
+// waits for it.
+func (r *Reconciler) gateCache(s *state, cache *inferencev1.ModelDataCacheConfig) {
 	g := r.gate(cache)
-	active := activeCache(dep, owned)
+	active := activeCache(s.dep, s.owned)
 	switch {
 	case g.open:
-		if prev := apimeta.FindStatusCondition(st.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
-			transitionEvent(ctx, r.Recorder, m.owner, corev1.EventTypeNormal, g.reason, "Gate", g.message)
+		if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
+			s.tell(corev1.EventTypeNormal, g.reason, "Gate", g.message)
 		}
-		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
-		return cache, result, false, nil
+		s.condition(inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
+		s.use = cache
+		return
 	case active != nil:
 		// Keep serving from the old cache until the new one settles.
-		setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason,
+		s.condition(inferencev1.ConditionGated, metav1.ConditionTrue, g.reason,
 			fmt.Sprintf("the pods stay on cache %s until %s settles: %s", active.Name, cache.Name, g.message))
-		result.RequeueAfter = g.wait
-		return active, result, false, nil
+		s.requeue(g.wait)
+		s.use = active
+		return
 	}
 	// No Deployment yet: hold it back. A Deployment without a cache (weightsCache just
 	// enabled) keeps downloading in its pods until the cache settles.
-	setCondition(st, gen, inferencev1.ConditionGated, metav1.ConditionTrue, g.reason, g.message)
-	result.RequeueAfter = g.wait
-	return nil, result, dep == nil, nil
+	s.condition(inferencev1.ConditionGated, metav1.ConditionTrue, g.reason, g.message)
+	s.requeue(g.wait)
+	if s.dep == nil {
+		s.hold = true
+		s.status.State = inferencev1.DeploymentPending
+		s.status.DeploymentStatus = nil
+		s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache,
+			"the Deployment is created once the weights cache settles")
+	}
 }
 
-// deploymentPhase creates the Deployment with tmpl, or brings the parent's own Deployment to it;
-// it never touches one the parent does not own.
-func (r *Reconciler) deploymentPhase(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, tmpl corev1.PodTemplateSpec, use *inferencev1.ModelDataCacheConfig) (*appsv1.Deployment, error) {
-	log := ctrl.LoggerFrom(ctx)
-	want := r.deployment(m, tmpl)
+// templatePhase builds the pod template of the parent's Deployment.
+func (r *Reconciler) templatePhase(ctx context.Context, s *state) error {
+	var err error
+	if s.m.restricted, err = r.restrictedNamespace(ctx, s.m.owner.GetNamespace()); err != nil {
+		return err
+	}
+	if s.tmpl, err = r.podTemplate(s.m, s.use, s.image); err != nil {
+		return &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
+	}
+	return nil
+}
+
+// deploymentPhase creates the Deployment with the pod template, or brings the parent's own
+// Deployment to it; it never touches one the parent does not own.
+func (r *Reconciler) deploymentPhase(ctx context.Context, s *state) error {
+	m, dep, log := s.m, s.dep, ctrl.LoggerFrom(ctx)
+	want := r.deployment(m, s.tmpl)
 	switch {
 	case dep == nil:
 		if err := controllerutil.SetControllerReference(m.owner, want, r.Client.Scheme()); err != nil {
-			return nil, err
+			return err
 		}
 		want.Annotations[controller.RolloutStartedAnnotation] = r.Now().UTC().Format(time.RFC3339)
 		if err := r.Client.Create(ctx, want); err != nil {
-			return nil, refused("Deployment", want.Name, err)
+			return refused("Deployment", want.Name, err)
 		}
 		log.Info("created Deployment", "deployment", want.Name, "weightsCache", want.Spec.Template.Annotations[controller.WeightsCacheAnnotation])
-		if use != nil {
-			r.Metrics.GateOpened(r.Now().Sub(use.CreationTimestamp.Time).Seconds())
+		if s.use != nil {
+			r.Metrics.GateOpened(r.Now().Sub(s.use.CreationTimestamp.Time).Seconds())
 		}
-		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventDeploymentCreated, "Create",
-			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(st)))
-		return want, nil
+		s.record(controller.EventDeploymentCreated, "Create",
+			fmt.Sprintf("created Deployment %s (%s)", want.Name, gateNote(s.status)))
+		s.dep = want
 	case !metav1.IsControlledBy(dep, m.owner):
-		return nil, conflict("Deployment", dep, m)
+		return conflict("Deployment", dep, m)
 	case dep.Annotations[controller.TemplateHashAnnotation] != want.Annotations[controller.TemplateHashAnnotation] ||
 		ptr.Deref(dep.Spec.Replicas, 1) != m.replicas:
 		patch := client.MergeFrom(dep.DeepCopy())
@@ -254,29 +253,30 @@ func (r *Reconciler) deploymentPhase(ctx context.Context, m *model, st *inferenc
 		dep.Spec.Replicas = want.Spec.Replicas
 		dep.Spec.Template = want.Spec.Template
 		if err := r.Client.Patch(ctx, dep, patch); err != nil {
-			return nil, refused("Deployment", dep.Name, err)
+			return refused("Deployment", dep.Name, err)
 		}
-		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", tmpl.Annotations[controller.WeightsCacheAnnotation])
-		if after := tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
-			controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventRollStarted, "Update",
+		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", s.tmpl.Annotations[controller.WeightsCacheAnnotation])
+		if after := s.tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
+			s.record(controller.EventRollStarted, "Update",
 				fmt.Sprintf("Deployment %s rolls from weights cache %q to %q", dep.Name, before, after))
 		}
 	}
-	return dep, nil
+	return nil
 }
 
-// removeOldCaches deletes the parent's caches that no pod of the Deployment reads any more.
-func (r *Reconciler) removeOldCaches(ctx context.Context, m *model, dep *appsv1.Deployment, owned []inferencev1.ModelDataCacheConfig, use *inferencev1.ModelDataCacheConfig) error {
-	if !rolledOut(dep) {
+// cleanupPhase deletes the parent's caches that no pod of the Deployment reads any more.
+func (r *Reconciler) cleanupPhase(ctx context.Context, s *state) error {
+	if !rolledOut(s.dep) {
 		return nil
 	}
-	for i := range owned {
-		c := &owned[i]
-		if (use != nil && c.UID == use.UID) || (m.weights != nil && c.Labels[controller.CacheKeyLabel] == cacheKey(m)) || !c.DeletionTimestamp.IsZero() {
+	m := s.m
+	for i := range s.owned {
+		c := &s.owned[i]
+		if (s.use != nil && c.UID == s.use.UID) || (m.weights != nil && c.Labels[controller.CacheKeyLabel] == cacheKey(m)) || !c.DeletionTimestamp.IsZero() {
 			continue
 		}
 		ctrl.LoggerFrom(ctx).Info("removing a cache the pods no longer read", "cache", c.Name)
-		controller.Event(r.Recorder, m.owner, corev1.EventTypeNormal, controller.EventOldCacheRemoved, "Delete",
+		s.record(controller.EventOldCacheRemoved, "Delete",
 			fmt.Sprintf("every pod runs the new template; removing weights cache %s from every node", c.Name))
 		if err := r.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 			return err
@@ -285,43 +285,40 @@ func (r *Reconciler) removeOldCaches(ctx context.Context, m *model, dep *appsv1.
 	return nil
 }
 
-// rolloutStatus reports the Deployment's rollout, and why its pods cannot start when that is
+// rolloutPhase reports the Deployment's rollout, and why its pods cannot start when that is
 // known. A rollout that takes longer than maxDeployTimeInSeconds is reported failed; until then,
-// deadline is the time left.
-func (r *Reconciler) rolloutStatus(ctx context.Context, m *model, st *inferencev1.ParentStatus, dep *appsv1.Deployment, tmpl *corev1.PodTemplateSpec) (deadline time.Duration, err error) {
-	gen := m.owner.GetGeneration()
-	st.Replicas = dep.Status.Replicas
-	defer func() { st.DeploymentStatus = deploymentRollup(dep, st.State, st.DeploymentStatus, r.Now()) }()
+// the parent is looked at again when the time is up.
+func (r *Reconciler) rolloutPhase(ctx context.Context, s *state) error {
+	m, dep := s.m, s.dep
+	s.status.Replicas = dep.Status.Replicas
+	s.rollout = true
 	if rolledOut(dep) && dep.Status.AvailableReplicas >= m.replicas {
-		st.State = inferencev1.DeploymentComplete
-		setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
+		s.status.State = inferencev1.DeploymentComplete
+		s.condition(inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
 			fmt.Sprintf("Deployment %s has %d of %d pods available", dep.Name, dep.Status.AvailableReplicas, m.replicas))
-		return 0, nil
+		return nil
 	}
-	st.State = inferencev1.DeploymentInProgress
-	setCondition(st, gen, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
+	s.status.State = inferencev1.DeploymentInProgress
+	s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
 		fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available",
 			dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
-	p, err := r.rolloutProblem(ctx, dep, tmpl)
-	if err != nil {
-		return 0, err
-	}
-	if p != nil {
-		r.fail(ctx, m, st, p)
-		return 0, nil
+	switch p, err := r.rolloutProblem(ctx, dep, &s.tmpl); {
+	case err != nil:
+		return err
+	case p != nil:
+		return p
 	}
 	started, err := time.Parse(time.RFC3339, dep.Annotations[controller.RolloutStartedAnnotation])
 	if err != nil {
-		return 0, nil // a Deployment of an earlier version: its next template change starts the clock
+		return nil // a Deployment of an earlier version: its next template change starts the clock
 	}
-	left := started.Add(m.maxDeployTime).Sub(r.Now())
-	if left > 0 {
-		return left, nil
+	if left := started.Add(m.maxDeployTime).Sub(r.Now()); left > 0 {
+		s.requeue(left)
+		return nil
 	}
-	r.fail(ctx, m, st, &problem{inferencev1.ReasonDeploymentTimeout, fmt.Sprintf(
+	return &problem{inferencev1.ReasonDeploymentTimeout, fmt.Sprintf(
 		"Deployment %s has not rolled out within maxDeployTimeInSeconds (%s since %s): %d of %d pods updated, %d available",
-		dep.Name, m.maxDeployTime, started.UTC().Format(time.RFC3339), dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas)})
-	return 0, nil
+		dep.Name, m.maxDeployTime, started.UTC().Format(time.RFC3339), dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas)}
 }
 
 // deploymentRollup is the Deployment in HyperPod's deploymentStatus shape: its status, and its
@@ -405,7 +402,10 @@ func rolledOut(dep *appsv1.Deployment) bool {
 	return s.ObservedGeneration >= dep.Generation && s.UpdatedReplicas == want && s.Replicas == want
 }
 
-func (r *Reconciler) ensureService(ctx context.Context, m *model) error {
+// servicePhase creates the parent's Service, or brings its own to the port it serves on; it
+// never touches one the parent does not own.
+func (r *Reconciler) servicePhase(ctx context.Context, s *state) error {
+	m := s.m
 	want := r.service(m)
 	svc := &corev1.Service{}
 	err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), svc)

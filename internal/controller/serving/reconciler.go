@@ -2,7 +2,7 @@
 // and JumpStartModel (the parents): their weights and image caches, the gate that holds the
 // Deployment back until the weights cache settles, the Deployment and Service that serve the
 // model, and the parent's status. Both kinds share one code path once the JumpStart catalog has
-// been read (phases.go).
+// been read (state.go, phases.go).
 package serving
 
 import (
@@ -79,38 +79,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile brings one InferenceEndpointConfig's cache, Deployment, Service and status to what
 // its spec asks.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	res, err := r.reconcile(ctx, req)
-	r.Metrics.ReconcileError("endpoint", err)
-	return res, err
-}
-
-func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	iec := &inferencev1.InferenceEndpointConfig{}
-	if err := r.Client.Get(ctx, req.NamespacedName, iec); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
-	}
-	if !iec.DeletionTimestamp.IsZero() {
-		// The weights cache, Deployment and Service are owned by the parent: the garbage
-		// collector removes them, and the cache's finalizer removes its files from every node
-		// first. Shared image caches are not owned: the parent lets go of its references.
-		return ctrl.Result{}, r.finalize(ctx, iec)
-	}
-	p := fromEndpoint(iec)
-	st := iec.Status.DeepCopy()
-	st.ObservedGeneration = iec.Generation
-	ctx, pending := withTransitions(ctx)
-	res, err := r.reconcileModel(ctx, p, st)
-	werr := r.writeStatus(ctx, iec, st)
-	if werr == nil {
-		pending.flush() // the transitions they tell of are now recorded
-	} else if err == nil {
-		err = werr
-	}
-	return res, err
-}
-
-func (r *Reconciler) writeStatus(ctx context.Context, iec *inferencev1.InferenceEndpointConfig, st *inferencev1.ParentStatus) error {
-	return controller.WriteStatus(ctx, r.Client, iec, &iec.Status, *st)
+	return reconcileParent(ctx, r, req, parentKind[*inferencev1.InferenceEndpointConfig]{
+		name: "endpoint", kind: "InferenceEndpointConfig",
+		status: func(iec *inferencev1.InferenceEndpointConfig) *inferencev1.ParentStatus { return &iec.Status },
+		model: func(_ context.Context, iec *inferencev1.InferenceEndpointConfig) (*model, *problem, error) {
+			return fromEndpoint(iec), nil, nil
+		},
+	})
 }
 
 func setCondition(st *inferencev1.ParentStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
@@ -143,34 +118,4 @@ func parentsOf(_ context.Context, o client.Object) []reconcile.Request {
 		}
 	}
 	return reqs
-}
-
-// transitions holds the events that tell of a status transition until the status is written: a
-// write that conflicts is retried from the stored status, which would tell of it again.
-type transitions struct {
-	pending []func()
-}
-
-type transitionsKey struct{}
-
-func withTransitions(ctx context.Context) (context.Context, *transitions) {
-	e := &transitions{}
-	return context.WithValue(ctx, transitionsKey{}, e), e
-}
-
-func (e *transitions) flush() {
-	for _, f := range e.pending {
-		f()
-	}
-	e.pending = nil
-}
-
-// transitionEvent records an event that tells of a status transition once the status is
-// written (at once outside a reconcile).
-func transitionEvent(ctx context.Context, rec events.EventRecorder, obj client.Object, eventType, reason, action, note string) {
-	if q, ok := ctx.Value(transitionsKey{}).(*transitions); ok {
-		q.pending = append(q.pending, func() { controller.Event(rec, obj, eventType, reason, action, note) })
-		return
-	}
-	controller.Event(rec, obj, eventType, reason, action, note)
 }

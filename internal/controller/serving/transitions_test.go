@@ -1,7 +1,6 @@
 package serving
 
 import (
-	"context"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,27 +10,39 @@ import (
 )
 
 // An event that tells of a status transition is recorded only once the status is written: a
-// reconcile whose status write conflicts records nothing, and the retry tells of it once.
+// reconcile whose status write conflicts records only what it did, and the retry tells of the
+// transition once.
 func TestTransitionEventsWaitForTheStatusWrite(t *testing.T) {
 	rec := events.NewFakeRecorder(10)
 	r := &Reconciler{Recorder: rec}
 	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
-	m := fromEndpoint(iec)
 	p := &problem{"InvalidSpec", "no"}
 
-	ctx, _ := withTransitions(context.Background())
-	r.fail(ctx, m, iec.Status.DeepCopy(), p) // the status whose write conflicts
-	if n := len(rec.Events); n != 0 {
-		t.Fatalf("%d events before the status write", n)
+	s := &state{m: fromEndpoint(iec), status: iec.Status.DeepCopy()} // the status whose write conflicts
+	s.record("DeploymentCreated", "Create", "created")
+	s.fail(p)
+	r.emit(s, false)
+	if n := len(rec.Events); n != 1 {
+		t.Fatalf("%d events after a status write that failed; want 1 (what was done)", n)
+	}
+	if e := <-rec.Events; e != corev1.EventTypeNormal+" DeploymentCreated created" {
+		t.Errorf("event %q", e)
 	}
 	// The write conflicted: the retry starts again from the stored status.
-	ctx, pending := withTransitions(context.Background())
-	r.fail(ctx, m, iec.Status.DeepCopy(), p)
-	pending.flush()
+	s = &state{m: fromEndpoint(iec), status: iec.Status.DeepCopy()}
+	s.fail(p)
+	r.emit(s, true)
 	if n := len(rec.Events); n != 1 {
 		t.Fatalf("%d events after the written retry; want 1", n)
 	}
 	if e := <-rec.Events; e != corev1.EventTypeWarning+" InvalidSpec no" {
 		t.Errorf("event %q", e)
+	}
+	// A status that already tells of the problem tells of it no more.
+	again := &state{m: s.m, status: s.status}
+	again.fail(p)
+	r.emit(again, true)
+	if n := len(rec.Events); n != 0 {
+		t.Errorf("%d events for a problem the status already tells of", n)
 	}
 }

@@ -1,118 +1,48 @@
 package weightscache
 
 import (
-	"context"
-	"slices"
-	"time"
+	"fmt"
 
-	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/client-go/util/workqueue"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	corev1 "k8s.io/api/core/v1"
 
-	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 )
 
-// progressDelay is how long a cache's reconcile waits after a node reports progress only: the
-// progress of every node in that time is gathered by one reconcile (the work queue keeps one
-// entry per cache), so the cost of reporting progress does not grow with the fleet.
-const progressDelay = 2 * time.Second
+// maxNodeEventTargets is the most target nodes a cache may have for its nodes' every transition
+// to be an event (on more, only their failures are): an event is a write, and a fleet's caches
+// would write one per node and transition.
+const maxNodeEventTargets = 16
 
-// nodeCacheEvents maps NodeCache events to the caches whose request, report or demand changed:
-// at once for a change of state, after progressDelay for progress alone, and not at all for
-// an agent's heartbeat.
-type nodeCacheEvents struct{ r *Reconciler }
-
-type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
-
-func (h nodeCacheEvents) Create(ctx context.Context, e event.TypedCreateEvent[client.Object], q queue) {
-	if nc, ok := e.Object.(*prewarmv1alpha1.NodeCache); ok {
-		h.enqueue(ctx, q, cachesIn(nc), 0)
+// nodeEvents queues, in s, the events of each node's cache becoming Ready, Failed or
+// Downloading between the stored status and s.status.
+func (r *Reconciler) nodeEvents(s *state) {
+	m, st := s.m, &s.status
+	event := func(eventType, reason, note string) { s.record(eventType, reason, "Download", note) }
+	before := map[string]inferencev1.NodeCacheStatus{}
+	for _, n := range m.Status.Nodes {
+		before[n.Name] = n
 	}
-}
-
-func (h nodeCacheEvents) Delete(ctx context.Context, e event.TypedDeleteEvent[client.Object], q queue) {
-	if nc, ok := e.Object.(*prewarmv1alpha1.NodeCache); ok {
-		h.enqueue(ctx, q, cachesIn(nc), 0)
-	}
-}
-
-func (h nodeCacheEvents) Generic(ctx context.Context, e event.TypedGenericEvent[client.Object], q queue) {
-	if nc, ok := e.Object.(*prewarmv1alpha1.NodeCache); ok {
-		h.enqueue(ctx, q, cachesIn(nc), 0)
-	}
-}
-
-func (h nodeCacheEvents) Update(ctx context.Context, e event.TypedUpdateEvent[client.Object], q queue) {
-	before, ok1 := e.ObjectOld.(*prewarmv1alpha1.NodeCache)
-	after, ok2 := e.ObjectNew.(*prewarmv1alpha1.NodeCache)
-	if !ok1 || !ok2 {
-		return
-	}
-	now, later := changedCaches(before, after)
-	h.enqueue(ctx, q, now, 0)
-	h.enqueue(ctx, q, later, progressDelay)
-}
-
-// changedCaches compares two versions of a NodeCache: the caches whose request, state or demand
-// changed (now), and those whose report changed in progress only (later).
-func changedCaches(before, after *prewarmv1alpha1.NodeCache) (now, later []string) {
-	keyChanged := before.Status.CredentialsKey != after.Status.CredentialsKey || before.Status.PeerAddress != after.Status.PeerAddress ||
-		(before.Status.HeartbeatTime == nil) != (after.Status.HeartbeatTime == nil)
-	was := cachesIn(before)
-	for _, uid := range cachesIn(after) {
-		if !slices.Contains(was, uid) {
-			now = append(now, uid)
-		}
-	}
-	for _, uid := range was {
-		b, a := reportFor(before, uid), reportFor(after, uid)
-		switch {
-		case keyChanged,
-			!equality.Semantic.DeepEqual(requestFor(before, uid), requestFor(after, uid)),
-			!slices.Equal(demandOf(before, uid), demandOf(after, uid)),
-			(a == nil) != (b == nil),
-			a != nil && !sameState(*a, *b):
-			now = append(now, uid)
-		case a != nil && !equality.Semantic.DeepEqual(a, b):
-			later = append(later, uid)
-		}
-	}
-	return now, later
-}
-
-// sameState reports whether two reports of one cache differ in progress at most.
-func sameState(a, b prewarmv1alpha1.CacheStatus) bool {
-	return a.State == b.State && a.Reason == b.Reason && a.Revision == b.Revision
-}
-
-// demandOf is the namespaces whose pods on nc's node demand cache uid.
-func demandOf(nc *prewarmv1alpha1.NodeCache, uid string) []string {
-	var out []string
-	for _, d := range nc.Status.Demands {
-		if d.UID == uid {
-			out = append(out, d.Namespace)
-		}
-	}
-	return out
-}
-
-func (h nodeCacheEvents) enqueue(ctx context.Context, q queue, uids []string, after time.Duration) {
-	for _, uid := range uids {
-		list := &inferencev1.ModelDataCacheConfigList{}
-		if err := h.r.Client.List(ctx, list, client.MatchingFields{uidIndex: uid}, client.UnsafeDisableDeepCopy); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "listing ModelDataCacheConfigs")
+	// On a fleet larger than status.nodes holds, a node missing from either list says nothing
+	// of its transitions: only the failures of listed nodes are told (the counts, the Ready
+	// condition and each node's NodeCache tell the rest), not one event per node.
+	small := int(st.TargetNodes) <= maxNodeEventTargets && len(m.Status.Nodes) < inferencev1.MaxStatusNodes && len(st.Nodes) < inferencev1.MaxStatusNodes
+	for _, n := range st.Nodes {
+		b, ok := before[n.Name]
+		if ok && b.State == n.State && b.Reason == n.Reason {
 			continue
 		}
-		for i := range list.Items {
-			req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
-			if after > 0 {
-				q.AddAfter(req, after)
-			} else {
-				q.Add(req)
+		if !small && (!ok || n.State != inferencev1.CacheFailed) {
+			continue
+		}
+		switch n.State {
+		case inferencev1.CacheReady:
+			event(corev1.EventTypeNormal, controller.EventNodeReady, fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
+		case inferencev1.CacheFailed:
+			event(corev1.EventTypeWarning, controller.EventNodeFailed, fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
+		case inferencev1.CacheDownloading:
+			if _, ok := before[n.Name]; !ok || before[n.Name].State != inferencev1.CacheDownloading {
+				event(corev1.EventTypeNormal, controller.EventNodeDownloading, fmt.Sprintf("node %s started downloading", n.Name))
 			}
 		}
 	}

@@ -10,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 )
 
 // agentPods select the agents' pods in the operator namespace.
@@ -38,13 +36,15 @@ type podIPVerdict struct {
 // first. While any target's address stands refused, its cache is looked at again this often.
 const podIPRecheck = 5 * time.Second
 
-// checkPeerAddrs fills p.peerAddrs, unless peers are off, and has the cache looked at again soon
-// while an address is refused (a pod IP or node address not yet written where it is checked).
-func (r *Reconciler) checkPeerAddrs(ctx context.Context, p *plan, byNode map[string]*prewarmv1alpha1.NodeCache) error {
+// peerPhase fills the plan's peerAddrs, unless peers are off, and has the cache looked at again
+// soon while an address is refused (a pod IP or node address not yet written where it is
+// checked).
+func (r *Reconciler) peerPhase(ctx context.Context, s *state) error {
 	if r.Config.Peers.Disabled {
 		return nil
 	}
-	addrs, refused, err := r.peerAddrsOf(ctx, p.targets, byNode)
+	p := &s.plan
+	addrs, refused, err := r.peerAddrsOf(ctx, p.targets, s.fleet)
 	if err != nil {
 		return err
 	}
@@ -60,10 +60,10 @@ func (r *Reconciler) checkPeerAddrs(ctx context.Context, p *plan, byNode map[str
 // pod CIDRs, or its agent pod's IP). Other agents send their bearer token there, so an address
 // an agent makes up (another host, a path) never reaches them; its node is no one's peer.
 // refused says whether any reported address was refused.
-func (r *Reconciler) peerAddrsOf(ctx context.Context, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (out map[string]string, refused bool, err error) {
+func (r *Reconciler) peerAddrsOf(ctx context.Context, targets []*corev1.Node, f *fleet) (out map[string]string, refused bool, err error) {
 	out = make(map[string]string, len(targets))
 	for _, n := range targets {
-		nc := byNode[n.Name]
+		nc := f.nodeCache(n.Name)
 		if nc == nil || nc.Status.PeerAddress == "" {
 			continue
 		}

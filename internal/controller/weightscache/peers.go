@@ -32,13 +32,14 @@ const DefaultPeerGroup = 16
 // addr is the peer address of each target whose agent serves peers, as checked (peerAddrsOf). A
 // target without one is no one's peer; it takes its parts from the members that already had a
 // swarm, or from the first group when none had.
-func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache, addr map[string]string, groupSize int) map[string][]prewarmv1alpha1.CachePeer {
+func assignPeers(f *fleet, targets []*corev1.Node, addr map[string]string, groupSize int) map[string][]prewarmv1alpha1.CachePeer {
 	if groupSize < 2 {
 		return nil
 	}
+	uid := f.uid
 	var members, silent []string
 	for _, n := range targets {
-		if rep := reportFor(byNode[n.Name], uid); rep != nil && rep.State == inferencev1.CacheFailed && rep.Reason == prewarmv1alpha1.ReasonNoLocalDisk {
+		if rep := f.report(n.Name); rep != nil && rep.State == inferencev1.CacheFailed && rep.Reason == prewarmv1alpha1.ReasonNoLocalDisk {
 			continue // keeps no cache: it would hold no part for its group
 		}
 		if addr[n.Name] != "" {
@@ -48,13 +49,13 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 		}
 	}
 	ready := func(name string) bool {
-		rep := reportFor(byNode[name], uid)
+		rep := f.report(name)
 		return rep != nil && rep.State == inferencev1.CacheReady
 	}
 	out := make(map[string][]prewarmv1alpha1.CachePeer, len(members))
 	var fresh, settled []string
 	for _, name := range members {
-		asked := requestFor(byNode[name], uid)
+		asked := f.request(name)
 		current := asked != nil && peersCurrent(asked.Peers, addr)
 		switch {
 		case current && len(asked.Peers) > 0:
@@ -93,7 +94,7 @@ func assignPeers(uid string, targets []*corev1.Node, byNode map[string]*prewarmv
 	// together), the first group of fresh members, which reads the source for it.
 	firstGroup := fresh[:min(len(fresh), groupSize)]
 	for _, name := range silent {
-		if asked := requestFor(byNode[name], uid); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
+		if asked := f.request(name); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
 			out[name] = asked.Peers
 			continue
 		}

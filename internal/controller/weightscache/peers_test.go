@@ -35,7 +35,7 @@ func ask(uid string, byNode map[string]*prewarmv1alpha1.NodeCache, peers map[str
 func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	const uid, group = "cache-1", 4
 	nodes, byNode := fleetOf(10)
-	peers := assignPeers(uid, nodes, byNode, reportedAddrs(nodes, byNode), group)
+	peers := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, reportedAddrs(nodes, byNode), group)
 	// 10 fresh nodes: groups of 4, 4 and 2; every node lists the rest of its group, and groups
 	// 1 and 2 list group 0 as their upstream; group 0 has none (it reads the source).
 	groupOf := map[string]int{}
@@ -90,14 +90,14 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 
 	// Written, nothing changes: the next reconcile asks for the same peers (no writes).
 	ask(uid, byNode, peers)
-	if again := assignPeers(uid, nodes, byNode, reportedAddrs(nodes, byNode), group); !equalPeers(again, peers) {
+	if again := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, reportedAddrs(nodes, byNode), group); !equalPeers(again, peers) {
 		t.Error("a second assignment with nothing changed differs from the first")
 	}
 
 	// A node leaves: only the requests that named it change.
 	gone := nodes[3].Name
 	rest := slices.DeleteFunc(slices.Clone(nodes), func(n *corev1.Node) bool { return n.Name == gone })
-	after := assignPeers(uid, rest, byNode, reportedAddrs(rest, byNode), group)
+	after := assignPeers(&fleet{uid: uid, byNode: byNode}, rest, reportedAddrs(rest, byNode), group)
 	changed := 0
 	for _, n := range rest {
 		named := slices.ContainsFunc(peers[n.Name], func(p prewarmv1alpha1.CachePeer) bool { return p.Node == gone })
@@ -124,7 +124,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	more, moreByNode := fleetOf(11)
 	newcomer := more[10]
 	byNode[newcomer.Name] = moreByNode[newcomer.Name]
-	joined := assignPeers(uid, append(rest, newcomer), byNode, reportedAddrs(append(rest, newcomer), byNode), group)
+	joined := assignPeers(&fleet{uid: uid, byNode: byNode}, append(rest, newcomer), reportedAddrs(append(rest, newcomer), byNode), group)
 	var up int
 	for _, p := range joined[newcomer.Name] {
 		if !p.Upstream {
@@ -146,7 +146,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	lone, loneByNode := fleetOf(2)
 	loneByNode[lone[0].Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid}}
 	loneByNode[lone[0].Name].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheReady}}
-	pair := assignPeers(uid, lone, loneByNode, reportedAddrs(lone, loneByNode), group)
+	pair := assignPeers(&fleet{uid: uid, byNode: loneByNode}, lone, reportedAddrs(lone, loneByNode), group)
 	if len(pair[lone[0].Name]) != 0 || len(pair[lone[1].Name]) != 1 || !pair[lone[1].Name][0].Upstream || pair[lone[1].Name][0].Node != lone[0].Name {
 		t.Errorf("a node joining a lone Ready one: %v", pair)
 	}
@@ -159,7 +159,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	byNode[silent.Name] = lateByNode[silent.Name]
 	address := byNode[silent.Name].Status.PeerAddress
 	byNode[silent.Name].Status.PeerAddress = ""
-	first := assignPeers(uid, append(rest, silent), byNode, reportedAddrs(append(rest, silent), byNode), group)
+	first := assignPeers(&fleet{uid: uid, byNode: byNode}, append(rest, silent), reportedAddrs(append(rest, silent), byNode), group)
 	if len(first[silent.Name]) == 0 || slices.ContainsFunc(first[silent.Name], func(p prewarmv1alpha1.CachePeer) bool { return !p.Upstream }) {
 		t.Errorf("the silent node's peers %v, want Ready nodes upstream", first[silent.Name])
 	}
@@ -170,7 +170,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	}
 	byNode[silent.Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: first[silent.Name]}}
 	byNode[silent.Name].Status.PeerAddress = address
-	if reported := assignPeers(uid, append(rest, silent), byNode, reportedAddrs(append(rest, silent), byNode), group); !slices.Equal(reported[silent.Name], first[silent.Name]) {
+	if reported := assignPeers(&fleet{uid: uid, byNode: byNode}, append(rest, silent), reportedAddrs(append(rest, silent), byNode), group); !slices.Equal(reported[silent.Name], first[silent.Name]) {
 		t.Errorf("the node's request changed once it reported: %v, then %v", first[silent.Name], reported[silent.Name])
 	}
 }
@@ -196,7 +196,7 @@ func TestASilentNodeOfAFleetStartingTogetherTakesFromTheFirstGroup(t *testing.T)
 	silent := nodes[2].Name
 	addrs := reportedAddrs(nodes, byNode)
 	delete(addrs, silent) // refused by peerAddrsOf
-	peers := assignPeers(uid, nodes, byNode, addrs, 16)
+	peers := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
 	var ups []string
 	for _, p := range peers[silent] {
 		if !p.Upstream || p.Address != addrs[p.Node] {
@@ -224,7 +224,7 @@ func TestNodesWithoutADiskAreNoPeers(t *testing.T) {
 	nodes, byNode := fleetOf(3)
 	noDisk := nodes[1].Name
 	byNode[noDisk].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonNoLocalDisk}}
-	peers := assignPeers(uid, nodes, byNode, reportedAddrs(nodes, byNode), 4)
+	peers := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, reportedAddrs(nodes, byNode), 4)
 	if len(peers[noDisk]) > 0 {
 		t.Errorf("%s (NoLocalDisk) has peers %v", noDisk, peers[noDisk])
 	}

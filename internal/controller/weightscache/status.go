@@ -17,10 +17,11 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
-// gather builds the cache's status from the target nodes' NodeCache reports: counts over every
-// node, and the bounded list of the nodes that need attention most.
-// ready is every node that holds the cache Ready, listed or not.
-func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, retained map[string]retention, byNode map[string]*prewarmv1alpha1.NodeCache, full map[string]bool) (inferencev1.ModelDataCacheConfigStatus, map[string]bool) {
+// gather builds s.status from the target nodes' NodeCache reports: counts over every node, and
+// the bounded list of the nodes that need attention most; s.ready is every node that holds the
+// cache Ready, listed or not.
+func (r *Reconciler) gather(s *state) {
+	m, targets, retained := s.m, s.plan.targets, s.plan.retained
 	st := inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: m.Generation,
 		TargetNodes:        int32(len(targets)),
@@ -28,9 +29,9 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		Conditions:         slices.Clone(m.Status.Conditions),
 	}
 	if st.ResolvedRevision == "" {
-		st.ResolvedRevision = agreedRevision(string(m.UID), targets, byNode)
+		st.ResolvedRevision = agreedRevision(s.fleet, targets)
 	}
-	b := nodeEntries{uid: string(m.UID), byNode: byNode, full: full, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now()}
+	b := nodeEntries{fleet: s.fleet, full: s.full, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now()}
 	for _, ns := range m.Status.Nodes {
 		b.previous[ns.Name] = ns
 	}
@@ -60,17 +61,17 @@ func (r *Reconciler) gather(m *inferencev1.ModelDataCacheConfig, targets []*core
 		c := &st.Conditions[slices.IndexFunc(st.Conditions, func(c metav1.Condition) bool { return c.Type == inferencev1.ConditionReady })]
 		c.Message += fmt.Sprintf("; status.nodes lists %d of the %d nodes, those that need attention first (kubectl prewarm status lists every node)", len(st.Nodes), len(nodes))
 	}
-	return st, ready
+	s.status, s.ready = st, ready
 }
 
 // agreedRevision is the revision to pin the cache to, once the target nodes that hold it agree:
 // the revision most of them hold, held by at least two (one, when only one target has not
 // failed), and by more than any other. A single node's report is not enough where others could be harmed by
 // it: every node asked with a pin it does not find fails with SourceChanged. "" until then.
-func agreedRevision(uid string, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) string {
+func agreedRevision(f *fleet, targets []*corev1.Node) string {
 	votes, able := map[string]int{}, 0
 	for _, n := range targets {
-		rep := reportFor(byNode[n.Name], uid)
+		rep := f.report(n.Name)
 		if rep == nil || rep.State != inferencev1.CacheFailed {
 			able++ // may yet hold it
 		}
@@ -95,8 +96,7 @@ func agreedRevision(uid string, targets []*corev1.Node, byNode map[string]*prewa
 
 // nodeEntries builds the status's per-node entries.
 type nodeEntries struct {
-	uid      string
-	byNode   map[string]*prewarmv1alpha1.NodeCache
+	fleet    *fleet
 	full     map[string]bool
 	previous map[string]inferencev1.NodeCacheStatus
 	now      time.Time
@@ -109,7 +109,7 @@ type nodeEntries struct {
 func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheStatus {
 	st := b.st
 	ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: keep != nil}
-	rep, reported := b.byNode[name].Report(b.uid)
+	rep, reported := b.fleet.nodeCache(name).Report(b.fleet.uid)
 	switch {
 	case b.full[name]:
 		ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull

@@ -55,7 +55,7 @@ func TestGather(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st, _ := r.gather(m, tt.targets, nil, tt.byNode, nil)
+			st, _ := gatherOf(r, m, tt.targets, tt.byNode)
 			c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 			if st.State != tt.state || st.ReadyNodes != tt.ready || st.TargetNodes != int32(len(tt.targets)) ||
 				c == nil || c.Reason != tt.reason || !strings.Contains(c.Message, tt.inMessage) || st.ObservedGeneration != 3 {
@@ -63,7 +63,7 @@ func TestGather(t *testing.T) {
 			}
 		})
 	}
-	st, _ := r.gather(m, nodes("a"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": {}}, nil)
+	st, _ := gatherOf(r, m, nodes("a"), map[string]*prewarmv1alpha1.NodeCache{"a": {}})
 	if st.Nodes[0].Reason != "AgentNotReporting" || !strings.Contains(st.Nodes[0].Message, "agent") {
 		t.Errorf("a node whose agent never reported: %+v", st.Nodes[0])
 	}
@@ -79,7 +79,7 @@ func TestGather(t *testing.T) {
 	}
 	slow := many[len(many)-5]
 	byNode[slow] = report(inferencev1.CacheDownloading, "Downloading", "")
-	st, ready := r.gather(m, nodes(many...), nil, byNode, nil)
+	st, ready := gatherOf(r, m, nodes(many...), byNode)
 	c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 	want := fmt.Sprintf("lists %d of the %d nodes", inferencev1.MaxStatusNodes, inferencev1.MaxStatusNodes+10)
 	if len(st.Nodes) != inferencev1.MaxStatusNodes || st.Nodes[0].Name != slow || st.TargetNodes != inferencev1.MaxStatusNodes+10 ||
@@ -99,7 +99,7 @@ func TestGather(t *testing.T) {
 	rewritten.Status.Caches[0].Revision = "sha256:second"
 	same := report(inferencev1.CacheReady, "Verified", "")
 	same.Status.Caches[0].Revision = "sha256:first"
-	st, _ = r.gather(pinned, nodes("a", "b"), nil, map[string]*prewarmv1alpha1.NodeCache{"a": same, "b": rewritten}, nil)
+	st, _ = gatherOf(r, pinned, nodes("a", "b"), map[string]*prewarmv1alpha1.NodeCache{"a": same, "b": rewritten})
 	c = meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 	// The failed node is listed first.
 	if st.ReadyNodes != 1 || st.ResolvedRevision != "sha256:first" || st.Nodes[0].Name != "b" || st.Nodes[0].Reason != prewarmv1alpha1.ReasonSourceChanged ||
@@ -120,7 +120,7 @@ func TestNodesWithoutADiskAreNotTargets(t *testing.T) {
 	}
 	targets := []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "root-fs"}}}
 	byNode := map[string]*prewarmv1alpha1.NodeCache{"a": report(inferencev1.CacheReady, "Verified"), "root-fs": report(inferencev1.CacheFailed, prewarmv1alpha1.ReasonNoLocalDisk)}
-	st, _ := r.gather(m, targets, nil, byNode, nil)
+	st, _ := gatherOf(r, m, targets, byNode)
 	c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 	if st.State != inferencev1.CacheReady || st.TargetNodes != 1 || st.ReadyNodes != 1 || st.SettledNodes != 1 || c == nil ||
 		!strings.Contains(c.Message, "1 node(s) have no local disk for caches (NoLocalDisk: root-fs)") {
@@ -137,4 +137,11 @@ func TestNodesWithoutADiskAreNotTargets(t *testing.T) {
 	if want := "3 node(s) the placement selects are left out, the pods could not run there: taint nvidia.com/gpu=present:NoSchedule is not tolerated (g1, g2); the node is cordoned (c1)"; !strings.Contains(c.Message, want) {
 		t.Errorf("Ready condition %q; want it to say %q", c.Message, want)
 	}
+}
+
+// gatherOf gathers the status of cache m on targets from the nodes' NodeCaches.
+func gatherOf(r *Reconciler, m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (inferencev1.ModelDataCacheConfigStatus, map[string]bool) {
+	s := &state{m: m, fleet: &fleet{uid: string(m.UID), byNode: byNode}, plan: plan{targets: targets}}
+	r.gather(s)
+	return s.status, s.ready
 }

@@ -1,0 +1,186 @@
+package serving
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+)
+
+// state is one reconcile of a parent: the model it serves, the status it builds, what the
+// phases read and decide on the way, and the events that wait for the status write. The phases
+// (phases.go) take it in turn, each filling in what the next ones need.
+type state struct {
+	m      *model
+	status *inferencev1.ParentStatus
+
+	// image is the shared image cache the pods pull from (nil: none).
+	image *inferencev1.InferenceImageCache
+	// dep is the parent's Deployment as read (nil before it is created), and as written once
+	// the deployment phase has run; owned are the parent's weights caches, oldest first.
+	dep   *appsv1.Deployment
+	owned []inferencev1.ModelDataCacheConfig
+	// use is the weights cache the pods read (nil: none); tmpl is the pod template they run.
+	use  *inferencev1.ModelDataCacheConfig
+	tmpl corev1.PodTemplateSpec
+	// rollout is set once the rollout phase has reported the Deployment: the status then
+	// carries its rollup, written after any problem the rollout reported.
+	rollout bool
+
+	// hold ends the phases without a problem: the Deployment waits for the weights cache.
+	hold   bool
+	result ctrl.Result
+	events []event
+}
+
+// event is an Event that waits in the state until the status is written.
+type event struct {
+	eventType, reason, action, note string
+	// transition marks an event that tells of a change of status: it is recorded only once
+	// the status is written, since a write that conflicts is retried from the stored status,
+	// which would tell of the change again. The others tell of what a phase has done (an
+	// object created, a roll started) and are recorded either way.
+	transition bool
+}
+
+// phase is one step of a parent's reconcile. A *problem it returns stops the parent with that
+// reason (reported on it, not retried in a loop); another error ends the reconcile to be retried.
+type phase struct {
+	name string
+	run  func(context.Context, *state) error
+	// retry is how soon a parent stopped in this phase is looked at again: what blocks it may
+	// be another object than the parent, which no watch reports.
+	retry time.Duration
+}
+
+func (s *state) gen() int64 { return s.m.owner.GetGeneration() }
+
+func (s *state) condition(typ string, status metav1.ConditionStatus, reason, msg string) {
+	setCondition(s.status, s.gen(), typ, status, reason, msg)
+}
+
+// tell queues an event that tells of a change of status.
+func (s *state) tell(eventType, reason, action, note string) {
+	s.events = append(s.events, event{eventType, reason, action, note, true})
+}
+
+// record queues a Normal event that tells of something done.
+func (s *state) record(reason, action, note string) {
+	s.events = append(s.events, event{corev1.EventTypeNormal, reason, action, note, false})
+}
+
+// requeue asks for the parent to be looked at again within d (the earliest ask wins).
+func (s *state) requeue(d time.Duration) {
+	if d > 0 && (s.result.RequeueAfter == 0 || d < s.result.RequeueAfter) {
+		s.result.RequeueAfter = d
+	}
+}
+
+// fail records a problem that stops the parent, with a Warning event when it is news.
+func (s *state) fail(p *problem) {
+	if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionReady); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
+		s.tell(corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
+	}
+	s.status.State = inferencev1.DeploymentFailed
+	s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, p.reason, p.message)
+}
+
+// emit records the queued events; written says whether the status was.
+func (r *Reconciler) emit(s *state, written bool) {
+	for _, e := range s.events {
+		if written || !e.transition {
+			controller.Event(r.Recorder, s.m.owner, e.eventType, e.reason, e.action, e.note)
+		}
+	}
+	s.events = nil
+}
+
+// run runs the phases over s in order, until one stops the parent or holds the Deployment back.
+func (r *Reconciler) run(ctx context.Context, s *state) error {
+	defer func() {
+		if s.rollout {
+			s.status.DeploymentStatus = deploymentRollup(s.dep, s.status.State, s.status.DeploymentStatus, r.Now())
+		}
+	}()
+	for _, ph := range r.phases() {
+		err := ph.run(ctx, s)
+		var p *problem
+		switch {
+		case errors.As(err, &p):
+			s.fail(p)
+			s.requeue(ph.retry)
+			return nil
+		case err != nil:
+			return err
+		case s.hold:
+			return nil
+		}
+	}
+	return nil
+}
+
+// parentKind is what the shared reconcile needs of one parent kind: its status, and the model it
+// asks to serve.
+type parentKind[P client.Object] struct {
+	// name names the kind's controller, in metrics.
+	name string
+	// kind is the parent's Kind.
+	kind   string
+	status func(P) *inferencev1.ParentStatus
+	// model builds what the parent asks to serve; a problem says why it cannot be (the parent
+	// stops with it until its spec, or what it names, changes).
+	model func(context.Context, P) (*model, *problem, error)
+}
+
+// reconcileParent is the reconcile of every parent kind: read it, let it go when it is being
+// deleted, run the phases over its model, write its status, then record the events.
+func reconcileParent[T any, P interface {
+	*T
+	client.Object
+}](ctx context.Context, r *Reconciler, req ctrl.Request, k parentKind[P]) (ctrl.Result, error) {
+	obj := P(new(T))
+	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !obj.GetDeletionTimestamp().IsZero() {
+		// The weights cache, Deployment and Service are owned by the parent: the garbage
+		// collector removes them, and the cache's finalizer removes its files from every node
+		// first. Shared image caches are not owned: the parent lets go of its references.
+		return ctrl.Result{}, r.finalize(ctx, obj)
+	}
+	stored := k.status(obj)
+	s := &state{status: stored.DeepCopy()}
+	s.status.ObservedGeneration = obj.GetGeneration()
+	m, p, err := k.model(ctx, obj)
+	switch {
+	case err != nil:
+		return ctrl.Result{}, err
+	case p != nil:
+		s.m = &model{owner: obj, kind: k.kind}
+		s.fail(p) // a change of the spec or of what it names brings us back
+	default:
+		s.m = m
+		err = r.run(ctx, s)
+	}
+	werr := controller.WriteStatus(ctx, r.Client, obj, stored, *s.status)
+	r.emit(s, werr == nil)
+	r.Metrics.ReconcileError(k.name, firstErr(err, werr))
+	return s.result, firstErr(err, werr)
+}
+
+// firstErr is the reconcile's error: the phases', else the status write's.
+func firstErr(err, werr error) error {
+	if err != nil {
+		return err
+	}
+	return werr
+}

@@ -1,0 +1,220 @@
+package weightscache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/placement"
+)
+
+// plan is what one reconcile decides for a cache: the request nodes get, how they read the
+// source, the targets and the nodes that keep their copy for now, or why no node is asked.
+type plan struct {
+	entry    prewarmv1alpha1.CacheRequest
+	access   access
+	verdict  *verdict
+	targets  []*corev1.Node
+	retained map[string]retention
+	// retainedNodes are the nodes of retained.
+	retainedNodes []*corev1.Node
+	// excluded are the nodes the placement selects that are neither targets nor retained: the
+	// pods could not run there (a taint they do not tolerate, a cordon).
+	excluded excluded
+	// peerAddrs are the targets' peer addresses that other agents may be sent (peerAddrsOf).
+	peerAddrs map[string]string
+	requeue   time.Duration
+}
+
+// excluded counts nodes left out of a cache's targets, by why.
+type excluded struct {
+	count int
+	// nodes are the first few nodes left out for each reason.
+	nodes map[string][]string
+	// whys are the reasons in the order first seen.
+	whys []string
+}
+
+// maxExcludedNamed is how many nodes left out for one reason a message names.
+const maxExcludedNamed = 5
+
+func (e *excluded) add(why, node string) {
+	if e.nodes == nil {
+		e.nodes = map[string][]string{}
+	}
+	if _, ok := e.nodes[why]; !ok {
+		e.whys = append(e.whys, why)
+	}
+	e.count++
+	if len(e.nodes[why]) < maxExcludedNamed {
+		e.nodes[why] = append(e.nodes[why], node)
+	}
+}
+
+// String says which nodes are left out and why ("": none), for the Ready condition.
+func (e excluded) String() string {
+	if e.count == 0 {
+		return ""
+	}
+	parts := make([]string, len(e.whys))
+	for i, why := range e.whys {
+		parts[i] = fmt.Sprintf("%s (%s)", why, strings.Join(e.nodes[why], ", "))
+	}
+	return fmt.Sprintf("%d node(s) the placement selects are left out, the pods could not run there: %s", e.count, strings.Join(parts, "; "))
+}
+
+// verdict is a condition the cache's spec or surroundings impose; failed marks the cache Failed
+// (and then no node is asked for it).
+type verdict struct {
+	reason, message string
+	failed          bool
+}
+
+// plan decides the cache's request and its targets. A cache being deleted has no targets: every
+// request is withdrawn.
+func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConfig, f *fleet) (plan, error) {
+	p := plan{retained: map[string]retention{}}
+	src, srcErr := r.Config.CacheSource(m.Spec.ModelSourceConfig)
+	if src.Type != inferencev1.ModelSourceHuggingFace && m.Status.ResolvedRevision != "" {
+		// Pinned to the content the first node holds: objects rewritten under the same location
+		// are not fetched by any other node (nor by a cold pod), and say so.
+		src.Revision = m.Status.ResolvedRevision
+	}
+	p.entry = prewarmv1alpha1.CacheRequest{UID: string(m.UID), Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
+	if !m.DeletionTimestamp.IsZero() {
+		return p, nil
+	}
+	ok, why, err := r.parentWants(ctx, m)
+	if err != nil {
+		return p, err
+	}
+	if !ok {
+		p.verdict = &verdict{inferencev1.ReasonParentNotFound, why, true}
+		return p, nil
+	}
+	if allowed, why := r.Config.CacheRootAllowed(m.Spec.HostPath); !allowed {
+		p.verdict = &verdict{inferencev1.ReasonHostPathNotAllowed, why, true}
+		return p, nil
+	}
+	if srcErr != nil {
+		p.verdict = &verdict{inferencev1.ReasonSourceNotAllowed, srcErr.Error(), true}
+		return p, nil
+	}
+	if p.access, err = r.sourceAccess(ctx, m, src); err != nil {
+		return p, err
+	}
+	if !p.access.creds.Empty() || p.access.tokenProblem != "" || p.access.refused != "" {
+		// The namespace's Secrets are read, not watched: look again, so that a replaced or
+		// revoked token reaches the nodes (and a fixed one the cache) without waiting for
+		// another change.
+		p.requeue = secretRecheck
+	}
+	switch {
+	case p.access.refused != "":
+		p.verdict = &verdict{inferencev1.ReasonSourceNotAllowed, p.access.refused, true}
+		return p, nil
+	case p.access.tokenProblem != "":
+		p.verdict = &verdict{reason: inferencev1.ReasonTokenSecretProblem, message: p.access.tokenProblem} // the nodes try without it
+	}
+
+	// Targets: the nodes the parent's pods may run on. A node the placement selects but whose
+	// scheduling state keeps the pods off for now (cordoned, tainted, unreachable) is not a
+	// target, but keeps what it was asked for until the retention passes: that state passes,
+	// and the model will be wanted there again.
+	now := r.Now()
+	rules := r.Config.Rules()
+	for _, n := range f.nodes {
+		if ok, _ := rules.Selects(m.Spec.Placement, n); !ok {
+			// Pods of the cache's namespace on this node ask for it (their CSI volume),
+			// though the placement does not select it: the node holds it for them while they
+			// are there. The agent's word for it is not enough (it would get the namespace's
+			// credentials and its pods' preference): the pods must be there.
+			if demanded(f.nodeCache(n.Name), m) {
+				there, err := r.podsDemand(ctx, n.Name, m)
+				if err != nil {
+					return p, err
+				}
+				if there {
+					p.targets = append(p.targets, n)
+				}
+			}
+			continue
+		}
+		ok, why := placement.Admits(m.Spec.Placement, n)
+		if ok {
+			p.targets = append(p.targets, n)
+			continue
+		}
+		asked := f.request(n.Name)
+		if asked == nil {
+			p.excluded.add(why, n.Name) // never asked here: nothing to keep
+			continue
+		}
+		since := asked.RetainedSince
+		t, err := time.Parse(time.RFC3339, since)
+		if err != nil {
+			since, t = now.UTC().Format(time.RFC3339), now
+		}
+		left := r.Config.Retention() - now.Sub(t)
+		if left <= 0 {
+			p.excluded.add(why, n.Name) // kept long enough: withdrawn
+			continue
+		}
+		p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention()), why: why}
+		p.retainedNodes = append(p.retainedNodes, n)
+		if p.requeue == 0 || left < p.requeue {
+			p.requeue = left
+		}
+	}
+	return p, nil
+}
+
+// podsDemand reports whether a pod of m's namespace that has not finished runs on node (is
+// bound to it) with prewarm's CSI volume naming m: what a node's reported demand must be borne
+// out by. It asks the API server (pods bound to one node, of one namespace), not the agent.
+func (r *Reconciler) podsDemand(ctx context.Context, node string, m *inferencev1.ModelDataCacheConfig) (bool, error) {
+	if r.APIReader == nil {
+		return false, nil
+	}
+	pods := &corev1.PodList{}
+	if err := r.APIReader.List(ctx, pods, client.InNamespace(m.Namespace), client.MatchingFields{"spec.nodeName": node}); err != nil {
+		return false, fmt.Errorf("listing namespace %s's pods on node %s, to check its demand: %w", m.Namespace, node, err)
+	}
+	for _, pod := range pods.Items {
+		if pod.Spec.NodeName != node || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, v := range pod.Spec.Volumes {
+			if prewarmv1alpha1.VolumeCacheUID(v) == string(m.UID) {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// demanded reports whether pods of m's namespace on nc's node ask for m through prewarm's CSI
+// volume, as nc's agent reports it. Pods of another namespace naming m make nothing happen
+// (their mount is refused).
+func demanded(nc *prewarmv1alpha1.NodeCache, m *inferencev1.ModelDataCacheConfig) bool {
+	if nc == nil {
+		return false
+	}
+	return slices.ContainsFunc(nc.Status.Demands, func(d prewarmv1alpha1.CacheDemand) bool {
+		return d.UID == string(m.UID) && d.Namespace == m.Namespace
+	})
+}
+
+// retention is why and how long a node that is not a target keeps a cache.
+type retention struct {
+	since string // RFC 3339, as in the NodeCache request
+	until time.Time
+	why   string
+}
