@@ -81,7 +81,7 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 	}
 	a.mu.Lock()
 	j, ok := a.jobs[req.CacheUID]
-	removing := a.removing[req.CacheUID]
+	removing := a.isRemoving(req.CacheUID)
 	a.mu.Unlock()
 	if !ok {
 		if removing {
@@ -202,72 +202,4 @@ func (a *Agent) event(req MountRequest, typ, reason, msg string) {
 		action = "Verify"
 	}
 	a.recorder.Eventf(pod, nil, typ, reason, action, "%s", msg)
-}
-
-// demand makes the job download now, ahead of the caches no pod waits for, even on a node that
-// is no longer a target. It reports whether this is the first demand.
-func (j *job) demand() bool {
-	first := false
-	j.demandOnce.Do(func() {
-		first = true
-		close(j.demanded)
-		select {
-		case j.changed <- struct{}{}: // out of a retry wait
-		default:
-		}
-	})
-	return first
-}
-
-func (j *job) isDemanded() bool {
-	select {
-	case <-j.demanded:
-		return true
-	default:
-		return false
-	}
-}
-
-// checkCredentials checks, at most once per CredentialCheckInterval, that the origin lets the
-// cache's namespace read the source: with the credentials the cache is read with (the
-// namespace's own token or keys), or, for a Hugging Face source read without any, anonymously
-// (a gated repository refuses that). The bytes on the node's disk serve every pod of the cache,
-// but a pod mounts them only while its namespace is entitled to the source: a token revoked (or
-// removed) stops new mounts. An S3 or FSx source read with prewarm's own identity, which the
-// operator configuration allows for the namespace, needs no check.
-func (j *job) checkCredentials(ctx context.Context) error {
-	r := j.current()
-	digest := ""
-	switch {
-	case r.Credentials != nil:
-		digest = r.Credentials.Digest
-	case r.Source.Type != inferencev1.ModelSourceHuggingFace:
-		return nil
-	}
-	j.a.mu.Lock()
-	ok := j.credsChecked && j.credsDigest == digest && j.a.opts.Now().Sub(j.credsAt) < CredentialCheckInterval
-	j.a.mu.Unlock()
-	if ok {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	src, closeSrc, err := j.openSource(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeSrc()
-	if _, err := src.List(ctx); err != nil {
-		return err
-	}
-	j.credentialsAccepted(digest)
-	return nil
-}
-
-// credentialsAccepted records that the origin accepted the credentials of this digest ("":
-// none).
-func (j *job) credentialsAccepted(digest string) {
-	j.a.mu.Lock()
-	j.credsChecked, j.credsDigest, j.credsAt = true, digest, j.a.opts.Now()
-	j.a.mu.Unlock()
 }

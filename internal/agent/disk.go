@@ -13,6 +13,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 )
 
 // A cache root must be a disk of its own: a model of 100 GB or more on the node's root
@@ -150,4 +152,50 @@ func mountOf(mounts []*mountinfo.Info, path string) *mountinfo.Info {
 
 func within(p, dir string) bool {
 	return dir == "/" || p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// rootStatus measures the filesystem under root, and says why the node keeps no cache there
+// when it is not a disk it may.
+func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
+	rs := prewarmv1alpha1.RootStatus{Path: root, ReservedBytes: a.opts.Reserve}
+	if p := a.opts.nodePath(root); p != root {
+		rs.NodePath = p
+	}
+	if err := a.checkDisk(root); err != nil {
+		rs.Reason, rs.Message = prewarmv1alpha1.ReasonNoLocalDisk, truncate(err.Error(), 1024)
+		if !errors.As(err, new(errNoDisk)) {
+			rs.Reason = ""
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(a.opts.rootDir(root), &st); err == nil && rs.Reason == "" {
+		rs.CapacityBytes = int64(st.Blocks) * st.Bsize
+		rs.FreeBytes = max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve)
+	}
+	return rs
+}
+
+// checkDisk returns nil when the node may keep caches under root: it is a disk of its own, or
+// the configuration allows it where it is. Otherwise it returns an errNoDisk (or the error that
+// kept the agent from telling).
+func (a *Agent) checkDisk(root string) error {
+	if r, ok := a.opts.Config.Root(root); !ok || r.AllowRootFilesystem {
+		return nil
+	}
+	err := a.disks.cached(a.opts.rootDir(root), a.opts.nodePath(root), a.opts.Now())
+	var nd errNoDisk
+	if errors.As(err, &nd) {
+		return errNoDisk{fmt.Sprintf("%s: the node keeps no cache there, and its pods read their model from the source "+
+			"(mount a local disk there, map the root to where the disk is with cacheRoots[].nodePath, or allow the root filesystem with cacheRoots[].allowRootFilesystem)", nd.msg)}
+	}
+	return err
+}
+
+// freeSpace is the engine's view of free space: the filesystem's, less the reserve.
+func (a *Agent) freeSpace(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve), nil
 }

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -17,18 +17,19 @@ import (
 	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
-	"github.com/prewarm/prewarm/pkg/engine/source/fs"
-	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
 // job keeps one cache on the node: downloads it, re-checks it, retries after failures.
 type job struct {
-	a      *Agent
+	a *Agent
+	// mu guards status, latest and the credentials check; it is taken after a.mu, never
+	// before.
+	mu     sync.Mutex
 	req    prewarmv1alpha1.CacheRequest
 	cancel context.CancelFunc
 	done   chan struct{}
 	// status, and latest (the request as it is now: its retention, pinned revision and sealed
-	// credentials change while the job runs, without a restart), are guarded by a.mu.
+	// credentials change while the job runs, without a restart).
 	status prewarmv1alpha1.CacheStatus
 	latest prewarmv1alpha1.CacheRequest
 	// changed wakes the job when latest changes (new credentials, a pin, a retention).
@@ -36,8 +37,7 @@ type job struct {
 	// demanded is closed when a pod on the node waits for the cache (fill on a miss).
 	demanded   chan struct{}
 	demandOnce sync.Once
-	// credsDigest is the digest of the credentials the origin last accepted, at credsAt
-	// (guarded by a.mu).
+	// credsDigest is the digest of the credentials the origin last accepted, at credsAt.
 	credsChecked bool
 	credsDigest  string
 	credsAt      time.Time
@@ -45,28 +45,47 @@ type job struct {
 
 // current returns the request as it is now.
 func (j *job) current() prewarmv1alpha1.CacheRequest {
-	j.a.mu.Lock()
-	defer j.a.mu.Unlock()
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	return j.latest
 }
 
 func (j *job) retained() bool {
-	j.a.mu.Lock()
-	defer j.a.mu.Unlock()
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	return j.latest.RetainedSince != ""
 }
 
-func (j *job) snapshot() prewarmv1alpha1.CacheStatus { return *j.status.DeepCopy() }
+func (j *job) snapshot() prewarmv1alpha1.CacheStatus {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return *j.status.DeepCopy()
+}
+
+// update takes on r, the request as it is now, and wakes the job when it changed: the job takes
+// it on at once, without a restart.
+func (j *job) update(r prewarmv1alpha1.CacheRequest) {
+	j.mu.Lock()
+	changed := !equality.Semantic.DeepEqual(j.latest, r)
+	j.latest = r
+	j.mu.Unlock()
+	if changed {
+		select {
+		case j.changed <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // set changes the job's status; a change of state stamps the transition time.
 func (j *job) set(fn func(st *prewarmv1alpha1.CacheStatus)) {
-	j.a.mu.Lock()
+	j.mu.Lock()
 	before := j.status.State
 	fn(&j.status)
 	if j.status.State != before {
 		j.status.LastTransitionTime = j.a.now()
 	}
-	j.a.mu.Unlock()
+	j.mu.Unlock()
 }
 
 func (j *job) run(ctx context.Context) {
@@ -282,191 +301,9 @@ func (j *job) settle(ctx context.Context, model, what string) (time.Duration, bo
 	return j.untilNextCheck(), true
 }
 
-// download runs fn with an engine that reports into the job's status and the cache's source,
-// once one of the node's download slots is free.
-func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
-	var last engine.Progress
-	return j.downloadReporting(ctx, func(p engine.Progress) {
-		// What this copy cost the origin and the peers adds up over every download of it
-		// since the agent started.
-		j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
-		last = p
-	}, fn)
-}
-
-// downloadReporting runs fn with an engine that reports to progress and reads the cache's
-// source, once one of the node's download slots is free.
-func (j *job) downloadReporting(ctx context.Context, progress func(engine.Progress), fn func(*engine.Engine, source.Source) error) error {
-	release, err := j.slot(ctx)
-	if err != nil {
-		return err
-	}
-	defer release()
-	src, closeSrc, err := j.openSource(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeSrc()
-	o := &j.a.opts
-	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
-		engine.WithProgress(progress, o.StatusInterval))...)
-	err = fn(eng, src)
-	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
-		ctrl.LoggerFrom(ctx).Info("links that lead out of the model's directory were skipped", "links", fs.Skipped())
-	}
-	return err
-}
-
-// slot waits for one of the node's download slots. A cache a pod waits for (fill on a miss)
-// may also take the node's one extra slot for such caches, so it does not queue behind caches
-// no pod waits for.
-func (j *job) slot(ctx context.Context) (func(), error) {
-	sem, urgent := j.a.sem, j.a.urgent
-	for {
-		if j.isDemanded() {
-			select {
-			case sem <- struct{}{}:
-				return func() { <-sem }, nil
-			case urgent <- struct{}{}:
-				return func() { <-urgent }, nil
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
-		select {
-		case sem <- struct{}{}:
-			return func() { <-sem }, nil
-		case <-j.demanded:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// openSource opens the cache's source. File sources are opened inside their allowed root, so
-// no link on the way leads out of it.
-func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
-	o := &j.a.opts
-	cs := j.req.Source
-	if cs.Type == inferencev1.ModelSourceFSx {
-		root, rel, err := o.fileSource(j.req.Namespace, cs)
-		if err != nil {
-			return nil, nil, err
-		}
-		src, err := fs.NewIn(root, rel, cs.String())
-		if err != nil {
-			root.Close()
-			return nil, nil, err
-		}
-		return src, func() { src.Close(); root.Close() }, nil
-	}
-	spec, srcOpts, err := o.sourceSpec(cs)
-	if err != nil {
-		return nil, nil, err
-	}
-	if c := j.current().Credentials; c != nil {
-		creds, err := j.a.key.Open(o.NodeName, j.req.UID, c)
-		if err != nil {
-			return nil, nil, &source.AccessError{Err: err}
-		}
-		srcOpts.Token = creds.HFToken
-		srcOpts.AccessKeyID, srcOpts.SecretAccessKey, srcOpts.SessionToken = creds.AWSAccessKeyID, creds.AWSSecretAccessKey, creds.AWSSessionToken
-	}
-	src, err := sources.Open(ctx, spec, srcOpts)
-	if err != nil {
-		return nil, nil, err
-	}
-	return src, func() {}, nil
-}
-
-// repair fetches the damaged files again. done is false when the source has changed since the
-// cache was made, and the whole model must be fetched again instead.
-func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage) (wait time.Duration, ok, done bool) {
-	paths := make([]string, len(damaged))
-	for i, d := range damaged {
-		paths[i] = d.Path
-	}
-	var res engine.Result
-	err := j.download(ctx, func(eng *engine.Engine, src source.Source) error {
-		var err error
-		res, err = eng.Repair(ctx, src, model, paths)
-		return err
-	})
-	switch {
-	case errors.Is(err, engine.ErrSourceChanged):
-		ctrl.LoggerFrom(ctx).Info("the source changed since the cache was made; fetching the whole model again")
-		return 0, false, false
-	case err != nil:
-		if ctx.Err() != nil {
-			return 0, false, true
-		}
-		reason, msg, wait := j.classify(err)
-		j.fail(reason, "repairing: "+msg)
-		return wait, false, true
-	}
-	j.a.metrics.repaired.Add(float64(len(paths)))
-	ctrl.LoggerFrom(ctx).Info("cache repaired", "files", len(paths), "fetched", res.Fetched)
-	wait, ok = j.settle(ctx, model, "repaired")
-	return wait, ok, true
-}
-
-// verifyContent reads the whole cache back against its checksums, at most VerifyRate bytes per
-// second. The cache stays Ready meanwhile: it was whole by size, and was verified when written.
-func (j *job) verifyContent(ctx context.Context, model string) (*engine.Manifest, []engine.Damage, error) {
-	var last int64
-	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.a.verifyLimiter, Read: func(n int64) {
-		j.a.metrics.verified.Add(float64(n - last))
-		last = n
-	}})
-	if err == nil && len(damaged) == 0 {
-		j.setVerified()
-		ctrl.LoggerFrom(ctx).Info("cache content verified", "bytes", last)
-	}
-	return m, damaged, err
-}
-
-func (j *job) verifyDue() bool {
-	j.a.mu.Lock()
-	defer j.a.mu.Unlock()
-	v := j.status.LastVerifiedTime
-	return v == nil || j.a.opts.Now().Sub(v.Time) >= j.a.opts.VerifyInterval
-}
-
-func (j *job) setVerified() {
-	j.set(func(st *prewarmv1alpha1.CacheStatus) { st.LastVerifiedTime = j.a.now() })
-}
-
-// untilNextCheck is the wait before a Ready cache is checked again: the cheap re-check, or the
-// content verification if that comes first.
-func (j *job) untilNextCheck() time.Duration {
-	o := &j.a.opts
-	j.a.mu.Lock()
-	v := j.status.LastVerifiedTime
-	j.a.mu.Unlock()
-	wait := o.RecheckInterval
-	if v != nil {
-		wait = min(wait, max(time.Second, o.VerifyInterval-o.Now().Sub(v.Time)))
-	}
-	return wait
-}
-
-// damageMessage says, for people, which files are damaged (the first few) out of how many.
-func damageMessage(damaged []engine.Damage, files int) string {
-	var parts []string
-	for i, d := range damaged {
-		if i == 3 {
-			parts = append(parts, fmt.Sprintf("and %d more", len(damaged)-3))
-			break
-		}
-		parts = append(parts, d.Path+": "+d.Problem)
-	}
-	return fmt.Sprintf("%d of %d files damaged (%s)", len(damaged), files, strings.Join(parts, "; "))
-}
-
 func (j *job) snapshotState() inferencev1.CacheState {
-	j.a.mu.Lock()
-	defer j.a.mu.Unlock()
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	return j.status.State
 }
 
@@ -535,4 +372,28 @@ func (j *job) classify(err error) (string, string, time.Duration) {
 func permanentRefusal(err error) bool {
 	var se *source.StatusError
 	return errors.As(err, &se) && se.StatusCode >= 400 && se.StatusCode < 500 && !source.Retryable(err)
+}
+
+// demand makes the job download now, ahead of the caches no pod waits for, even on a node that
+// is no longer a target. It reports whether this is the first demand.
+func (j *job) demand() bool {
+	first := false
+	j.demandOnce.Do(func() {
+		first = true
+		close(j.demanded)
+		select {
+		case j.changed <- struct{}{}: // out of a retry wait
+		default:
+		}
+	})
+	return first
+}
+
+func (j *job) isDemanded() bool {
+	select {
+	case <-j.demanded:
+		return true
+	default:
+		return false
+	}
 }

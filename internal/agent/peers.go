@@ -1,17 +1,12 @@
 package agent
 
 import (
-	"context"
 	"errors"
-	"log/slog"
 	"net/http"
-	"net/netip"
 	"os"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/go-logr/logr"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -35,37 +30,6 @@ type Peers struct {
 	TrustPeers bool
 	// Metrics count dropped peers and waits.
 	Metrics *peer.Metrics
-}
-
-// trustsPeers says whether files without a source digest may come from peers.
-func (j *job) trustsPeers() bool { return j.a.opts.Peers != nil && j.a.opts.Peers.TrustPeers }
-
-// swarm is the Swarm a download of j's cache shares parts through, or nil.
-func (j *job) swarm(ctx context.Context) engine.Swarm {
-	p := j.a.opts.Peers
-	if p == nil || p.Server == nil {
-		return nil
-	}
-	peersNow := func() []peer.Peer {
-		var peers []peer.Peer
-		for _, cp := range j.current().Peers {
-			// The controller hands out only IP:port addresses it checked; anything else (a
-			// host name, a path) is not sent this agent's token.
-			if ap, err := netip.ParseAddrPort(cp.Address); err != nil || ap.String() != cp.Address {
-				continue
-			}
-			peers = append(peers, peer.Peer{Name: cp.Node, URL: "http://" + cp.Address, Upstream: cp.Upstream})
-		}
-		return peers
-	}
-	return peer.NewSwarm(peer.SwarmOptions{
-		Self: j.a.opts.NodeName, Key: j.req.UID, Peers: peersNow(), Server: p.Server, Client: p.Client, Token: p.Token,
-		Wait: p.Wait, SlowPart: p.SlowPart, Metrics: p.Metrics,
-		// The controller lists a node's peers once their agents report where they serve, which
-		// may be after this node's download started: it takes them on as they come.
-		Refresh: peersNow,
-		Log:     slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID))),
-	})
 }
 
 // offer offers a Ready cache's parts to the node's peers (when it has a part table: a cache

@@ -1,0 +1,192 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/peer"
+	"github.com/prewarm/prewarm/pkg/engine/source"
+	"github.com/prewarm/prewarm/pkg/engine/source/fs"
+	"github.com/prewarm/prewarm/pkg/engine/sources"
+)
+
+// checkCredentials checks, at most once per CredentialCheckInterval, that the origin lets the
+// cache's namespace read the source: with the credentials the cache is read with (the
+// namespace's own token or keys), or, for a Hugging Face source read without any, anonymously
+// (a gated repository refuses that). The bytes on the node's disk serve every pod of the cache,
+// but a pod mounts them only while its namespace is entitled to the source: a token revoked (or
+// removed) stops new mounts. An S3 or FSx source read with prewarm's own identity, which the
+// operator configuration allows for the namespace, needs no check.
+func (j *job) checkCredentials(ctx context.Context) error {
+	r := j.current()
+	digest := ""
+	switch {
+	case r.Credentials != nil:
+		digest = r.Credentials.Digest
+	case r.Source.Type != inferencev1.ModelSourceHuggingFace:
+		return nil
+	}
+	j.mu.Lock()
+	ok := j.credsChecked && j.credsDigest == digest && j.a.opts.Now().Sub(j.credsAt) < CredentialCheckInterval
+	j.mu.Unlock()
+	if ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	src, closeSrc, err := j.openSource(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeSrc()
+	if _, err := src.List(ctx); err != nil {
+		return err
+	}
+	j.credentialsAccepted(digest)
+	return nil
+}
+
+// credentialsAccepted records that the origin accepted the credentials of this digest ("":
+// none).
+func (j *job) credentialsAccepted(digest string) {
+	j.mu.Lock()
+	j.credsChecked, j.credsDigest, j.credsAt = true, digest, j.a.opts.Now()
+	j.mu.Unlock()
+}
+
+// trustsPeers says whether files without a source digest may come from peers.
+func (j *job) trustsPeers() bool { return j.a.opts.Peers != nil && j.a.opts.Peers.TrustPeers }
+
+// swarm is the Swarm a download of j's cache shares parts through, or nil.
+func (j *job) swarm(ctx context.Context) engine.Swarm {
+	p := j.a.opts.Peers
+	if p == nil || p.Server == nil {
+		return nil
+	}
+	peersNow := func() []peer.Peer {
+		var peers []peer.Peer
+		for _, cp := range j.current().Peers {
+			// The controller hands out only IP:port addresses it checked; anything else (a
+			// host name, a path) is not sent this agent's token.
+			if ap, err := netip.ParseAddrPort(cp.Address); err != nil || ap.String() != cp.Address {
+				continue
+			}
+			peers = append(peers, peer.Peer{Name: cp.Node, URL: "http://" + cp.Address, Upstream: cp.Upstream})
+		}
+		return peers
+	}
+	return peer.NewSwarm(peer.SwarmOptions{
+		Self: j.a.opts.NodeName, Key: j.req.UID, Peers: peersNow(), Server: p.Server, Client: p.Client, Token: p.Token,
+		Wait: p.Wait, SlowPart: p.SlowPart, Metrics: p.Metrics,
+		// The controller lists a node's peers once their agents report where they serve, which
+		// may be after this node's download started: it takes them on as they come.
+		Refresh: peersNow,
+		Log:     slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID))),
+	})
+}
+
+// download runs fn with an engine that reports into the job's status and the cache's source,
+// once one of the node's download slots is free.
+func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
+	var last engine.Progress
+	return j.downloadReporting(ctx, func(p engine.Progress) {
+		// What this copy cost the origin and the peers adds up over every download of it
+		// since the agent started.
+		j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
+		last = p
+	}, fn)
+}
+
+// downloadReporting runs fn with an engine that reports to progress and reads the cache's
+// source, once one of the node's download slots is free.
+func (j *job) downloadReporting(ctx context.Context, progress func(engine.Progress), fn func(*engine.Engine, source.Source) error) error {
+	release, err := j.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	src, closeSrc, err := j.openSource(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeSrc()
+	o := &j.a.opts
+	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
+		engine.WithFreeSpace(j.a.freeSpace), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
+		engine.WithProgress(progress, o.StatusInterval))...)
+	err = fn(eng, src)
+	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
+		ctrl.LoggerFrom(ctx).Info("links that lead out of the model's directory were skipped", "links", fs.Skipped())
+	}
+	return err
+}
+
+// slot waits for one of the node's download slots. A cache a pod waits for (fill on a miss)
+// may also take the node's one extra slot for such caches, so it does not queue behind caches
+// no pod waits for.
+func (j *job) slot(ctx context.Context) (func(), error) {
+	sem, urgent := j.a.sem, j.a.urgent
+	for {
+		if j.isDemanded() {
+			select {
+			case sem <- struct{}{}:
+				return func() { <-sem }, nil
+			case urgent <- struct{}{}:
+				return func() { <-urgent }, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		select {
+		case sem <- struct{}{}:
+			return func() { <-sem }, nil
+		case <-j.demanded:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// openSource opens the cache's source. File sources are opened inside their allowed root, so
+// no link on the way leads out of it.
+func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
+	o := &j.a.opts
+	cs := j.req.Source
+	if cs.Type == inferencev1.ModelSourceFSx {
+		root, rel, err := o.fileSource(j.req.Namespace, cs)
+		if err != nil {
+			return nil, nil, err
+		}
+		src, err := fs.NewIn(root, rel, cs.String())
+		if err != nil {
+			root.Close()
+			return nil, nil, err
+		}
+		return src, func() { src.Close(); root.Close() }, nil
+	}
+	spec, srcOpts, err := o.sourceSpec(cs)
+	if err != nil {
+		return nil, nil, err
+	}
+	if c := j.current().Credentials; c != nil {
+		creds, err := j.a.key.Open(o.NodeName, j.req.UID, c)
+		if err != nil {
+			return nil, nil, &source.AccessError{Err: err}
+		}
+		srcOpts.Token = creds.HFToken
+		srcOpts.AccessKeyID, srcOpts.SecretAccessKey, srcOpts.SessionToken = creds.AWSAccessKeyID, creds.AWSSecretAccessKey, creds.AWSSessionToken
+	}
+	src, err := sources.Open(ctx, spec, srcOpts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, func() {}, nil
+}
