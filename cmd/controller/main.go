@@ -4,6 +4,7 @@
 package main
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	// Root certificates for images without a system store (the images are built FROM scratch);
 	// the system's are used where there are some.
 	_ "golang.org/x/crypto/x509roots/fallback"
@@ -97,10 +98,10 @@ func run() error {
 		return err
 	}
 	if o.gateTimeout > 0 {
-		op.Controller.GateTimeout = o.gateTimeout.String()
+		op.Controller.GateTimeout = metav1.Duration{Duration: o.gateTimeout}
 	}
 	if o.retention > 0 {
-		op.Controller.Retention = o.retention.String()
+		op.Controller.Retention = metav1.Duration{Duration: o.retention}
 	}
 	if o.agentImage != "" {
 		op.Controller.AgentImage = o.agentImage

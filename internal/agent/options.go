@@ -74,26 +74,26 @@ type Options struct {
 
 // Defaults fills the zero fields of o.
 func (o *Options) Defaults() {
-	if o.Config.Kind == "" {
-		o.Config = config.Default()
-	}
+	// What the configuration tunes takes its value there (internal/config holds the defaults).
+	o.Config.SetDefaults()
+	ac := o.Config.Agent
 	if o.MaxParallel <= 0 {
-		o.MaxParallel = 2
+		o.MaxParallel = ac.MaxParallel
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = ac.ProgressInterval.Duration
+	}
+	if o.VerifyInterval <= 0 {
+		o.VerifyInterval = ac.VerifyInterval.Duration
 	}
 	if o.StatusInterval <= 0 {
 		o.StatusInterval = 2 * time.Second
-	}
-	if o.ProgressInterval <= 0 {
-		o.ProgressInterval = 10 * time.Second
 	}
 	if o.HeartbeatInterval <= 0 {
 		o.HeartbeatInterval = time.Minute
 	}
 	if o.RecheckInterval <= 0 {
 		o.RecheckInterval = 5 * time.Minute
-	}
-	if o.VerifyInterval <= 0 {
-		o.VerifyInterval = 24 * time.Hour
 	}
 	if o.RetryInterval <= 0 {
 		o.RetryInterval = 10 * time.Second

@@ -8,20 +8,23 @@ package config
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -184,10 +187,10 @@ type Peers struct {
 	// MaxPeers is how many peers one agent sends parts to at once (4).
 	MaxPeers int `json:"maxPeers,omitempty"`
 	// UploadRate caps the bytes per second one agent sends to its peers (0: no cap).
-	UploadRate string `json:"uploadRate,omitempty"`
+	UploadRate *resource.Quantity `json:"uploadRate,omitempty"`
 	// Wait is the most time a part waits for a peer to hold it before the agent reads it from
 	// the source (30s).
-	Wait string `json:"wait,omitempty"`
+	Wait metav1.Duration `json:"wait,omitempty"`
 	// Audience is the audience of the service account tokens agents present to each other
 	// (prewarm-peer).
 	Audience string `json:"audience,omitempty"`
@@ -215,30 +218,27 @@ type Budget struct {
 	// downloads together (0: each download's agent.concurrency).
 	MaxConcurrency int `json:"maxConcurrency,omitempty"`
 	// MaxRate caps the bytes per second one node reads from the origin (0: no cap).
-	MaxRate string `json:"maxRate,omitempty"`
+	MaxRate *resource.Quantity `json:"maxRate,omitempty"`
 }
 
-// MaxRateBytes is the validated rate cap.
-func (b Budget) MaxRateBytes() int64 { return size(b.MaxRate) }
+// MaxRateBytes is the rate cap in bytes per second (0: none).
+func (b Budget) MaxRateBytes() int64 { return bytesOf(b.MaxRate) }
 
-// WaitDuration is the validated wait.
-func (p Peers) WaitDuration() time.Duration { return duration(p.Wait) }
-
-// UploadRateBytes is the validated upload cap.
-func (p Peers) UploadRateBytes() int64 { return size(p.UploadRate) }
+// UploadRateBytes is the upload cap in bytes per second (0: none).
+func (p Peers) UploadRateBytes() int64 { return bytesOf(p.UploadRate) }
 
 // Controller tunes the controller. Durations are Go durations (30m, 24h).
 type Controller struct {
 	// GateTimeout is the longest a Deployment waits for its weights cache to settle (30m).
-	GateTimeout string `json:"gateTimeout,omitempty"`
+	GateTimeout metav1.Duration `json:"gateTimeout,omitempty"`
 	// DeletionTimeout is the longest a deleted cache waits for the nodes that report it to say
 	// they removed its files (10m); past it the cache goes, with a Warning naming them. An
 	// agent removes the files of a cache no request names whether or not the cache still exists,
 	// so this bounds only how long deletion is shown.
-	DeletionTimeout string `json:"deletionTimeout,omitempty"`
+	DeletionTimeout metav1.Duration `json:"deletionTimeout,omitempty"`
 	// Retention is how long a cordoned, tainted or unreachable node that a cache's placement
 	// still selects keeps its copy (24h).
-	Retention string `json:"retention,omitempty"`
+	Retention metav1.Duration `json:"retention,omitempty"`
 	// AgentImage is the agent's image: the init container of inference pods without a weights
 	// cache, and the image cache's pods' installer.
 	AgentImage string `json:"agentImage,omitempty"`
@@ -260,62 +260,42 @@ type Controller struct {
 	ConcurrentReconciles int `json:"concurrentReconciles,omitempty"`
 }
 
-// GateTimeoutDuration is the validated gate timeout.
-func (c Controller) GateTimeoutDuration() time.Duration { return duration(c.GateTimeout) }
-
-// DeletionTimeoutDuration is the validated deletion timeout.
-func (c Controller) DeletionTimeoutDuration() time.Duration { return duration(c.DeletionTimeout) }
-
-// RetentionDuration is the validated retention.
-func (c Controller) RetentionDuration() time.Duration { return duration(c.Retention) }
-
 // Agent tunes the agents. Sizes are Kubernetes quantities (20Gi, 16Mi).
 type Agent struct {
 	// Reserve is the free space under each cache root that caches never take (2Gi).
-	Reserve string `json:"reserve,omitempty"`
+	Reserve *resource.Quantity `json:"reserve,omitempty"`
 	// MaxParallel is how many caches a node downloads at once (2).
 	MaxParallel int `json:"maxParallel,omitempty"`
 	// Concurrency is how many ranged reads one download keeps in flight (64).
 	Concurrency int `json:"concurrency,omitempty"`
 	// PartSize is the size of each ranged read (16Mi).
-	PartSize string `json:"partSize,omitempty"`
+	PartSize *resource.Quantity `json:"partSize,omitempty"`
 	// VerifyInterval is how often a Ready cache's content is read back (24h).
-	VerifyInterval string `json:"verifyInterval,omitempty"`
+	VerifyInterval metav1.Duration `json:"verifyInterval,omitempty"`
 	// VerifyRate caps the bytes per second re-verification reads (200Mi; 0: no cap).
-	VerifyRate string `json:"verifyRate,omitempty"`
+	VerifyRate *resource.Quantity `json:"verifyRate,omitempty"`
 	// ProgressInterval is the least time between two NodeCache status writes of an agent that
 	// change only the progress of its downloads (10s); a change of state is written at once.
 	// It bounds the API writes of a fleet downloading at once: nodes / progressInterval.
-	ProgressInterval string `json:"progressInterval,omitempty"`
+	ProgressInterval metav1.Duration `json:"progressInterval,omitempty"`
 	// MetricsPerCache labels the agents' per-cache metrics by cache UID (false: sums over a
 	// node's caches). The metrics port is not authenticated: with it, any pod that can reach
 	// an agent learns which caches its node holds.
 	MetricsPerCache bool `json:"metricsPerCache,omitempty"`
 }
 
-// ProgressIntervalDuration is the validated progress interval.
-func (a Agent) ProgressIntervalDuration() time.Duration { return duration(a.ProgressInterval) }
+// ReserveBytes is the reserve in bytes.
+func (a Agent) ReserveBytes() int64 { return bytesOf(a.Reserve) }
 
-// ReserveBytes is the validated reserve.
-func (a Agent) ReserveBytes() int64 { return size(a.Reserve) }
+// PartSizeBytes is the part size in bytes.
+func (a Agent) PartSizeBytes() int64 { return bytesOf(a.PartSize) }
 
-// PartSizeBytes is the validated part size.
-func (a Agent) PartSizeBytes() int64 { return size(a.PartSize) }
+// VerifyRateBytes is the re-verification rate in bytes per second (0: no cap).
+func (a Agent) VerifyRateBytes() int64 { return bytesOf(a.VerifyRate) }
 
-// VerifyRateBytes is the validated re-verification rate.
-func (a Agent) VerifyRateBytes() int64 { return size(a.VerifyRate) }
-
-// VerifyIntervalDuration is the validated re-verification interval.
-func (a Agent) VerifyIntervalDuration() time.Duration { return duration(a.VerifyInterval) }
-
-func duration(s string) time.Duration {
-	d, _ := time.ParseDuration(s)
-	return d
-}
-
-func size(s string) int64 {
-	q, err := resource.ParseQuantity(s)
-	if err != nil {
+// bytesOf is q in bytes; 0 when it is not set.
+func bytesOf(q *resource.Quantity) int64 {
+	if q == nil {
 		return 0
 	}
 	return q.Value()
@@ -411,9 +391,20 @@ func (o *Operator) defaults() {
 			*n = v
 		}
 	}
-	text(&c.GateTimeout, "30m")
-	text(&c.DeletionTimeout, "10m")
-	text(&c.Retention, "24h")
+	duration := func(d *metav1.Duration, v time.Duration) {
+		if d.Duration == 0 {
+			d.Duration = v
+		}
+	}
+	quantity := func(q **resource.Quantity, v string) {
+		if *q == nil {
+			d := resource.MustParse(v)
+			*q = &d
+		}
+	}
+	duration(&c.GateTimeout, 30*time.Minute)
+	duration(&c.DeletionTimeout, 10*time.Minute)
+	duration(&c.Retention, 24*time.Hour)
 	text(&c.AgentImage, DefaultAgentImage)
 	text(&c.ImageCachePriorityClass, DefaultImageCachePriorityClass)
 	if c.ClientQPS == 0 {
@@ -421,18 +412,18 @@ func (o *Operator) defaults() {
 	}
 	number(&c.ClientBurst, 400)
 	number(&c.ConcurrentReconciles, 4)
-	text(&a.Reserve, "2Gi")
+	quantity(&a.Reserve, "2Gi")
 	number(&a.MaxParallel, 2)
 	number(&a.Concurrency, 64)
-	text(&a.PartSize, "16Mi")
-	text(&a.VerifyInterval, "24h")
-	text(&a.ProgressInterval, "10s")
-	text(&a.VerifyRate, "200Mi")
+	quantity(&a.PartSize, "16Mi")
+	duration(&a.VerifyInterval, 24*time.Hour)
+	duration(&a.ProgressInterval, 10*time.Second)
+	quantity(&a.VerifyRate, "200Mi")
 	p := &o.Peers
 	number(&p.Port, 9444)
 	number(&p.GroupSize, 16)
 	number(&p.MaxPeers, 4)
-	text(&p.Wait, "30s")
+	duration(&p.Wait, 30*time.Second)
 	text(&p.Audience, "prewarm-peer")
 	text(&p.Trust, TrustSourceDigests)
 }
@@ -458,10 +449,14 @@ func Load(path string) (Operator, error) {
 	return Parse(b)
 }
 
-// Parse reads a configuration file's content.
+// Parse reads a configuration file's content: strictly (an unknown field is an error), with the
+// defaults filled in, and validated.
 func Parse(b []byte) (Operator, error) {
 	var o Operator
 	if err := yaml.UnmarshalStrict(b, &o); err != nil {
+		if fe := badValue(b); fe != nil {
+			return Operator{}, fmt.Errorf("operator configuration: %w", fe)
+		}
 		return Operator{}, fmt.Errorf("operator configuration: %w", err)
 	}
 	if (o.Kind != "" && o.Kind != Kind) || (o.APIVersion != "" && o.APIVersion != APIVersion) {
@@ -474,132 +469,209 @@ func Parse(b []byte) (Operator, error) {
 	return o, nil
 }
 
+var (
+	durationType = reflect.TypeFor[metav1.Duration]()
+	quantityType = reflect.TypeFor[resource.Quantity]()
+)
+
+// badValue finds, in a file that did not decode, a duration or size that does not parse, and
+// names its field: the decoder's own error does not say where it is.
+func badValue(b []byte) *field.Error {
+	var raw map[string]any
+	if yaml.Unmarshal(b, &raw) != nil {
+		return nil
+	}
+	return badValueIn(reflect.TypeFor[Operator](), raw, nil)
+}
+
+func badValueIn(t reflect.Type, v any, path *field.Path) *field.Error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case t == durationType:
+		if s, ok := v.(string); !ok || !validDuration(s) {
+			return field.Invalid(path, v, "want a duration such as 30s, 30m or 24h")
+		}
+	case t == quantityType:
+		if _, err := resource.ParseQuantity(fmt.Sprint(v)); err != nil {
+			return field.Invalid(path, v, "want a size such as 16Mi or 20Gi")
+		}
+	case t.Kind() == reflect.Slice:
+		list, _ := v.([]any)
+		for i, e := range list {
+			if fe := badValueIn(t.Elem(), e, path.Index(i)); fe != nil {
+				return fe
+			}
+		}
+	case t.Kind() == reflect.Struct:
+		m, _ := v.(map[string]any)
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if e, ok := m[name]; ok && name != "" {
+				child := field.NewPath(name)
+				if path != nil {
+					child = path.Child(name)
+				}
+				if fe := badValueIn(f.Type, e, child); fe != nil {
+					return fe
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func validDuration(s string) bool {
+	_, err := time.ParseDuration(s)
+	return err == nil
+}
+
 // validateSharing checks the peers and the origin budgets.
-func (o Operator) validateSharing() []error {
-	var errs []error
-	if d, err := time.ParseDuration(o.Peers.Wait); o.Peers.Wait != "" && (err != nil || d <= 0) {
-		errs = append(errs, fmt.Errorf("peers.wait %q: want a positive duration such as 30s", o.Peers.Wait))
+func (o Operator) validateSharing() field.ErrorList {
+	var errs field.ErrorList
+	p := o.Peers
+	peers := field.NewPath("peers")
+	errs = append(errs, positive(peers.Child("wait"), p.Wait)...)
+	errs = append(errs, atLeast(peers.Child("uploadRate"), p.UploadRate, 0)...)
+	errs = append(errs, atLeast(field.NewPath("s3", "budget", "maxRate"), o.S3.Budget.MaxRate, 0)...)
+	errs = append(errs, atLeast(field.NewPath("huggingFace", "budget", "maxRate"), o.HuggingFace.Budget.MaxRate, 0)...)
+	errs = append(errs, notNegative(field.NewPath("s3", "budget", "maxConcurrency"), o.S3.Budget.MaxConcurrency)...)
+	errs = append(errs, notNegative(field.NewPath("huggingFace", "budget", "maxConcurrency"), o.HuggingFace.Budget.MaxConcurrency)...)
+	errs = append(errs, notNegative(peers.Child("maxPeers"), p.MaxPeers)...)
+	if p.Port < 1 || p.Port > 65535 {
+		errs = append(errs, field.Invalid(peers.Child("port"), p.Port, "want a TCP port"))
 	}
-	for field, v := range map[string]string{"peers.uploadRate": o.Peers.UploadRate, "s3.budget.maxRate": o.S3.Budget.MaxRate,
-		"huggingFace.budget.maxRate": o.HuggingFace.Budget.MaxRate} {
-		if q, err := resource.ParseQuantity(v); v != "" && (err != nil || q.Value() < 0) {
-			errs = append(errs, fmt.Errorf("%s %q: want a rate in bytes per second such as 500Mi, or 0", field, v))
-		}
+	if p.Trust != TrustSourceDigests && p.Trust != TrustAllNodes {
+		errs = append(errs, field.NotSupported(peers.Child("trust"), p.Trust, []string{TrustSourceDigests, TrustAllNodes}))
 	}
-	for field, n := range map[string]int{"s3.budget.maxConcurrency": o.S3.Budget.MaxConcurrency,
-		"huggingFace.budget.maxConcurrency": o.HuggingFace.Budget.MaxConcurrency, "peers.maxPeers": o.Peers.MaxPeers} {
-		if n < 0 {
-			errs = append(errs, fmt.Errorf("%s %d: must not be negative", field, n))
-		}
+	if g := p.GroupSize; g < 2 || g > 32 {
+		errs = append(errs, field.Invalid(peers.Child("groupSize"), g, "want 2 to 32 (a node lists its group and its upstream group, at most 64 peers)"))
 	}
-	if p := o.Peers; p.Port < 1 || p.Port > 65535 {
-		errs = append(errs, fmt.Errorf("peers.port %d: want a TCP port", p.Port))
-	}
-	if t := o.Peers.Trust; t != TrustSourceDigests && t != TrustAllNodes {
-		errs = append(errs, fmt.Errorf("peers.trust %q: want %s or %s", t, TrustSourceDigests, TrustAllNodes))
-	}
-	if g := o.Peers.GroupSize; g < 2 || g > 32 {
-		errs = append(errs, fmt.Errorf("peers.groupSize %d: want 2 to 32 (a node lists its group and its upstream group, at most 64 peers)", g))
-	}
-	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) }) // maps: a stable order
 	return errs
 }
 
-// Validate says everything that is wrong with o.
+func positive(path *field.Path, d metav1.Duration) field.ErrorList {
+	if d.Duration <= 0 {
+		return field.ErrorList{field.Invalid(path, d.Duration.String(), "want a positive duration such as 30s, 30m or 24h")}
+	}
+	return nil
+}
+
+func atLeast(path *field.Path, q *resource.Quantity, least int64) field.ErrorList {
+	if q != nil && q.Value() < least {
+		return field.ErrorList{field.Invalid(path, q.String(), fmt.Sprintf("want a size such as 16Mi or 20Gi, at least %d bytes", least))}
+	}
+	return nil
+}
+
+func notNegative(path *field.Path, n int) field.ErrorList {
+	if n < 0 {
+		return field.ErrorList{field.Invalid(path, n, "must not be negative")}
+	}
+	return nil
+}
+
+// Validate says everything that is wrong with o, each problem with the field it is in.
 func (o Operator) Validate() error {
-	var errs []error
+	var errs field.ErrorList
 	errs = append(errs, o.validateRoots()...)
 	errs = append(errs, o.Placement.validate()...)
+	errs = append(errs, o.validateFSx()...)
+	c, a := o.Controller, o.Agent
+	ctl, agent := field.NewPath("controller"), field.NewPath("agent")
+	errs = append(errs, positive(ctl.Child("gateTimeout"), c.GateTimeout)...)
+	errs = append(errs, positive(ctl.Child("deletionTimeout"), c.DeletionTimeout)...)
+	errs = append(errs, positive(ctl.Child("retention"), c.Retention)...)
+	errs = append(errs, positive(agent.Child("verifyInterval"), a.VerifyInterval)...)
+	errs = append(errs, positive(agent.Child("progressInterval"), a.ProgressInterval)...)
+	errs = append(errs, atLeast(agent.Child("reserve"), a.Reserve, 0)...)
+	errs = append(errs, atLeast(agent.Child("partSize"), a.PartSize, 1<<20)...)
+	errs = append(errs, atLeast(agent.Child("verifyRate"), a.VerifyRate, 0)...)
+	errs = append(errs, notNegative(ctl.Child("clientBurst"), c.ClientBurst)...)
+	errs = append(errs, notNegative(ctl.Child("concurrentReconciles"), c.ConcurrentReconciles)...)
+	errs = append(errs, notNegative(agent.Child("maxParallel"), a.MaxParallel)...)
+	errs = append(errs, notNegative(agent.Child("concurrency"), a.Concurrency)...)
+	errs = append(errs, o.validateSharing()...)
+	if c.ClientQPS < 0 {
+		errs = append(errs, field.Invalid(ctl.Child("clientQPS"), c.ClientQPS, "must not be negative"))
+	}
+	errs = append(errs, o.validateSourceAccess()...)
+	return errs.ToAggregate()
+}
+
+// validateFSx checks the FSx mounts: file system ids listed once, mount paths clean and apart
+// from the cache roots.
+func (o Operator) validateFSx() field.ErrorList {
+	var errs field.ErrorList
 	ids := map[string]bool{}
 	for i, m := range o.FSx {
+		at := field.NewPath("fsx").Index(i)
 		if !strings.HasPrefix(m.FileSystemID, "fs-") || strings.ContainsAny(m.FileSystemID, "/ ") {
-			errs = append(errs, fmt.Errorf("fsx[%d].fileSystemId %q: want an FSx file system id, fs-…", i, m.FileSystemID))
+			errs = append(errs, field.Invalid(at.Child("fileSystemId"), m.FileSystemID, "want an FSx file system id, fs-…"))
 		}
 		if ids[m.FileSystemID] {
-			errs = append(errs, fmt.Errorf("fsx[%d].fileSystemId %s: listed twice", i, m.FileSystemID))
+			errs = append(errs, field.Duplicate(at.Child("fileSystemId"), m.FileSystemID))
 		}
 		ids[m.FileSystemID] = true
 		if err := nodePath(m.MountPath); err != nil {
-			errs = append(errs, fmt.Errorf("fsx[%d].mountPath: %w", i, err))
+			errs = append(errs, field.Invalid(at.Child("mountPath"), m.MountPath, err.Error()))
 		}
 		for _, r := range o.CacheRoots {
 			if within(m.MountPath, r.OnNode()) || within(r.OnNode(), m.MountPath) {
-				errs = append(errs, fmt.Errorf("fsx[%d].mountPath %s overlaps the cache root %s", i, m.MountPath, r.OnNode()))
+				errs = append(errs, field.Invalid(at.Child("mountPath"), m.MountPath, "overlaps the cache root "+r.OnNode()))
 			}
 		}
 	}
-	c, a := o.Controller, o.Agent
-	checkDuration := func(field, v string) {
-		if d, err := time.ParseDuration(v); v != "" && (err != nil || d <= 0) {
-			errs = append(errs, fmt.Errorf("%s %q: want a positive duration such as 30m or 24h", field, v))
-		}
-	}
-	checkSize := func(field, v string, least int64) {
-		if q, err := resource.ParseQuantity(v); v != "" && (err != nil || q.Value() < least) {
-			errs = append(errs, fmt.Errorf("%s %q: want a size such as 16Mi or 20Gi, at least %d bytes", field, v, least))
-		}
-	}
-	checkCount := func(field string, n int) {
-		if n < 0 {
-			errs = append(errs, fmt.Errorf("%s %d: must not be negative", field, n))
-		}
-	}
-	checkDuration("controller.gateTimeout", c.GateTimeout)
-	checkDuration("controller.deletionTimeout", c.DeletionTimeout)
-	checkDuration("controller.retention", c.Retention)
-	checkDuration("agent.verifyInterval", a.VerifyInterval)
-	checkDuration("agent.progressInterval", a.ProgressInterval)
-	checkSize("agent.reserve", a.Reserve, 0)
-	checkSize("agent.partSize", a.PartSize, 1<<20)
-	checkSize("agent.verifyRate", a.VerifyRate, 0)
-	checkCount("controller.clientBurst", c.ClientBurst)
-	checkCount("controller.concurrentReconciles", c.ConcurrentReconciles)
-	checkCount("agent.maxParallel", a.MaxParallel)
-	checkCount("agent.concurrency", a.Concurrency)
-	errs = append(errs, o.validateSharing()...)
-	if c.ClientQPS < 0 {
-		errs = append(errs, fmt.Errorf("controller.clientQPS %v: must not be negative", c.ClientQPS))
-	}
+	return errs
+}
+
+// validateSourceAccess checks the rules of sources prewarm reads with its own identity.
+func (o Operator) validateSourceAccess() field.ErrorList {
+	var errs field.ErrorList
 	for i, r := range o.SourceAccess {
+		at := field.NewPath("sourceAccess").Index(i)
 		switch {
 		case len(r.Namespaces) == 0:
-			errs = append(errs, fmt.Errorf("sourceAccess[%d]: namespaces is empty (\"*\" is every namespace)", i))
+			errs = append(errs, field.Required(at.Child("namespaces"), `list the namespaces ("*" is every namespace)`))
 		case (r.S3 == nil) == (r.FSx == nil):
-			errs = append(errs, fmt.Errorf("sourceAccess[%d]: want exactly one of s3 and fsx", i))
+			errs = append(errs, field.Invalid(at, "", "want exactly one of s3 and fsx"))
 		case r.S3 != nil && (r.S3.Bucket == "" || strings.Contains(r.S3.Bucket, "/")):
-			errs = append(errs, fmt.Errorf("sourceAccess[%d].s3.bucket %q: want a bucket name or pattern", i, r.S3.Bucket))
+			errs = append(errs, field.Invalid(at.Child("s3", "bucket"), r.S3.Bucket, "want a bucket name or pattern"))
 		case r.S3 != nil:
 			if _, err := path.Match(r.S3.Bucket, ""); err != nil {
-				errs = append(errs, fmt.Errorf("sourceAccess[%d].s3.bucket %q: %w", i, r.S3.Bucket, err))
+				errs = append(errs, field.Invalid(at.Child("s3", "bucket"), r.S3.Bucket, err.Error()))
 			}
-		case r.FSx != nil && !ids[r.FSx.FileSystemID]:
-			errs = append(errs, fmt.Errorf("sourceAccess[%d].fsx.fileSystemId %s is not under fsx", i, r.FSx.FileSystemID))
+		case r.FSx != nil && !slices.ContainsFunc(o.FSx, func(m FSxMount) bool { return m.FileSystemID == r.FSx.FileSystemID }):
+			errs = append(errs, field.Invalid(at.Child("fsx", "fileSystemId"), r.FSx.FileSystemID, "not under fsx"))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // validateRoots checks the cache roots: clean absolute paths, none named twice, no two on one
 // node directory or inside each other.
-func (o Operator) validateRoots() []error {
-	var errs []error
+func (o Operator) validateRoots() field.ErrorList {
+	var errs field.ErrorList
 	names := map[string]bool{}
 	for i, r := range o.CacheRoots {
+		at := field.NewPath("cacheRoots").Index(i)
 		if err := nodePath(r.Path); err != nil {
-			errs = append(errs, fmt.Errorf("cacheRoots[%d].path: %w", i, err))
+			errs = append(errs, field.Invalid(at.Child("path"), r.Path, err.Error()))
 		}
 		if r.NodePath != "" {
 			if err := nodePath(r.NodePath); err != nil {
-				errs = append(errs, fmt.Errorf("cacheRoots[%d].nodePath: %w", i, err))
+				errs = append(errs, field.Invalid(at.Child("nodePath"), r.NodePath, err.Error()))
 			}
 		}
 		if names[r.Path] {
-			errs = append(errs, fmt.Errorf("cacheRoots[%d].path %s: listed twice", i, r.Path))
+			errs = append(errs, field.Duplicate(at.Child("path"), r.Path))
 		}
 		names[r.Path] = true
 		for j, q := range o.CacheRoots[:i] {
 			if within(r.OnNode(), q.OnNode()) || within(q.OnNode(), r.OnNode()) {
-				errs = append(errs, fmt.Errorf("cacheRoots[%d] (%s on the nodes) overlaps cacheRoots[%d] (%s)", i, r.OnNode(), j, q.OnNode()))
+				errs = append(errs, field.Invalid(at, r.OnNode(), fmt.Sprintf("on the nodes, overlaps cacheRoots[%d] (%s)", j, q.OnNode())))
 			}
 		}
 	}
@@ -607,46 +679,50 @@ func (o Operator) validateRoots() []error {
 }
 
 // validate checks the placement settings.
-func (p Placement) validate() []error {
-	var errs []error
+func (p Placement) validate() field.ErrorList {
+	var errs field.ErrorList
+	at := field.NewPath("placement")
 	switch p.ExtendedResourceTolerations {
 	case "", ExtendedResourceTolerationsAuto, ExtendedResourceTolerationsOn, ExtendedResourceTolerationsOff:
 	default:
-		errs = append(errs, fmt.Errorf("placement.extendedResourceTolerations %q: want auto, on or off", p.ExtendedResourceTolerations))
+		errs = append(errs, field.NotSupported(at.Child("extendedResourceTolerations"), p.ExtendedResourceTolerations,
+			[]string{ExtendedResourceTolerationsAuto, ExtendedResourceTolerationsOn, ExtendedResourceTolerationsOff}))
 	}
 	seen := map[string]bool{}
 	for i, t := range p.InstanceTypes {
+		it := at.Child("instanceTypes").Index(i)
 		switch {
 		case t.InstanceType == "":
-			errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].instanceType is empty", i))
+			errs = append(errs, field.Required(it.Child("instanceType"), "the instance type parents name"))
 		case seen[t.InstanceType]:
-			errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].instanceType %s: listed twice", i, t.InstanceType))
+			errs = append(errs, field.Duplicate(it.Child("instanceType"), t.InstanceType))
 		case len(t.NodeSelector) == 0 && len(t.MatchExpressions) == 0:
-			errs = append(errs, fmt.Errorf("placement.instanceTypes[%d] (%s): want nodeSelector or matchExpressions, the labels its nodes carry", i, t.InstanceType))
+			errs = append(errs, field.Required(it, fmt.Sprintf("%s: want nodeSelector or matchExpressions, the labels its nodes carry", t.InstanceType)))
 		}
 		seen[t.InstanceType] = true
-		for k, v := range t.NodeSelector {
+		for _, k := range slices.Sorted(maps.Keys(t.NodeSelector)) {
 			for _, msg := range validation.IsQualifiedName(k) {
-				errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].nodeSelector key %q: %s", i, k, msg))
+				errs = append(errs, field.Invalid(it.Child("nodeSelector"), k, "key: "+msg))
 			}
-			for _, msg := range validation.IsValidLabelValue(v) {
-				errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].nodeSelector[%s] %q: %s", i, k, v, msg))
+			for _, msg := range validation.IsValidLabelValue(t.NodeSelector[k]) {
+				errs = append(errs, field.Invalid(it.Child("nodeSelector").Key(k), t.NodeSelector[k], msg))
 			}
 		}
 		for j, e := range t.MatchExpressions {
 			if _, err := nodeSelectorRequirement(e); err != nil {
-				errs = append(errs, fmt.Errorf("placement.instanceTypes[%d].matchExpressions[%d]: %w", i, j, err))
+				errs = append(errs, field.Invalid(it.Child("matchExpressions").Index(j), e.Key, err.Error()))
 			}
 		}
 	}
 	for i, t := range p.Tolerations {
+		tl := at.Child("tolerations").Index(i)
 		switch {
 		case t.Operator != "" && t.Operator != corev1.TolerationOpExists && t.Operator != corev1.TolerationOpEqual:
-			errs = append(errs, fmt.Errorf("placement.tolerations[%d].operator %q: want Exists or Equal", i, t.Operator))
+			errs = append(errs, field.NotSupported(tl.Child("operator"), t.Operator, []corev1.TolerationOperator{corev1.TolerationOpExists, corev1.TolerationOpEqual}))
 		case t.Operator == corev1.TolerationOpExists && t.Value != "":
-			errs = append(errs, fmt.Errorf("placement.tolerations[%d]: operator Exists takes no value", i))
+			errs = append(errs, field.Invalid(tl.Child("value"), t.Value, "operator Exists takes no value"))
 		case t.Key == "" && t.Operator != corev1.TolerationOpExists:
-			errs = append(errs, fmt.Errorf("placement.tolerations[%d]: an empty key needs operator Exists", i))
+			errs = append(errs, field.Invalid(tl.Child("key"), t.Key, "an empty key needs operator Exists"))
 		}
 	}
 	return errs

@@ -1,9 +1,12 @@
 package config_test
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -32,7 +35,7 @@ fsx:
 		t.Errorf("CacheRootAllowed(/etc) = %v, %q", ok, why)
 	}
 	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0].Path != config.DefaultCacheRoot ||
-		def.Controller.GateTimeoutDuration() != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 {
+		def.Controller.GateTimeout.Duration != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 {
 		t.Errorf("defaults %+v", def)
 	}
 
@@ -42,7 +45,7 @@ fsx:
 		{"cacheRoots: [relative]", "clean absolute path"},
 		{"cacheRoots: [/]", "clean absolute path"},
 		{"fsx: [{fileSystemId: vol-1, mountPath: /fsx}]", "want an FSx file system id"},
-		{"fsx: [{fileSystemId: fs-1, mountPath: /fsx}, {fileSystemId: fs-1, mountPath: /fsx2}]", "listed twice"},
+		{"fsx: [{fileSystemId: fs-1, mountPath: /fsx}, {fileSystemId: fs-1, mountPath: /fsx2}]", "fsx[1].fileSystemId: Duplicate value"},
 		{"fsx: [{fileSystemId: fs-1, mountPath: /opt/dlami/nvme/fsx}]", "overlaps the cache root"},
 		{"agent: {partSize: 1Ki}", "agent.partSize"},
 		{"agent: {maxParallel: -1}", "agent.maxParallel"},
@@ -140,13 +143,14 @@ func TestSharingSettingsAreValidated(t *testing.T) {
 	for _, tc := range []struct {
 		conf, want string
 	}{
-		{"peers: {groupSize: 1}", "peers.groupSize 1: want 2 to 32"},
-		{"peers: {groupSize: 40}", "peers.groupSize 40: want 2 to 32"},
-		{"peers: {port: 70000}", "peers.port 70000: want a TCP port"},
-		{"peers: {wait: soon}", `peers.wait "soon": want a positive duration`},
-		{"peers: {maxPeers: -1}", "peers.maxPeers -1: must not be negative"},
-		{"s3: {budget: {maxRate: fast}}", `s3.budget.maxRate "fast": want a rate`},
-		{"huggingFace: {budget: {maxConcurrency: -2}}", "huggingFace.budget.maxConcurrency -2: must not be negative"},
+		{"peers: {groupSize: 1}", "peers.groupSize: Invalid value: 1: want 2 to 32"},
+		{"peers: {groupSize: 40}", "peers.groupSize: Invalid value: 40: want 2 to 32"},
+		{"peers: {port: 70000}", "peers.port: Invalid value: 70000: want a TCP port"},
+		{"peers: {wait: soon}", `peers.wait: Invalid value: "soon": want a duration`},
+		{"peers: {maxPeers: -1}", "peers.maxPeers: Invalid value: -1: must not be negative"},
+		{"peers: {wait: -1s}", `peers.wait: Invalid value: "-1s": want a positive duration`},
+		{"s3: {budget: {maxRate: fast}}", `s3.budget.maxRate: Invalid value: "fast": want a size`},
+		{"huggingFace: {budget: {maxConcurrency: -2}}", "huggingFace.budget.maxConcurrency: Invalid value: -2: must not be negative"},
 	} {
 		_, err := config.Parse([]byte(tc.conf))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -157,7 +161,43 @@ func TestSharingSettingsAreValidated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Peers.GroupSize != 8 || o.Peers.UploadRateBytes() != 500<<20 || o.S3.Budget.MaxRateBytes() != 1<<30 || o.Peers.Port != 9444 || o.Peers.WaitDuration() != 30*time.Second {
+	if o.Peers.GroupSize != 8 || o.Peers.UploadRateBytes() != 500<<20 || o.S3.Budget.MaxRateBytes() != 1<<30 || o.Peers.Port != 9444 || o.Peers.Wait.Duration != 30*time.Second {
 		t.Errorf("parsed %+v %+v", o.Peers, o.S3.Budget)
+	}
+}
+
+// Sizes and durations are typed: a zero the file sets is kept (no reserve, no verification rate
+// cap), one it leaves out takes the default, and a value that does not parse names its field.
+func TestTypedValues(t *testing.T) {
+	o, err := config.Parse([]byte("agent: {reserve: 0, verifyRate: 0, partSize: 32Mi, verifyInterval: 90m}\ncontroller: {gateTimeout: 45s}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Agent.ReserveBytes() != 0 || o.Agent.VerifyRateBytes() != 0 || o.Agent.PartSizeBytes() != 32<<20 ||
+		o.Agent.VerifyInterval.Duration != 90*time.Minute || o.Controller.GateTimeout.Duration != 45*time.Second ||
+		o.Controller.Retention.Duration != 24*time.Hour || o.Agent.ProgressInterval.Duration != 10*time.Second {
+		t.Errorf("parsed %+v %+v", o.Agent, o.Controller)
+	}
+	for conf, want := range map[string]string{
+		"agent: {verifyInterval: daily}":                     `agent.verifyInterval: Invalid value: "daily"`,
+		"peers: {uploadRate: 5 MB}":                          `peers.uploadRate: Invalid value: "5 MB"`,
+		"cacheRoots: [{path: /a}, {path: /b, nodePath: /a}]": "cacheRoots[1]: Invalid value",
+		"controller: {deletionTimeout: -1m}":                 `controller.deletionTimeout: Invalid value: "-1m0s": want a positive duration`,
+	} {
+		if _, err := config.Parse([]byte(conf)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want one saying %q", conf, err, want)
+		}
+	}
+	// What Write writes, Parse reads back the same.
+	file := filepath.Join(t.TempDir(), "config.yaml")
+	if err := o.Write(file); err != nil {
+		t.Fatal(err)
+	}
+	again, err := config.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(again, o) {
+		t.Errorf("written and read back:\n%+v\nwant\n%+v", again, o)
 	}
 }

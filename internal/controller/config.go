@@ -47,14 +47,14 @@ func (c *Config) Rules() placement.Rules {
 }
 
 // GateTimeout is the longest a Deployment waits for its weights cache to settle.
-func (c *Config) GateTimeout() time.Duration { return c.Controller.GateTimeoutDuration() }
+func (c *Config) GateTimeout() time.Duration { return c.Controller.GateTimeout.Duration }
 
 // DeletionTimeout is the longest a deleted cache waits for its nodes to say they removed it.
-func (c *Config) DeletionTimeout() time.Duration { return c.Controller.DeletionTimeoutDuration() }
+func (c *Config) DeletionTimeout() time.Duration { return c.Controller.DeletionTimeout.Duration }
 
 // Retention is how long a node that a cache's placement still selects, but whose scheduling
 // state keeps its pods off (cordoned, tainted, unreachable), keeps its copy of the cache.
-func (c *Config) Retention() time.Duration { return c.Controller.RetentionDuration() }
+func (c *Config) Retention() time.Duration { return c.Controller.Retention.Duration }
 
 // AgentImage is the image of the agent, the inference pods' init container.
 func (c *Config) AgentImage() string { return c.Controller.AgentImage }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -30,7 +32,7 @@ func TestPlacementOnCloudNodes(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	// The gate opens at once: no agent reports here, and the test reads the Deployment.
-	rc := newReconcilers(t, ctx, "pl-operator", "pl").with(func(c *controller.Config) { c.Controller.GateTimeout = "1ns" })
+	rc := newReconcilers(t, ctx, "pl-operator", "pl").with(func(c *controller.Config) { c.Controller.GateTimeout = metav1.Duration{Duration: time.Nanosecond} })
 	const itype = "ml.pl-suite.24xlarge"
 	upNode(t, ctx, "pl-hyperpod", itype)
 	upNode(t, ctx, "pl-eks", strings.TrimPrefix(itype, "ml."))

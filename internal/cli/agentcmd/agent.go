@@ -70,12 +70,12 @@ the allowed roots.`,
 	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	f.StringVar(&af.configFile, "config", "", "the operator configuration shared with the controller (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
-	f.StringVar(&af.reserve, "reserve", "2GiB", "overrides agent.reserve: free space kept under each root, never filled by caches")
-	f.IntVar(&opts.MaxParallel, "max-parallel", 2, "overrides agent.maxParallel: caches downloading at once")
+	f.StringVar(&af.reserve, "reserve", "", "overrides agent.reserve (2Gi): free space kept under each root, never filled by caches")
+	f.IntVar(&opts.MaxParallel, "max-parallel", 0, "overrides agent.maxParallel (2): caches downloading at once")
 	f.DurationVar(&opts.StatusInterval, "status-interval", 2*time.Second, "least time between two status writes")
 	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 5*time.Minute, "how often a ready cache is re-checked (manifest and sizes)")
-	f.DurationVar(&opts.VerifyInterval, "verify-interval", 24*time.Hour, "overrides agent.verifyInterval: how often a ready cache's content is read back and checked against its checksums (also once at start)")
-	f.StringVar(&af.verifyRate, "verify-rate", "200MiB", "overrides agent.verifyRate: most bytes per second that re-verification reads from disk (0: no cap)")
+	f.DurationVar(&opts.VerifyInterval, "verify-interval", 0, "overrides agent.verifyInterval (24h): how often a ready cache's content is read back and checked against its checksums (also once at start)")
+	f.StringVar(&af.verifyRate, "verify-rate", "", "overrides agent.verifyRate (200Mi): most bytes per second that re-verification reads from disk (0: no cap)")
 	f.DurationVar(&opts.RetryInterval, "retry-interval", 10*time.Second, "first wait before a failed download is retried (doubles up to 5m)")
 	f.StringVar(&af.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	f.StringVar(&af.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
@@ -282,9 +282,9 @@ func settings(cmd *cobra.Command, opts *agent.Options, eng *cli.EngineFlags, res
 		opts.MaxParallel = ac.MaxParallel
 	}
 	if !flags.Changed("verify-interval") {
-		opts.VerifyInterval = ac.VerifyIntervalDuration()
+		opts.VerifyInterval = ac.VerifyInterval.Duration
 	}
-	opts.ProgressInterval = ac.ProgressIntervalDuration()
+	opts.ProgressInterval = ac.ProgressInterval.Duration
 	eng.Prefer(cmd, ac.Concurrency, ac.PartSizeBytes())
 	opts.Engine, err = eng.EngineOptions()
 	return err
@@ -336,7 +336,7 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 		Address:    pf.address,
 		Token:      agent.TokenFile(pf.tokenFile),
 		Client:     &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}},
-		Wait:       pc.WaitDuration(),
+		Wait:       pc.Wait.Duration,
 		TrustPeers: pc.TrustsAllNodes(),
 		Metrics:    peer.NewMetrics(opts.Registerer),
 	}, nil

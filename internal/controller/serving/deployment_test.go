@@ -77,7 +77,7 @@ func TestGate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := &Reconciler{Config: controller.Config{Operator: config.Operator{Controller: config.Controller{GateTimeout: "30m"}}}, Now: func() time.Time { return created.Add(tt.after) }}
+			r := &Reconciler{Config: controller.Config{Operator: config.Operator{Controller: config.Controller{GateTimeout: metav1.Duration{Duration: 30 * time.Minute}}}}, Now: func() time.Time { return created.Add(tt.after) }}
 			g := r.gate(tt.cache)
 			if g.open != tt.open || g.reason != tt.reason || !strings.Contains(g.message, tt.contains) || g.wait != tt.wait {
 				t.Errorf("gate = %+v; want open %v, reason %s, message with %q, wait %s", g, tt.open, tt.reason, tt.contains, tt.wait)

@@ -21,8 +21,10 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -438,9 +440,9 @@ func (e *Env) values() map[string]any {
 			HuggingFace: config.HuggingFace{Endpoint: e.Hub.URL},
 			// The seed's bucket is read with the agents' own identity, for every namespace.
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: Bucket}}},
-			Controller:   config.Controller{GateTimeout: "10m"},
+			Controller:   config.Controller{GateTimeout: metav1.Duration{Duration: 10 * time.Minute}},
 			// Progress every second: the tests act at points of a download.
-			Agent: config.Agent{Reserve: "1Gi", MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: "16Mi", ProgressInterval: "1s"},
+			Agent: config.Agent{Reserve: ptr.To(resource.MustParse("1Gi")), MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: ptr.To(resource.MustParse("16Mi")), ProgressInterval: metav1.Duration{Duration: time.Second}},
 			// Sharing off: these runs time a cold node reading S3 (at S3's pace, 120 MB/s in
 			// one of them) and count what S3 sends it; with sharing, the cold node would take the
 			// model from the warm one. Sharing is measured by make bench-fanout and the e2e tests.

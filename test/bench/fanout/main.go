@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
@@ -244,7 +246,7 @@ func (b *bench) setUp(tmp string) error {
 		op := config.Operator{CacheRoots: testutil.DirRoots(root),
 			S3:           config.S3{Endpoint: b.origin.URL, PathStyle: true},
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
-			Agent:        config.Agent{ProgressInterval: "1s"},
+			Agent:        config.Agent{ProgressInterval: metav1.Duration{Duration: time.Second}},
 			Peers:        config.Peers{Disabled: c.disabled},
 		}
 		*c.path = filepath.Join(b.dir, fmt.Sprintf("config-%v.yaml", !c.disabled))
