@@ -58,7 +58,7 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 	}
 	defer run.close()
 	if run.swarm = req.Swarm; run.swarm != nil {
-		run.swarm.Join(run.plan)
+		run.swarm.Join(ctx, run.plan)
 		defer run.swarm.Leave()
 	}
 	err = run.download(ctx)
@@ -76,7 +76,8 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 	return res, nil
 }
 
-// run is one Fetch's download into its partial directory.
+// run is one Fetch's download into its partial directory: what it reads and where it writes,
+// and, each in its own part, its progress, its files' checksums and its exchange with peers.
 type run struct {
 	e       *Engine
 	src     source.Source
@@ -87,6 +88,13 @@ type run struct {
 	resume  resumeState
 	journal *journal
 
+	counters
+	checksums
+	peering
+}
+
+// counters are a run's progress, read by its progress reports while the parts land.
+type counters struct {
 	done      atomic.Int64 // bytes written (including resumed ones)
 	fetched   atomic.Int64 // bytes read from the source by this run
 	fromPeers atomic.Int64 // bytes taken from peers by this run
@@ -94,7 +102,10 @@ type run struct {
 	total     int64
 	allocated int64 // bytes of files already present in the partial directory
 	rate      rateMeter
+}
 
+// checksums are what a run verifies its files with.
+type checksums struct {
 	// inline[i] is the CRC file i is checksummed with as its parts stream in (nil: verified by
 	// reading it back); crcs[i] are its parts' CRCs so far, guarded by crcMu.
 	inline []*crcKind
@@ -104,7 +115,10 @@ type run struct {
 	// computed as it wrote it (base64), kept in the manifest so that the file's content can be
 	// re-verified later. Each is written by the file's one verifier.
 	recorded []string
+}
 
+// peering is a run's exchange of parts with other nodes.
+type peering struct {
 	// plan is the model cut into parts, with the parts this run holds; swarm, when set, is
 	// where parts may come from other than the source. peerOf[i] names the peer part i came
 	// from, if any (guarded by peerMu).

@@ -26,7 +26,7 @@ import (
 type Swarm interface {
 	// Join is called once the Fetch has its plan; from then until Leave the plan's parts are
 	// what this node offers.
-	Join(plan *Plan)
+	Join(ctx context.Context, plan *Plan)
 	// Part returns part i from a peer. ErrFromSource says: read it from the source (no peer
 	// holds it, or waiting for one would be slower).
 	Part(ctx context.Context, i int) (PeerPart, error)

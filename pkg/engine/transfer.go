@@ -255,10 +255,11 @@ func (r *run) missingParts(idx int, f source.File) []part {
 func (p *pipeline) work(ctx context.Context, parts <-chan part) error {
 	r := p.r
 	for pt := range parts {
-		crc, sum, fromPeer, err := r.fetchPart(ctx, pt)
+		got, err := r.fetchPart(ctx, pt)
 		if err != nil {
 			return err
 		}
+		crc, sum, fromPeer := got.sums.crc, got.sums.part, got.fromPeer
 		if i, ok := r.plan.index(pt.file, pt.off); ok && pt.n == r.plan.partLen(i) && !fromPeer {
 			r.plan.add(i, sum) // offered to peers from now on; a peer's part once its file is verified
 		}
@@ -378,10 +379,11 @@ func (p *pipeline) refetchPeerParts(ctx context.Context, idx int) (bool, error) 
 		_, off, n := r.plan.Part(i)
 		had := r.plan.crcs[i].Load()
 		r.plan.held[i].Store(false)
-		crc, partCRC, err := r.partFromSource(ctx, part{file: idx, off: off, n: n, handle: h})
+		got, err := r.partFromSource(ctx, part{file: idx, off: off, n: n, handle: h})
 		if err != nil {
 			return false, err
 		}
+		crc, partCRC := got.crc, got.part
 		r.peerMu.Lock()
 		peer := r.peerOf[i]
 		delete(r.peerOf, i)
@@ -511,62 +513,72 @@ func (r *run) openFile(idx int, f source.File) (*fileHandle, error) {
 	return h, nil
 }
 
+// sums are the checksums of the bytes a copy has written: the file's inline CRC (when it is
+// verified inline) and the part's CRC32C. A copy that resumes after a failure continues them.
+type sums struct {
+	crc  uint64
+	part uint32
+}
+
+// fetched is one part as it was written: its checksums, and whether a peer supplied it.
+type fetched struct {
+	sums     sums
+	fromPeer bool
+}
+
 // fetchPart gets one part, from a peer when the Fetch has a swarm, the file may come from
-// peers and a peer holds the part, otherwise from the source, and writes it at its offset. It
-// returns the part's CRC when the file is verified inline, its CRC32C, and whether a peer
-// supplied it.
-func (r *run) fetchPart(ctx context.Context, p part) (uint64, uint32, bool, error) {
+// peers and a peer holds the part, otherwise from the source, and writes it at its offset.
+func (r *run) fetchPart(ctx context.Context, p part) (fetched, error) {
 	if r.swarm != nil && r.peerable[p.file] {
-		if crc, partCRC, ok, err := r.partFromPeers(ctx, p); ok || err != nil {
-			return crc, partCRC, ok, err
+		if got, ok, err := r.partFromPeers(ctx, p); ok || err != nil {
+			return fetched{sums: got, fromPeer: ok}, err
 		}
 	}
-	crc, partCRC, err := r.partFromSource(ctx, p)
-	return crc, partCRC, false, err
+	got, err := r.partFromSource(ctx, p)
+	return fetched{sums: got}, err
 }
 
 // partFromSource reads one part from the source, retrying transient failures from the byte it
 // had reached.
-func (r *run) partFromSource(ctx context.Context, p part) (uint64, uint32, error) {
+func (r *run) partFromSource(ctx context.Context, p part) (sums, error) {
 	e := r.e
 	f := r.listing.Files[p.file]
-	off, end := p.off, p.off+p.n
-	var crc uint64
-	var partCRC uint32
+	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file], fromSource: true}
+	end := p.off + p.n
 	var lastErr error
 	for attempt := 0; attempt < e.maxAttempts; attempt++ {
 		if attempt > 0 {
 			e.metrics.retries.Inc()
 			if err := sleep(ctx, e.backoff(attempt)); err != nil {
-				return 0, 0, err
+				return sums{}, err
 			}
 		}
 		release, err := e.budget.acquire(ctx)
 		if err != nil {
-			return 0, 0, err
+			return sums{}, err
 		}
-		n, err := r.copyRange(ctx, p.handle, f.Path, off, end-off, r.inline[p.file], &crc, &partCRC)
+		got, err := r.copyRange(ctx, req)
 		release()
 		e.budget.observe(err)
-		off += n
-		if err == nil && off == end {
-			return crc, partCRC, nil
+		req.off, req.n, req.sums = req.off+got.n, req.n-got.n, got.sums
+		if err == nil && req.off == end {
+			return req.sums, nil
 		}
 		if err == nil {
 			err = io.ErrUnexpectedEOF
 		}
 		if ctx.Err() != nil {
-			return 0, 0, ctx.Err()
+			return sums{}, ctx.Err()
 		}
 		if !source.Retryable(err) {
-			return 0, 0, fmt.Errorf("%s: %w", f.Path, err)
+			return sums{}, fmt.Errorf("%s: %w", f.Path, err)
 		}
-		if n > 0 {
+		if got.n > 0 {
 			attempt = 0 // progress was made: the budget is for a stuck part, not a long one
 		}
 		lastErr = err
 	}
-	return 0, 0, fmt.Errorf("%s: giving up after %d tries: %w", f.Path, e.maxAttempts, lastErr)
+	return sums{}, fmt.Errorf("%s: giving up after %d tries: %w", f.Path, e.maxAttempts, lastErr)
 }
 
 // maxPeerTries is how many peers one part is asked of before it is read from the source.
@@ -575,104 +587,123 @@ const maxPeerTries = 3
 // partFromPeers asks the swarm for one part. A part that does not arrive whole, or whose bytes
 // do not have the CRC32C the peer vouches for, is reported (the peer is dropped) and asked of
 // another peer; ok is false when the part is to be read from the source.
-func (r *run) partFromPeers(ctx context.Context, p part) (crc uint64, partCRC uint32, ok bool, err error) {
+func (r *run) partFromPeers(ctx context.Context, p part) (got sums, ok bool, err error) {
 	idx, aligned := r.plan.index(p.file, p.off)
 	if !aligned || p.n != r.plan.partLen(idx) {
-		return 0, 0, false, nil // resumed from another part size: not a part peers know
+		return sums{}, false, nil // resumed from another part size: not a part peers know
 	}
-	path := r.listing.Files[p.file].Path
+	req := copyReq{h: p.handle, path: r.listing.Files[p.file].Path, off: p.off, n: p.n, kind: r.inline[p.file]}
 	for range maxPeerTries {
 		pp, err := r.swarm.Part(ctx, idx)
 		switch {
 		case ctx.Err() != nil:
-			return 0, 0, false, ctx.Err()
+			return sums{}, false, ctx.Err()
 		case errors.Is(err, ErrFromSource):
-			return 0, 0, false, nil
+			return sums{}, false, nil
 		case err != nil:
 			continue
 		}
-		crc, partCRC = 0, 0
-		n, err := r.copyBody(ctx, pp.Body, p.handle, path, p.off, p.n, r.inline[p.file], &crc, &partCRC, false)
+		c, err := r.copyBody(ctx, pp.Body, req)
 		pp.Body.Close()
 		switch {
-		case err == nil && n == p.n && partCRC == pp.CRC32C:
-			r.fromPeers.Add(n)
-			r.done.Add(n)
-			r.e.metrics.peerBytes.Add(float64(n))
+		case err == nil && c.n == p.n && c.sums.part == pp.CRC32C:
+			r.fromPeers.Add(c.n)
+			r.done.Add(c.n)
+			r.e.metrics.peerBytes.Add(float64(c.n))
 			r.tainted[p.file].Store(true)
 			r.peerMu.Lock()
 			r.peerOf[idx] = pp.Peer
-			r.heldBack[idx] = partCRC
+			r.heldBack[idx] = c.sums.part
 			r.peerMu.Unlock()
-			return crc, partCRC, true, nil
+			return c.sums, true, nil
 		case ctx.Err() != nil:
-			return 0, 0, false, ctx.Err()
-		case err == nil && n == p.n:
-			err = &PeerMismatchError{Peer: pp.Peer, Part: idx, Want: pp.CRC32C, Got: partCRC}
+			return sums{}, false, ctx.Err()
+		case err == nil && c.n == p.n:
+			err = &PeerMismatchError{Peer: pp.Peer, Part: idx, Want: pp.CRC32C, Got: c.sums.part}
 		case err == nil:
 			err = io.ErrUnexpectedEOF
 		}
 		r.e.metrics.peerFailures.Inc()
 		r.swarm.Bad(pp.Peer, idx, err)
 	}
-	return 0, 0, false, nil
+	return sums{}, false, nil
 }
 
-// copyRange streams [off, off+n) of the source file into h at the same offsets, updating *crc
-// with the bytes written when kind is set, and *partCRC (CRC32C) always. It returns the bytes
-// written, which are all good even when err is not nil.
-func (r *run) copyRange(ctx context.Context, h *fileHandle, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32) (int64, error) {
-	body, err := r.src.OpenRange(ctx, path, off, n)
+// copyReq is one copy of a byte range into a file being written.
+type copyReq struct {
+	h    *fileHandle
+	path string
+	// off and n are the range, at the same offsets in the source file and in h.
+	off, n int64
+	// kind is the file's inline checksum (nil: the file is verified by reading it back).
+	kind *crcKind
+	// sums are the checksums of the part's bytes before off, which the copy continues.
+	sums sums
+	// fromSource marks bytes read from the source: paced by the origin budget, and counted as
+	// done and fetched as they land (a peer's count once the whole part is checked).
+	fromSource bool
+}
+
+// copied is what a copy wrote: n bytes, all good even when the copy ended in an error, and
+// the checksums through them.
+type copied struct {
+	n    int64
+	sums sums
+}
+
+// copyRange streams the range of the source file into the request's file.
+func (r *run) copyRange(ctx context.Context, req copyReq) (copied, error) {
+	body, err := r.src.OpenRange(ctx, req.path, req.off, req.n)
 	if err != nil {
-		return 0, err
+		return copied{sums: req.sums}, err
 	}
 	defer body.Close()
-	return r.copyBody(ctx, body, h, path, off, n, kind, crc, partCRC, true)
+	return r.copyBody(ctx, body, req)
 }
 
-// copyBody is copyRange's loop over a body already open. Bytes from the source count as done
-// and fetched as they land; a peer's count once the whole part is checked.
-func (r *run) copyBody(ctx context.Context, body io.Reader, h *fileHandle, path string, off, n int64, kind *crcKind, crc *uint64, partCRC *uint32, fromSource bool) (int64, error) {
+// copyBody is copyRange's loop over a body already open.
+func (r *run) copyBody(ctx context.Context, body io.Reader, req copyReq) (copied, error) {
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	buf := *bufp
-	var written int64
-	for written < n {
-		want := writeLen(off+written, min(int64(len(buf)), n-written))
+	out := copied{sums: req.sums}
+	for out.n < req.n {
+		at := req.off + out.n
+		want := writeLen(at, min(int64(len(buf)), req.n-out.n))
 		if lim := r.e.limiter; lim != nil {
 			if err := lim.WaitN(ctx, int(want)); err != nil {
-				return written, err
+				return out, err
 			}
 		}
-		if fromSource {
+		if req.fromSource {
 			if err := r.e.budget.wait(ctx, int(want)); err != nil {
-				return written, err
+				return out, err
 			}
 		}
 		got, rerr := io.ReadFull(body, buf[:want])
 		if got > 0 {
-			if werr := h.writeAt(buf[:got], off+written); werr != nil {
-				return written, fmt.Errorf("writing %s: %w", path, werr)
+			if werr := req.h.writeAt(buf[:got], at); werr != nil {
+				return out, fmt.Errorf("writing %s: %w", req.path, werr)
 			}
-			if kind != nil {
-				*crc = kind.update(*crc, buf[:got])
+			if req.kind != nil {
+				out.sums.crc = req.kind.update(out.sums.crc, buf[:got])
 			}
-			*partCRC = crc32.Update(*partCRC, castagnoli, buf[:got])
-			written += int64(got)
-			if fromSource {
+			out.sums.part = crc32.Update(out.sums.part, castagnoli, buf[:got])
+			out.n += int64(got)
+			if req.fromSource {
 				r.done.Add(int64(got))
 				r.fetched.Add(int64(got))
 				r.e.metrics.bytes.Add(float64(got))
 			}
 		}
 		if rerr != nil {
-			if errors.Is(rerr, io.EOF) && written < n {
+			if errors.Is(rerr, io.EOF) && out.n < req.n {
 				rerr = io.ErrUnexpectedEOF
 			}
-			return written, rerr
+			return out, rerr
 		}
 	}
-	return written, nil
+	return out, nil
 }
 
 func (e *Engine) backoff(attempt int) time.Duration {

@@ -219,7 +219,7 @@ type watchingSwarm struct {
 	checked int
 }
 
-func (w *watchingSwarm) Join(p *engine.Plan) { w.plan = p; w.Swarm.Join(p) }
+func (w *watchingSwarm) Join(ctx context.Context, p *engine.Plan) { w.plan = p; w.Swarm.Join(ctx, p) }
 
 func (w *watchingSwarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 	w.mu.Lock()

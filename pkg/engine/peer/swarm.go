@@ -2,11 +2,7 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"hash/fnv"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -67,6 +63,8 @@ type SwarmOptions struct {
 	Log *slog.Logger
 	// Metrics, when set, counts dropped peers and waits (NewMetrics).
 	Metrics *Metrics
+	// Now is the clock (default time.Now).
+	Now func() time.Time
 }
 
 // Metrics are a node's swarm counters, shared by its Swarms.
@@ -96,6 +94,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // Wait.
 type Swarm struct {
 	opts  SwarmOptions
+	sel   selector
 	plan  *engine.Plan
 	peers atomic.Pointer[[]*peerState] // replaced whole when Refresh changes them
 
@@ -107,17 +106,6 @@ type Swarm struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed when a peer's holdings or liveness change
 	streams chan struct{} // parts being taken from peers
-}
-
-type peerState struct {
-	Peer
-	inflight atomic.Int32
-
-	mu       sync.Mutex
-	held     []byte
-	live     bool // answers /have for the revision
-	dropped  string
-	busyTill time.Time
 }
 
 // NewSwarm returns a Swarm; it starts following its peers at Join.
@@ -146,10 +134,13 @@ func NewSwarm(o SwarmOptions) *Swarm {
 	if o.Metrics == nil {
 		o.Metrics = NewMetrics(nil)
 	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	if o.Token == nil {
 		o.Token = func() (string, error) { return "", nil }
 	}
-	s := &Swarm{opts: o, changed: make(chan struct{}), streams: make(chan struct{}, o.Streams)}
+	s := &Swarm{opts: o, sel: selector{self: o.Self, now: o.Now}, changed: make(chan struct{}), streams: make(chan struct{}, o.Streams)}
 	var peers []*peerState
 	for _, p := range o.Peers {
 		if p.Name != o.Self && p.URL != "" {
@@ -201,14 +192,15 @@ func (s *Swarm) refresh() {
 	}
 }
 
-// Join starts offering plan and following the peers' holdings.
-func (s *Swarm) Join(plan *engine.Plan) {
+// Join starts offering plan and following the peers' holdings, for as long as ctx (the fetch's)
+// lasts or until Leave.
+func (s *Swarm) Join(ctx context.Context, plan *engine.Plan) {
 	s.plan = plan
 	if s.opts.Server != nil {
 		s.opts.Server.Offer(s.opts.Key, plan)
 	}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.joined = time.Now()
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.joined = s.opts.Now()
 	for _, p := range s.list() {
 		s.wg.Add(1)
 		go func() {
@@ -235,11 +227,11 @@ func (s *Swarm) Join(plan *engine.Plan) {
 	deadline := time.NewTimer(s.opts.JoinWait)
 	defer deadline.Stop()
 	defer func() {
-		s.opts.Log.Info("sharing parts", "peers", len(s.list()), "live", s.live(), "parts", plan.Parts())
+		s.opts.Log.Info("sharing parts", "peers", len(s.list()), "live", s.sel.live(s.list()), "parts", plan.Parts())
 	}()
 	for {
 		changed := s.changes()
-		if s.allLive() {
+		if s.sel.allLive(s.list()) {
 			return
 		}
 		select {
@@ -248,25 +240,6 @@ func (s *Swarm) Join(plan *engine.Plan) {
 			return
 		}
 	}
-}
-
-func (s *Swarm) live() int {
-	n := 0
-	for _, p := range s.list() {
-		if live, _ := p.usable(0, time.Now()); live {
-			n++
-		}
-	}
-	return n
-}
-
-func (s *Swarm) allLive() bool {
-	for _, p := range s.list() {
-		if live, _ := p.usable(0, time.Now()); !live && p.droppedFor() == "" {
-			return false
-		}
-	}
-	return true
 }
 
 // Leave stops following the peers. What this node holds stays offered (the Server's Withdraw
@@ -315,7 +288,7 @@ func (s *Swarm) follow(p *peerState) {
 			case <-s.ctx.Done():
 				return
 			}
-			if time.Since(s.joined) > s.opts.JoinWait {
+			if s.opts.Now().Sub(s.joined) > s.opts.JoinWait {
 				backoff = min(2*backoff, 5*time.Second)
 			}
 			after = ""
@@ -329,100 +302,14 @@ func (s *Swarm) follow(p *peerState) {
 	}
 }
 
-type incompatibleError struct{ msg string }
-
-func (e *incompatibleError) Error() string { return e.msg }
-
-func (s *Swarm) have(p *peerState, after string) (*HaveResponse, error) {
-	url := p.URL + Prefix + s.opts.Key + "/have?revision=" + s.plan.Revision
-	if after != "" {
-		url += "&after=" + after
-	}
-	ctx, cancel := context.WithTimeout(s.ctx, longPoll+10*time.Second)
-	defer cancel()
-	resp, err := s.get(ctx, url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, statusError(resp)
-	}
-	h := &HaveResponse{}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(h); err != nil {
-		return nil, err
-	}
-	if h.PartSize != s.plan.PartSize || h.Parts != s.plan.Parts() || len(h.Held) != (h.Parts+7)/8 {
-		return nil, &incompatibleError{fmt.Sprintf("%s cuts the model into %d parts of %d bytes, this node into %d of %d",
-			p.Name, h.Parts, h.PartSize, s.plan.Parts(), s.plan.PartSize)}
-	}
-	return h, nil
-}
-
-func (s *Swarm) get(ctx context.Context, url string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	tok, err := s.opts.Token()
-	if err != nil {
-		return nil, fmt.Errorf("reading the peer token: %w", err)
-	}
-	if tok != "" {
-		req.Header.Set("Authorization", "Bearer "+tok)
-	}
-	return s.opts.Client.Do(req)
-}
-
-func statusError(resp *http.Response) error {
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	return &StatusError{Code: resp.StatusCode, Message: string(msg)}
-}
-
-// StatusError is a peer's answer other than 200.
-type StatusError struct {
-	Code    int
-	Message string
-}
-
-func (e *StatusError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Code, e.Message) }
-
-func (p *peerState) setLive(live bool, held []byte) (changed bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	changed = p.live != live
-	p.live = live
-	if live {
-		p.held = held
-	}
-	return changed
-}
-
-func (p *peerState) droppedFor() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.dropped
-}
-
-// usable reports whether p may be asked for part i (holds: it says it holds it).
-func (p *peerState) usable(i int, now time.Time) (live, holds bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.dropped != "" || !p.live {
-		return false, false
-	}
-	holds = i/8 < len(p.held) && p.held[i/8]&(1<<(i%8)) != 0 && now.After(p.busyTill)
-	return true, holds
-}
-
 // Part asks a holder of part i for it, waiting for one when this node is not the part's owner
 // (or its group has an upstream).
 func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
-	deadline := time.Now().Add(s.opts.Wait)
+	deadline := s.opts.Now().Add(s.opts.Wait)
 	waited := false
 	for {
 		changed := s.changes()
-		if p := s.holder(i); p != nil {
+		if p := s.sel.holder(s.list(), i); p != nil {
 			select {
 			case s.streams <- struct{}{}:
 			case <-ctx.Done():
@@ -441,10 +328,10 @@ func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 			s.refused(p, i, err)
 			continue
 		}
-		if s.owner(i) && !s.hasUpstream() {
+		if s.sel.leads(s.list(), i) {
 			return engine.PeerPart{}, engine.ErrFromSource
 		}
-		left := time.Until(deadline)
+		left := deadline.Sub(s.opts.Now())
 		if left <= 0 {
 			s.opts.Metrics.waits.WithLabelValues("source").Inc()
 			return engine.PeerPart{}, engine.ErrFromSource
@@ -464,129 +351,22 @@ func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 
 // Leads reports whether this node owns part i with no upstream to take it from: it reads it
 // from the source for its group.
-func (s *Swarm) Leads(i int) bool { return s.owner(i) && !s.hasUpstream() }
+func (s *Swarm) Leads(i int) bool { return s.sel.leads(s.list(), i) }
 
 // refused handles a holder that did not send part i: busy (try others for a second), no longer
 // holding it, or unreachable (not live until its /have answers again).
 func (s *Swarm) refused(p *peerState, i int, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	var se *StatusError
 	switch {
 	case errors.As(err, &se) && se.Code == http.StatusTooManyRequests:
-		p.busyTill = time.Now().Add(time.Second)
-	case errors.As(err, &se) && se.Code == http.StatusNotFound && i/8 < len(p.held):
-		p.held[i/8] &^= 1 << (i % 8)
+		p.refused(i, refusedBusy, s.opts.Now())
+	case errors.As(err, &se) && se.Code == http.StatusNotFound:
+		p.refused(i, refusedGone, s.opts.Now())
 	default:
-		p.live = false
+		p.refused(i, refusedUnreachable, s.opts.Now())
 		s.opts.Log.Info("peer unreachable", "peer", p.Name, "error", err.Error())
 	}
 }
-
-// holder picks, among the live peers holding part i, the one with the fewest parts in flight
-// from this node; ties go to the highest rendezvous score, which spreads the parts.
-func (s *Swarm) holder(i int) *peerState {
-	now := time.Now()
-	var best *peerState
-	var bestScore uint64
-	for _, p := range s.list() {
-		if _, holds := p.usable(i, now); !holds {
-			continue
-		}
-		score := rendezvous(p.Name, i)
-		if best == nil || p.inflight.Load() < best.inflight.Load() ||
-			(p.inflight.Load() == best.inflight.Load() && score > bestScore) {
-			best, bestScore = p, score
-		}
-	}
-	return best
-}
-
-// owner reports whether this node reads part i for its group: the highest rendezvous score
-// among itself and the group's live peers.
-func (s *Swarm) owner(i int) bool {
-	mine := rendezvous(s.opts.Self, i)
-	for _, p := range s.list() {
-		if p.Upstream {
-			continue
-		}
-		if live, _ := p.usable(i, time.Now()); live && rendezvous(p.Name, i) > mine {
-			return false
-		}
-	}
-	return true
-}
-
-func (s *Swarm) hasUpstream() bool {
-	for _, p := range s.list() {
-		if live, _ := p.usable(0, time.Now()); live && p.Upstream {
-			return true
-		}
-	}
-	return false
-}
-
-// rendezvous is node's score for part i: the same on every node, and spread so that each of a
-// group's nodes wins about as many parts (FNV alone is not: names that differ in one byte keep
-// their order over every suffix, hence the splitmix64 finalizer).
-func rendezvous(node string, i int) uint64 {
-	h := fnv.New64a()
-	_, _ = io.WriteString(h, node)
-	x := h.Sum64() ^ (uint64(i)+1)*0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
-
-// fetch asks p for part i. The body must arrive within SlowPart.
-func (s *Swarm) fetch(ctx context.Context, p *peerState, i int) (engine.PeerPart, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.SlowPart)
-	p.inflight.Add(1)
-	resp, err := s.get(ctx, fmt.Sprintf("%s%s%s/parts/%d?revision=%s", p.URL, Prefix, s.opts.Key, i, s.plan.Revision))
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = statusError(resp)
-		resp.Body.Close()
-	}
-	var crc uint64
-	if err == nil {
-		if crc, err = strconv.ParseUint(resp.Header.Get(CRCHeader), 16, 32); err != nil {
-			resp.Body.Close()
-			err = fmt.Errorf("%s sent part %d without its checksum", p.Name, i)
-		}
-	}
-	if err != nil {
-		p.inflight.Add(-1)
-		cancel()
-		<-s.streams
-		return engine.PeerPart{}, err
-	}
-	body := &partBody{ReadCloser: resp.Body, done: func() { p.inflight.Add(-1); cancel(); <-s.streams }, ctx: ctx}
-	return engine.PeerPart{Body: body, CRC32C: uint32(crc), Peer: p.Name}, nil
-}
-
-// partBody is a part's response body; closing it ends the request.
-type partBody struct {
-	io.ReadCloser
-	ctx  context.Context
-	done func()
-	once sync.Once
-}
-
-func (b *partBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil && errors.Is(b.ctx.Err(), context.DeadlineExceeded) {
-		err = errSlow
-	}
-	return n, err
-}
-
-func (b *partBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.once.Do(b.done)
-	return err
-}
-
-var errSlow = errors.New("the peer sent the part too slowly")
 
 // Bad drops peer for the rest of this Fetch.
 func (s *Swarm) Bad(peer string, i int, err error) {

@@ -1,0 +1,171 @@
+package peer
+
+import (
+	"hash/fnv"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// peerState is what this node knows of one peer: what it holds, whether it answers, whether it
+// was dropped, and how many parts are in flight from it.
+type peerState struct {
+	Peer
+	inflight atomic.Int32
+
+	mu       sync.Mutex
+	held     []byte
+	live     bool // answers /have for the revision
+	dropped  string
+	busyTill time.Time
+}
+
+func (p *peerState) setLive(live bool, held []byte) (changed bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed = p.live != live
+	p.live = live
+	if live {
+		p.held = held
+	}
+	return changed
+}
+
+func (p *peerState) droppedFor() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dropped
+}
+
+// usable reports whether p may be asked for part i at now (holds: it says it holds it).
+func (p *peerState) usable(i int, now time.Time) (live, holds bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dropped != "" || !p.live {
+		return false, false
+	}
+	holds = i/8 < len(p.held) && p.held[i/8]&(1<<(i%8)) != 0 && now.After(p.busyTill)
+	return true, holds
+}
+
+// refusal is why a holder did not send a part.
+type refusal int
+
+const (
+	// refusedBusy: it sends too many parts at once (429); others are asked for a second.
+	refusedBusy refusal = iota
+	// refusedGone: it no longer holds the part (404).
+	refusedGone
+	// refusedUnreachable: it did not answer; not live until its /have answers again.
+	refusedUnreachable
+)
+
+// refused notes that p did not send part i at now.
+func (p *peerState) refused(i int, why refusal, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch why {
+	case refusedBusy:
+		p.busyTill = now.Add(time.Second)
+	case refusedGone:
+		if i/8 < len(p.held) {
+			p.held[i/8] &^= 1 << (i % 8)
+		}
+	default:
+		p.live = false
+	}
+}
+
+// selector decides, from what the peers are known to hold, who this node takes each part from
+// and which parts it reads for its group. It does no I/O (the transport and the membership
+// feed the peers' states) and reads the time only through now.
+type selector struct {
+	self string
+	now  func() time.Time
+}
+
+// holder picks, among the live peers holding part i, the one with the fewest parts in flight
+// from this node; ties go to the highest rendezvous score, which spreads the parts.
+func (sel selector) holder(peers []*peerState, i int) *peerState {
+	now := sel.now()
+	var best *peerState
+	var bestScore uint64
+	for _, p := range peers {
+		if _, holds := p.usable(i, now); !holds {
+			continue
+		}
+		score := rendezvous(p.Name, i)
+		if best == nil || p.inflight.Load() < best.inflight.Load() ||
+			(p.inflight.Load() == best.inflight.Load() && score > bestScore) {
+			best, bestScore = p, score
+		}
+	}
+	return best
+}
+
+// owner reports whether this node reads part i for its group: the highest rendezvous score
+// among itself and the group's live peers.
+func (sel selector) owner(peers []*peerState, i int) bool {
+	mine, now := rendezvous(sel.self, i), sel.now()
+	for _, p := range peers {
+		if p.Upstream {
+			continue
+		}
+		if live, _ := p.usable(i, now); live && rendezvous(p.Name, i) > mine {
+			return false
+		}
+	}
+	return true
+}
+
+// hasUpstream reports whether a peer of the upstream group is live.
+func (sel selector) hasUpstream(peers []*peerState) bool {
+	now := sel.now()
+	for _, p := range peers {
+		if live, _ := p.usable(0, now); live && p.Upstream {
+			return true
+		}
+	}
+	return false
+}
+
+// leads reports whether this node owns part i with no upstream to take it from: it reads it
+// from the source for its group.
+func (sel selector) leads(peers []*peerState, i int) bool {
+	return sel.owner(peers, i) && !sel.hasUpstream(peers)
+}
+
+// live counts the live peers.
+func (sel selector) live(peers []*peerState) int {
+	n, now := 0, sel.now()
+	for _, p := range peers {
+		if live, _ := p.usable(0, now); live {
+			n++
+		}
+	}
+	return n
+}
+
+// allLive reports whether every peer not dropped is live.
+func (sel selector) allLive(peers []*peerState) bool {
+	now := sel.now()
+	for _, p := range peers {
+		if live, _ := p.usable(0, now); !live && p.droppedFor() == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// rendezvous is node's score for part i: the same on every node, and spread so that each of a
+// group's nodes wins about as many parts (FNV alone is not: names that differ in one byte keep
+// their order over every suffix, hence the splitmix64 finalizer).
+func rendezvous(node string, i int) uint64 {
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, node)
+	x := h.Sum64() ^ (uint64(i)+1)*0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
