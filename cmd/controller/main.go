@@ -31,7 +31,9 @@ import (
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/hub"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
+	"github.com/prewarm/prewarm/internal/controller/preflight"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/scheme"
@@ -106,7 +108,7 @@ func run() error {
 	if o.agentImage != "" {
 		op.Controller.AgentImage = o.agentImage
 	}
-	o.cfg.Operator = op
+	o.cfg.OperatorConfiguration = op
 	o.cfg.Defaults()
 
 	log := cli.NewLogger(o.verbosity)
@@ -117,7 +119,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := preflight(ctx, mgr, o); err != nil {
+	if err := checkCluster(ctx, mgr, o); err != nil {
 		return err
 	}
 	if err := setupReconcilers(ctx, mgr, o); err != nil {
@@ -174,19 +176,19 @@ func newManager(o *options) (ctrl.Manager, error) {
 	return mgr, nil
 }
 
-// preflight settles, before the reconcilers start, what depends on the cluster: that the API
+// checkCluster settles, before the reconcilers start, what depends on the cluster: that the API
 // prewarm serves is its own (not the HyperPod inference operator's), and how the API server
 // admits pods (placement.extendedResourceTolerations auto).
-func preflight(ctx context.Context, mgr ctrl.Manager, o *options) error {
+func checkCluster(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	c, err := client.New(mgr.GetConfig(), client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
 		return err
 	}
-	if err := controller.CheckAPIOwnership(ctx, c); err != nil {
+	if err := preflight.CheckAPIOwnership(ctx, c); err != nil {
 		return err
 	}
 	log := ctrl.Log.WithName("preflight")
-	decided, err := controller.ResolveExtendedResourceTolerations(ctx, c, &o.cfg)
+	decided, err := preflight.ResolveExtendedResourceTolerations(ctx, c, &o.cfg)
 	if err != nil {
 		log.Error(err, "could not tell how the API server admits pods")
 	}
@@ -198,7 +200,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	cfg := o.cfg
 	recorder := mgr.GetEventRecorder("prewarm-controller")
 	metrics := controller.NewMetrics(ctrlmetrics.Registry)
-	hub := &controller.HubChecker{Endpoint: cfg.HuggingFace.Endpoint}
+	hubChecker := &hub.Checker{Endpoint: cfg.HuggingFace.Endpoint}
 	// Users' Secrets and service accounts are read as needed, each at most every 30 s.
 	userObjects := controller.NewRecentReader(mgr.GetAPIReader(), 30*time.Second)
 	// The reconcilers read nodes and NodeCaches through these indexes.
@@ -211,7 +213,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hub, Recorder: recorder, Metrics: metrics}
+	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hubChecker, Recorder: recorder, Metrics: metrics}
 	if err := parents.SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -180,7 +180,7 @@ func fsxSource(path string) prewarmv1alpha1.CacheSource {
 	return prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: testFSx, Path: path}
 }
 
-func testConfig(roots ...string) config.Operator {
-	return config.Operator{Kind: config.Kind, CacheRoots: testutil.DirRoots(roots...), FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}},
+func testConfig(roots ...string) config.OperatorConfiguration {
+	return config.OperatorConfiguration{Kind: config.Kind, CacheRoots: testutil.DirRoots(roots...), FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}},
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"default", "a", "b", "c"}, FSx: &config.FSxRule{FileSystemID: testFSx}}}}
 }

@@ -24,7 +24,7 @@ type Options struct {
 	NodeName string
 	// Config is the operator configuration the agents share with the controller: the cache
 	// roots, how S3 and the Hub are reached, where FSx file systems are mounted.
-	Config config.Operator
+	Config config.OperatorConfiguration
 	// HostPrefix is where the node's filesystem is seen from the agent: a root /opt/dlami/nvme is
 	// at HostPrefix+/opt/dlami/nvme. Empty when the roots are mounted at their own paths.
 	HostPrefix string

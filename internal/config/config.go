@@ -89,7 +89,7 @@ func (r *CacheRoot) UnmarshalJSON(b []byte) error {
 }
 
 // Roots returns the cache roots' paths, as parents name them.
-func (o Operator) Roots() []string {
+func (o OperatorConfiguration) Roots() []string {
 	out := make([]string, len(o.CacheRoots))
 	for i, r := range o.CacheRoots {
 		out[i] = r.Path
@@ -98,7 +98,7 @@ func (o Operator) Roots() []string {
 }
 
 // Root returns the cache root parents name path.
-func (o Operator) Root(path string) (CacheRoot, bool) {
+func (o OperatorConfiguration) Root(path string) (CacheRoot, bool) {
 	for _, r := range o.CacheRoots {
 		if r.Path == path {
 			return r, true
@@ -145,8 +145,8 @@ type InstanceTypeNodes struct {
 	MatchExpressions []corev1.NodeSelectorRequirement `json:"matchExpressions,omitempty"`
 }
 
-// Operator is the shared configuration.
-type Operator struct {
+// OperatorConfiguration is the shared configuration.
+type OperatorConfiguration struct {
 	Kind       string `json:"kind,omitempty"`
 	APIVersion string `json:"apiVersion,omitempty"`
 	// CacheRoots are the node directories weights caches may be kept under. A cache's hostPath
@@ -362,17 +362,17 @@ type FSxMount struct {
 }
 
 // Default is the configuration when no file is given.
-func Default() Operator {
-	o := Operator{}
+func Default() OperatorConfiguration {
+	o := OperatorConfiguration{}
 	o.defaults()
 	return o
 }
 
 // SetDefaults fills the fields of o that are not set with their defaults, as a configuration
 // file that leaves them out gets them.
-func (o *Operator) SetDefaults() { o.defaults() }
+func (o *OperatorConfiguration) SetDefaults() { o.defaults() }
 
-func (o *Operator) defaults() {
+func (o *OperatorConfiguration) defaults() {
 	o.Kind, o.APIVersion = Kind, APIVersion
 	if len(o.CacheRoots) == 0 {
 		o.CacheRoots = []CacheRoot{{Path: DefaultCacheRoot}}
@@ -438,33 +438,33 @@ const DefaultImageCachePriorityClass = "prewarm-image-cache"
 
 // Load reads the configuration at path; an empty path is the default configuration. Unknown
 // fields are refused, so a misspelt key is an error and not a silent default.
-func Load(path string) (Operator, error) {
+func Load(path string) (OperatorConfiguration, error) {
 	if path == "" {
 		return Default(), nil
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return Operator{}, fmt.Errorf("reading the operator configuration: %w", err)
+		return OperatorConfiguration{}, fmt.Errorf("reading the operator configuration: %w", err)
 	}
 	return Parse(b)
 }
 
 // Parse reads a configuration file's content: strictly (an unknown field is an error), with the
 // defaults filled in, and validated.
-func Parse(b []byte) (Operator, error) {
-	var o Operator
+func Parse(b []byte) (OperatorConfiguration, error) {
+	var o OperatorConfiguration
 	if err := yaml.UnmarshalStrict(b, &o); err != nil {
 		if fe := badValue(b); fe != nil {
-			return Operator{}, fmt.Errorf("operator configuration: %w", fe)
+			return OperatorConfiguration{}, fmt.Errorf("operator configuration: %w", fe)
 		}
-		return Operator{}, fmt.Errorf("operator configuration: %w", err)
+		return OperatorConfiguration{}, fmt.Errorf("operator configuration: %w", err)
 	}
 	if (o.Kind != "" && o.Kind != Kind) || (o.APIVersion != "" && o.APIVersion != APIVersion) {
-		return Operator{}, fmt.Errorf("operator configuration: want kind %s, apiVersion %s; got %s, %s", Kind, APIVersion, o.Kind, o.APIVersion)
+		return OperatorConfiguration{}, fmt.Errorf("operator configuration: want kind %s, apiVersion %s; got %s, %s", Kind, APIVersion, o.Kind, o.APIVersion)
 	}
 	o.defaults()
 	if err := o.Validate(); err != nil {
-		return Operator{}, fmt.Errorf("operator configuration: %w", err)
+		return OperatorConfiguration{}, fmt.Errorf("operator configuration: %w", err)
 	}
 	return o, nil
 }
@@ -481,7 +481,7 @@ func badValue(b []byte) *field.Error {
 	if yaml.Unmarshal(b, &raw) != nil {
 		return nil
 	}
-	return badValueIn(reflect.TypeFor[Operator](), raw, nil)
+	return badValueIn(reflect.TypeFor[OperatorConfiguration](), raw, nil)
 }
 
 func badValueIn(t reflect.Type, v any, path *field.Path) *field.Error {
@@ -529,7 +529,7 @@ func validDuration(s string) bool {
 }
 
 // validateSharing checks the peers and the origin budgets.
-func (o Operator) validateSharing() field.ErrorList {
+func (o OperatorConfiguration) validateSharing() field.ErrorList {
 	var errs field.ErrorList
 	p := o.Peers
 	peers := field.NewPath("peers")
@@ -574,7 +574,7 @@ func notNegative(path *field.Path, n int) field.ErrorList {
 }
 
 // Validate says everything that is wrong with o, each problem with the field it is in.
-func (o Operator) Validate() error {
+func (o OperatorConfiguration) Validate() error {
 	var errs field.ErrorList
 	errs = append(errs, o.validateRoots()...)
 	errs = append(errs, o.Placement.validate()...)
@@ -603,7 +603,7 @@ func (o Operator) Validate() error {
 
 // validateFSx checks the FSx mounts: file system ids listed once, mount paths clean and apart
 // from the cache roots.
-func (o Operator) validateFSx() field.ErrorList {
+func (o OperatorConfiguration) validateFSx() field.ErrorList {
 	var errs field.ErrorList
 	ids := map[string]bool{}
 	for i, m := range o.FSx {
@@ -628,7 +628,7 @@ func (o Operator) validateFSx() field.ErrorList {
 }
 
 // validateSourceAccess checks the rules of sources prewarm reads with its own identity.
-func (o Operator) validateSourceAccess() field.ErrorList {
+func (o OperatorConfiguration) validateSourceAccess() field.ErrorList {
 	var errs field.ErrorList
 	for i, r := range o.SourceAccess {
 		at := field.NewPath("sourceAccess").Index(i)
@@ -652,7 +652,7 @@ func (o Operator) validateSourceAccess() field.ErrorList {
 
 // validateRoots checks the cache roots: clean absolute paths, none named twice, no two on one
 // node directory or inside each other.
-func (o Operator) validateRoots() field.ErrorList {
+func (o OperatorConfiguration) validateRoots() field.ErrorList {
 	var errs field.ErrorList
 	names := map[string]bool{}
 	for i, r := range o.CacheRoots {
@@ -748,7 +748,7 @@ func nodeSelectorRequirement(e corev1.NodeSelectorRequirement) (labels.Requireme
 // SourceAllowed says whether prewarm may read src with its own identity on behalf of namespace
 // ns, and if not, why. A Hugging Face source is read with the parent's token or anonymously,
 // never with prewarm's identity: it is always allowed.
-func (o Operator) SourceAllowed(ns string, src prewarmv1alpha1.CacheSource) (bool, string) {
+func (o OperatorConfiguration) SourceAllowed(ns string, src prewarmv1alpha1.CacheSource) (bool, string) {
 	if src.Type == inferencev1.ModelSourceHuggingFace {
 		return true, ""
 	}
@@ -774,7 +774,7 @@ func (o Operator) SourceAllowed(ns string, src prewarmv1alpha1.CacheSource) (boo
 // sourceAccess rule allowing it for namespace ns opens ("" for the whole file system): the
 // agents read src inside it, so that no link under an allowed path leads out of what the
 // rule allows (a rule is matched on the path as written). ok is false when no rule allows src.
-func (o Operator) FSxAllowedDir(ns string, src prewarmv1alpha1.CacheSource) (dir string, ok bool) {
+func (o OperatorConfiguration) FSxAllowedDir(ns string, src prewarmv1alpha1.CacheSource) (dir string, ok bool) {
 	for _, r := range o.SourceAccess {
 		if r.FSx == nil || r.FSx.FileSystemID != src.FileSystemID || !under(src.Path, r.FSx.Path) ||
 			!slices.Contains(r.Namespaces, ns) && !slices.Contains(r.Namespaces, "*") {
@@ -805,7 +805,7 @@ func under(p, r string) bool {
 }
 
 // CacheRootAllowed says whether hostPath is one of the cache roots, and if not, why.
-func (o Operator) CacheRootAllowed(hostPath string) (bool, string) {
+func (o OperatorConfiguration) CacheRootAllowed(hostPath string) (bool, string) {
 	if _, ok := o.Root(hostPath); ok {
 		return true, ""
 	}
@@ -814,7 +814,7 @@ func (o Operator) CacheRootAllowed(hostPath string) (bool, string) {
 }
 
 // FSxMountPath returns where the file system id is mounted on the nodes.
-func (o Operator) FSxMountPath(id string) (string, error) {
+func (o OperatorConfiguration) FSxMountPath(id string) (string, error) {
 	for _, m := range o.FSx {
 		if m.FileSystemID == id {
 			return m.MountPath, nil
@@ -842,7 +842,7 @@ func within(p, dir string) bool {
 }
 
 // Write writes o as a configuration file at path.
-func (o Operator) Write(path string) error {
+func (o OperatorConfiguration) Write(path string) error {
 	o.defaults()
 	b, err := yaml.Marshal(o)
 	if err != nil {

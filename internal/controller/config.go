@@ -1,5 +1,10 @@
-// Package controller holds what prewarm's reconcilers share: the operator's configuration and
-// the keys of the objects they write.
+// Package controller holds what prewarm's reconcilers share: the operator configuration as they
+// read it (config.go), the keys of the objects they write, the informer indexes and the fleet's
+// reads and label writes (fleet.go), status and finalizer writes (objects.go), watch handlers
+// and Events (watch.go), a short-lived reader of users' objects (recent.go) and the controller's
+// metrics. The reconcilers are in serving, weightscache and imagecache; what the controller
+// checks before they start, in preflight; the namespaces' credentials, in secrets; the Hugging
+// Face Hub checks, in hub.
 package controller
 
 import (
@@ -18,7 +23,7 @@ import (
 // Config is the cluster admin's configuration of prewarm's controller: the configuration it
 // shares with the agents (which holds the controller's own settings too), and where it runs.
 type Config struct {
-	config.Operator
+	config.OperatorConfiguration
 	// OperatorNamespace is where shared objects live.
 	OperatorNamespace string
 	// ExtendedResourceTolerations is placement.extendedResourceTolerations resolved: whether the

@@ -87,7 +87,7 @@ func KeyID(public string) string {
 }
 
 // Digest identifies credentials of the given version sealed to a key. It is derived from the
-// version (where the credentials were read: controller.SecretVersion), not from the
+// version (where the credentials were read: secrets.SecretVersion), not from the
 // credentials: every agent can read every NodeCache, and a digest of the credentials
 // themselves would let any of them test guesses of another namespace's keys offline.
 func Digest(public, version string) string {

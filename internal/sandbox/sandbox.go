@@ -81,9 +81,9 @@ type sandbox struct {
 	s3Sent *shaper.Proxy
 	hub    *hubfixture.Hub
 	procs  []*testutil.Process
-	files  map[string]int64 // the model's files and sizes
-	real   *realseed.Env    // the real-node run (Kind real)
-	op     config.Operator  // the operator configuration of the kwok run
+	files  map[string]int64             // the model's files and sizes
+	real   *realseed.Env                // the real-node run (Kind real)
+	op     config.OperatorConfiguration // the operator configuration of the kwok run
 }
 
 // step is one step of the sandbox.
@@ -410,7 +410,7 @@ func (s *sandbox) startPrewarm(ctx context.Context) error {
 	if s.s3Sent, err = shaper.Start(s.s3.Endpoint, shaper.Options{}); err != nil {
 		return err
 	}
-	op := config.Operator{
+	op := config.OperatorConfiguration{
 		CacheRoots:  testutil.DirRoots(root),
 		S3:          config.S3{Endpoint: s.s3Sent.URL, PathStyle: true},
 		HuggingFace: config.HuggingFace{Endpoint: s.hub.URL},

@@ -9,7 +9,7 @@ import (
 
 // OperatorConfig writes op as an operator configuration file in a test's temporary directory
 // and returns its path, for the binaries' --config.
-func OperatorConfig(t testing.TB, op config.Operator) string {
+func OperatorConfig(t testing.TB, op config.OperatorConfiguration) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	if err := op.Write(path); err != nil {

@@ -61,7 +61,7 @@ func TestSchemaMatchesTheConfiguration(t *testing.T) {
 	cfg := schema["properties"].(map[string]any)["config"].(map[string]any)
 	var inSchema, inGo []string
 	schemaPaths(cfg, "config", &inSchema)
-	goPaths(reflect.TypeOf(config.Operator{}), "config", &inGo)
+	goPaths(reflect.TypeOf(config.OperatorConfiguration{}), "config", &inGo)
 	slices.Sort(inSchema)
 	slices.Sort(inGo)
 	for _, p := range inGo {

@@ -271,7 +271,7 @@ func condition(conds []metav1.Condition, typ string) metav1.Condition {
 // config writes the operator configuration the controller and the agents read: the test's
 // cache root, the S3 endpoint given, the env's Hugging Face Hub and FSx mounts.
 func (e *weightsEnv) config(s3Endpoint string) string {
-	op := config.Operator{CacheRoots: testutil.DirRoots(root), FSx: e.fsx,
+	op := config.OperatorConfiguration{CacheRoots: testutil.DirRoots(root), FSx: e.fsx,
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
 		// Progress at every status tick: the tests act at points of a download.
 		Agent: config.Agent{ProgressInterval: metav1.Duration{Duration: 250 * time.Millisecond}}}

@@ -148,7 +148,7 @@ func TestInstallConfigurationIsConsistent(t *testing.T) {
 
 func installConsistent(objs []*unstructured.Unstructured) error {
 	var (
-		op      config.Operator
+		op      config.OperatorConfiguration
 		haveCfg bool
 		errs    []error
 	)

@@ -19,7 +19,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/secrets"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/credentials"
@@ -170,7 +170,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		// A rotated token is sealed again; the digest every agent can read names the Secret's
 		// version, not the token (no offline guessing against it).
 		first := sealed()
-		if strings.Contains(first.Digest, "hf_secret") || first.Digest != credentials.Digest(key.Public(), controller.SecretVersion(secret, "token")) {
+		if strings.Contains(first.Digest, "hf_secret") || first.Digest != credentials.Digest(key.Public(), secrets.SecretVersion(secret, "token")) {
 			t.Errorf("the digest %s is not the Secret version's", first.Digest)
 		}
 		secret.Data["token"] = []byte("hf_rotated")

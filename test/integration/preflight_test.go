@@ -14,6 +14,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/preflight"
 )
 
 // The controller refuses to start where another operator owns the API: beside the HyperPod
@@ -21,7 +22,7 @@ import (
 func TestControllerRefusesAnotherOperatorsAPI(t *testing.T) {
 	ctx := context.Background()
 	c := server.Client
-	if err := controller.CheckAPIOwnership(ctx, c); err != nil {
+	if err := preflight.CheckAPIOwnership(ctx, c); err != nil {
 		t.Fatalf("on prewarm's own CRDs: %v", err)
 	}
 
@@ -42,7 +43,7 @@ func TestControllerRefusesAnotherOperatorsAPI(t *testing.T) {
 	if err := c.Create(ctx, dep); err != nil {
 		t.Fatal(err)
 	}
-	err := controller.CheckAPIOwnership(ctx, c)
+	err := preflight.CheckAPIOwnership(ctx, c)
 	if err == nil || !strings.Contains(err.Error(), "hyperpod-inference/hyperpod-inference-operator-controller-manager") ||
 		!strings.Contains(err.Error(), "Running beside HyperPod") {
 		t.Errorf("beside HyperPod's controller: %v; want a refusal naming it and the docs", err)
@@ -74,7 +75,7 @@ func TestControllerRefusesAnotherOperatorsAPI(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	err = controller.CheckAPIOwnership(ctx, c)
+	err = preflight.CheckAPIOwnership(ctx, c)
 	for _, want := range []string{name + " was not installed by prewarm", "Helm release kube-system/hyperpod", "hyperpod-inference-system/serving-cert"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("on another chart's CRD: %v; want it to say %q", err, want)
@@ -94,7 +95,7 @@ func TestExtendedResourceTolerationsAreResolved(t *testing.T) {
 		cfg := controller.Config{OperatorNamespace: "default"}
 		cfg.Placement.ExtendedResourceTolerations = tc.mode
 		cfg.Defaults()
-		decided, err := controller.ResolveExtendedResourceTolerations(ctx, server.Client, &cfg)
+		decided, err := preflight.ResolveExtendedResourceTolerations(ctx, server.Client, &cfg)
 		if err != nil || cfg.ExtendedResourceTolerations != tc.want {
 			t.Errorf("%s: %v (%q), err %v; want %v", tc.mode, cfg.ExtendedResourceTolerations, decided, err, tc.want)
 		}
@@ -102,7 +103,7 @@ func TestExtendedResourceTolerationsAreResolved(t *testing.T) {
 	// A namespace that does not exist: the dry run fails, and the pods carry the tolerations.
 	cfg := controller.Config{OperatorNamespace: "no-such-namespace"}
 	cfg.Defaults()
-	if _, err := controller.ResolveExtendedResourceTolerations(ctx, server.Client, &cfg); err == nil || !cfg.ExtendedResourceTolerations {
+	if _, err := preflight.ResolveExtendedResourceTolerations(ctx, server.Client, &cfg); err == nil || !cfg.ExtendedResourceTolerations {
 		t.Errorf("with the dry run refused: %v, err %v; want on, and the reason", cfg.ExtendedResourceTolerations, err)
 	}
 }

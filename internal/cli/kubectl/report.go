@@ -4,12 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,8 +15,6 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/config"
-	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/scheme"
 )
 
@@ -291,177 +286,4 @@ func imageReport(x *inferencev1.InferenceImageCache, view nodeView) *ImageReport
 	// The status lists at most MaxStatusNodes nodes, those that need attention first.
 	r.NodesOmitted = max(0, int(x.Status.TargetNodes)-len(r.Nodes))
 	return r
-}
-
-// NodeExplanation is what `kubectl prewarm explain node` shows.
-type NodeExplanation struct {
-	Node         string             `json:"node"`
-	InstanceType string             `json:"instanceType,omitempty"`
-	Agent        string             `json:"agent"`
-	Roots        []RootReport       `json:"roots"`
-	Weights      []CacheExplanation `json:"weightsCaches"`
-	Images       []CacheExplanation `json:"imageCaches"`
-	// Note says what the explanation could not take into account.
-	Note string `json:"note,omitempty"`
-}
-
-// RootReport is the disk under an allowed root.
-type RootReport struct {
-	Path          string `json:"path"`
-	NodePath      string `json:"nodePath,omitempty"`
-	CapacityBytes int64  `json:"capacityBytes"`
-	FreeBytes     int64  `json:"freeBytes"`
-	ReservedBytes int64  `json:"reservedBytes"`
-	// Reason and Message say why the node keeps no cache under the root (NoLocalDisk).
-	Reason  string `json:"reason,omitempty"`
-	Message string `json:"message,omitempty"`
-}
-
-// CacheExplanation says whether a node holds a cache, and why not.
-type CacheExplanation struct {
-	Cache string `json:"cache"`
-	Warm  bool   `json:"warm"`
-	Why   string `json:"why"`
-}
-
-// agentStale is how old a heartbeat may be before the agent is taken for gone: the agent writes
-// one at least every minute.
-const agentStale = 3 * time.Minute
-
-// operatorRules reads the placement rules of the operator configuration (the prewarm-config
-// ConfigMap in namespace ns): how instance types find nodes. The caches' tolerations are the
-// pods' own already. When the configuration cannot be read, the defaults, and a note saying so.
-func operatorRules(ctx context.Context, c client.Client, ns string) (placement.Rules, string) {
-	cm := &corev1.ConfigMap{}
-	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: operatorConfigMap}, cm); err != nil {
-		return placement.Rules{}, fmt.Sprintf("the operator configuration (ConfigMap %s/%s) could not be read (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
-	}
-	op, err := config.Parse([]byte(cm.Data[filepath.Base(config.File)]))
-	if err != nil {
-		return placement.Rules{}, fmt.Sprintf("the operator configuration (ConfigMap %s/%s) does not parse (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
-	}
-	return placement.NewRules(op.Placement, false), ""
-}
-
-// operatorConfigMap is the ConfigMap of the operator configuration (the chart's and config/'s).
-const operatorConfigMap = "prewarm-config"
-
-func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS string, now time.Time) (*NodeExplanation, error) {
-	rules, note := operatorRules(ctx, c, operatorNS)
-	node := &corev1.Node{}
-	if err := c.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil {
-		return nil, err
-	}
-	ex := &NodeExplanation{Node: node.Name, InstanceType: node.Labels[inferencev1.InstanceTypeLabel], Roots: []RootReport{},
-		Weights: []CacheExplanation{}, Images: []CacheExplanation{}, Note: note}
-	nc := &prewarmv1alpha1.NodeCache{}
-	err := c.Get(ctx, types.NamespacedName{Name: nodeName}, nc)
-	switch {
-	case client.IgnoreNotFound(err) != nil:
-		return nil, err
-	case err != nil:
-		nc = nil
-		ex.Agent = "no NodeCache: no weights cache has been asked of this node yet"
-	case nc.Status.HeartbeatTime == nil:
-		ex.Agent = "no agent reports on this node: is the prewarm-agent DaemonSet's pod running here?"
-	case now.Sub(nc.Status.HeartbeatTime.Time) > agentStale:
-		ex.Agent = fmt.Sprintf("the agent last reported at %s, more than %s ago: is it running?",
-			nc.Status.HeartbeatTime.UTC().Format(time.RFC3339), agentStale)
-	default:
-		ex.Agent = fmt.Sprintf("reporting (agent %s, last at %s)", nc.Status.AgentVersion, nc.Status.HeartbeatTime.UTC().Format(time.RFC3339))
-	}
-	if nc != nil {
-		for _, r := range nc.Status.Roots {
-			ex.Roots = append(ex.Roots, RootReport{Path: r.Path, NodePath: r.NodePath, CapacityBytes: r.CapacityBytes, FreeBytes: r.FreeBytes,
-				ReservedBytes: r.ReservedBytes, Reason: r.Reason, Message: r.Message})
-		}
-	}
-
-	caches := &inferencev1.ModelDataCacheConfigList{}
-	if err := c.List(ctx, caches); err != nil {
-		return nil, err
-	}
-	for _, m := range caches.Items {
-		ex.Weights = append(ex.Weights, explainWeights(rules, &m, node, nc))
-	}
-	images := &inferencev1.InferenceImageCacheList{}
-	if err := c.List(ctx, images); err != nil {
-		return nil, err
-	}
-	for _, x := range images.Items {
-		ex.Images = append(ex.Images, explainImage(rules, &x, node))
-	}
-	return ex, nil
-}
-
-func explainWeights(rules placement.Rules, m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *prewarmv1alpha1.NodeCache) CacheExplanation {
-	e := CacheExplanation{Cache: m.Namespace + "/" + m.Name}
-	if ok, why := rules.Match(m.Spec.Placement, node); !ok {
-		e.Why = "not a target: " + why
-		return e
-	}
-	// What the node's agent reports comes first (the cache's status lists only the nodes that
-	// need attention most, on a large fleet); the cache's status adds the controller's verdicts.
-	var ns *inferencev1.NodeCacheStatus
-	for i := range m.Status.Nodes {
-		if m.Status.Nodes[i].Name == node.Name {
-			ns = &m.Status.Nodes[i]
-		}
-	}
-	uid := string(m.UID)
-	var rep *prewarmv1alpha1.CacheStatus
-	if r, ok := nc.Report(uid); ok {
-		rep = &r
-	}
-	asked := nc != nil && slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid })
-	// The entry to explain: the controller's verdict of a failure, else the agent's report,
-	// else what the cache's status lists.
-	var x *inferencev1.NodeCacheStatus
-	switch {
-	case ns != nil && ns.State == inferencev1.CacheFailed:
-		x = ns
-	case rep != nil:
-		x = &inferencev1.NodeCacheStatus{State: rep.State, Reason: rep.Reason, Message: rep.Message,
-			BytesDone: rep.BytesDone, BytesTotal: rep.BytesTotal, BytesPerSecond: rep.BytesPerSecond}
-	default:
-		x = ns
-	}
-	switch {
-	case x != nil && x.State == inferencev1.CacheReady:
-		e.Warm, e.Why = true, "Ready: "+x.Message
-	case x != nil && x.State == inferencev1.CacheDownloading:
-		e.Why = fmt.Sprintf("Downloading: %s", progressText(x.BytesDone, x.BytesTotal, x.BytesPerSecond))
-	case nc == nil || nc.Status.HeartbeatTime == nil:
-		e.Why = "a target, but no agent reports on this node"
-	case x != nil:
-		e.Why = fmt.Sprintf("%s (%s): %s", x.State, x.Reason, x.Message)
-	case asked:
-		e.Why = "asked for the cache; the node's agent has not picked it up yet"
-	default:
-		e.Why = "a target, not yet asked for the cache (the controller has not reconciled since the node appeared)"
-	}
-	return e
-}
-
-func explainImage(rules placement.Rules, x *inferencev1.InferenceImageCache, node *corev1.Node) CacheExplanation {
-	e := CacheExplanation{Cache: x.Namespace + "/" + x.Name}
-	if ok, why := rules.Match(x.Spec.Placement, node); !ok {
-		e.Why = "not a target: " + why
-		return e
-	}
-	for _, n := range x.Status.Nodes {
-		if n.Name == node.Name {
-			e.Warm = n.Phase == inferencev1.ImageComplete
-			e.Why = fmt.Sprintf("%s (%s): %s", n.Phase, n.Reason, n.Message)
-			return e
-		}
-	}
-	// On a large fleet the status lists the nodes that need attention first; the node's label
-	// says it holds the image.
-	if node.Labels[inferencev1.ImageCacheReadyLabel(string(x.UID))] == inferencev1.LabelTrue {
-		e.Warm, e.Why = true, "Complete: the node holds the image (labelled)"
-		return e
-	}
-	e.Why = "a target, not yet in the cache's status"
-	return e
 }

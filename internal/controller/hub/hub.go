@@ -1,4 +1,6 @@
-package controller
+// Package hub asks the Hugging Face Hub, for the controller, what a revision resolves to and
+// whether a token can read a repository, remembering the answers for a while.
+package hub
 
 import (
 	"context"
@@ -10,9 +12,9 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine/source/hf"
 )
 
-// HubChecker resolves Hugging Face revisions to commits and checks that a token can read a
+// Checker resolves Hugging Face revisions to commits and checks that a token can read a
 // repository, remembering answers for a while so reconciles do not call the Hub each time.
-type HubChecker struct {
+type Checker struct {
 	// Endpoint is the Hub (or a mirror); empty means huggingface.co.
 	Endpoint string
 	// Now is the clock.
@@ -37,7 +39,7 @@ const (
 // Resolve returns the commit that revision (a branch, tag or commit; empty means main) of repo
 // is at, reading the repository's file tree with token: an error says the token (or its
 // absence) cannot read it, or that the repository or revision does not exist.
-func (h *HubChecker) Resolve(ctx context.Context, repo, revision, token string) (string, error) {
+func (h *Checker) Resolve(ctx context.Context, repo, revision, token string) (string, error) {
 	if revision == "" {
 		revision = "main"
 	}

@@ -1,4 +1,7 @@
-package controller
+// Package preflight settles, before the controller's reconcilers start, what depends on the
+// cluster: that no other controller serves prewarm's API groups, and whether the API server
+// gives GPU pods the tolerations of their extended resources.
+package preflight
 
 import (
 	"context"

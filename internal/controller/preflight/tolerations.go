@@ -1,9 +1,11 @@
-package controller
+package preflight
 
 import (
 	"context"
 	"fmt"
 	"slices"
+
+	"github.com/prewarm/prewarm/internal/controller"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -27,7 +29,7 @@ const probeResource = "prewarm.io/admission-probe"
 // an extended resource, in the operator namespace, comes back with the toleration the plugin
 // adds, or without it. It returns what it decided, for the log; when the dry run fails, the
 // pods carry the tolerations (as on), and the error says why it could not tell.
-func ResolveExtendedResourceTolerations(ctx context.Context, c client.Client, cfg *Config) (string, error) {
+func ResolveExtendedResourceTolerations(ctx context.Context, c client.Client, cfg *controller.Config) (string, error) {
 	switch cfg.Placement.ExtendedResourceTolerations {
 	case config.ExtendedResourceTolerationsOn:
 		cfg.ExtendedResourceTolerations = true

@@ -1,4 +1,7 @@
-package controller
+// Package secrets reads the credentials the parents name in their namespaces (a Hugging Face
+// token; the version of a Secret, which says when credentials change) and writes prewarm's
+// copies of Secrets in the operator namespace.
+package secrets
 
 import (
 	"context"

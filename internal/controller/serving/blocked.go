@@ -127,3 +127,9 @@ func (r *Reconciler) rolloutProblem(ctx context.Context, dep *appsv1.Deployment,
 	}
 	return nil, nil
 }
+
+// problem is a reason and message that stop a parent from being cached or deployed.
+type problem struct{ reason, message string }
+
+// Error lets a phase return a problem: the phases' runner reports it on the parent.
+func (p *problem) Error() string { return p.reason + ": " + p.message }

@@ -77,7 +77,7 @@ func TestGate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := &Reconciler{Config: controller.Config{Operator: config.Operator{Controller: config.Controller{GateTimeout: metav1.Duration{Duration: 30 * time.Minute}}}}, Now: func() time.Time { return created.Add(tt.after) }}
+			r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{GateTimeout: metav1.Duration{Duration: 30 * time.Minute}}}}, Now: func() time.Time { return created.Add(tt.after) }}
 			g := r.gate(tt.cache)
 			if g.open != tt.open || g.reason != tt.reason || !strings.Contains(g.message, tt.contains) || g.wait != tt.wait {
 				t.Errorf("gate = %+v; want open %v, reason %s, message with %q, wait %s", g, tt.open, tt.reason, tt.contains, tt.wait)
@@ -87,7 +87,7 @@ func TestGate(t *testing.T) {
 }
 
 func TestPodTemplate(t *testing.T) {
-	r := &Reconciler{Config: controller.Config{Operator: config.Operator{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}, S3: config.S3{Endpoint: "http://s3.local", PathStyle: true}}}}
+	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}, S3: config.S3{Endpoint: "http://s3.local", PathStyle: true}}}}
 	r.Config.Defaults()
 	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
 	iec.UID = types.UID("0000-parent")
@@ -240,7 +240,7 @@ func TestCacheKeyChangesWithContentNotPlacement(t *testing.T) {
 // spec.kubernetes (init containers before prewarm's, volumes, service account, scheduler),
 // worker.probes and workingDir, and a kubernetesVolume source mounted from spec.kubernetes.volumes.
 func TestPodTemplateHonoursHyperPodFields(t *testing.T) {
-	r := &Reconciler{Config: controller.Config{Operator: config.Operator{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}}}}
+	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}}}}
 	r.Config.Defaults()
 	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
 	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health", Port: intstr.FromInt32(8000)}}}

@@ -6,15 +6,9 @@ import (
 	"fmt"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/secrets"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
-
-// problem is a reason and message that stop a parent from being cached or deployed.
-type problem struct{ reason, message string }
-
-// Error lets a phase return a problem: the phases' runner reports it on the parent.
-func (p *problem) Error() string { return p.reason + ": " + p.message }
 
 // resolveHF checks a Hugging Face source before anything is cached or deployed: the token
 // Secret exists and holds its key, the token can read the repository, and an empty commitSHA is
@@ -28,7 +22,7 @@ func (r *Reconciler) resolveHF(ctx context.Context, m *model, owned []inferencev
 	hfm := m.source.HuggingFaceModel.DeepCopy()
 	m.source.HuggingFaceModel = hfm
 
-	hfToken, missing, err := controller.HFToken(ctx, r.APIReader, m.owner.GetNamespace(), hfm.ModelID, hfm.TokenSecretRef)
+	hfToken, missing, err := secrets.HFToken(ctx, r.APIReader, m.owner.GetNamespace(), hfm.ModelID, hfm.TokenSecretRef)
 	token := hfToken.Value
 	switch {
 	case err != nil:

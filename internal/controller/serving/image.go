@@ -20,6 +20,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/secrets"
 )
 
 var notDNS = regexp.MustCompile(`[^a-z0-9-]+`)
@@ -233,7 +234,7 @@ func (r *Reconciler) copyPullSecrets(ctx context.Context, m *model, c *inference
 		if err := controllerutil.SetOwnerReference(c, dst, r.Client.Scheme()); err != nil {
 			return nil, err
 		}
-		if err := controller.PutSecret(ctx, r.Client, dst); err != nil {
+		if err := secrets.Put(ctx, r.Client, dst); err != nil {
 			return nil, fmt.Errorf("copying pull secret %s/%s: %w", m.owner.GetNamespace(), ref.Name, err)
 		}
 		out = append(out, corev1.LocalObjectReference{Name: name})

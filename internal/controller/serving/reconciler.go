@@ -25,6 +25,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/hub"
 )
 
 // Reconciler reconciles InferenceEndpointConfig objects.
@@ -35,7 +36,7 @@ type Reconciler struct {
 	APIReader client.Reader
 	Config    controller.Config
 	// Hub checks Hugging Face tokens and pins revisions; nil skips the checks.
-	Hub *controller.HubChecker
+	Hub *hub.Checker
 	// Recorder records Events on parents; nil records none.
 	Recorder events.EventRecorder
 	// Metrics records gate waits and errors; nil records none.

@@ -24,7 +24,7 @@ import (
 // because they are already asked for MaxCachesPerNode other caches. The writes go out in
 // parallel.
 func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error) {
-	f, p := s.fleet, &s.plan
+	f, p := s.fleet, &s.decision
 	uid := f.uid
 	isTarget := map[string]bool{}
 	for _, n := range p.targets {

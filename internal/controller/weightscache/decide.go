@@ -15,9 +15,9 @@ import (
 	"github.com/prewarm/prewarm/internal/placement"
 )
 
-// plan is what one reconcile decides for a cache: the request nodes get, how they read the
+// decision is what one reconcile decides for a cache: the request nodes get, how they read the
 // source, the targets and the nodes that keep their copy for now, or why no node is asked.
-type plan struct {
+type decision struct {
 	entry    prewarmv1alpha1.CacheRequest
 	access   access
 	verdict  *verdict
@@ -77,10 +77,10 @@ type verdict struct {
 	failed          bool
 }
 
-// plan decides the cache's request and its targets. A cache being deleted has no targets: every
+// decide decides the cache's request and its targets. A cache being deleted has no targets: every
 // request is withdrawn.
-func (r *Reconciler) plan(ctx context.Context, m *inferencev1.ModelDataCacheConfig, f *fleet) (plan, error) {
-	p := plan{retained: map[string]retention{}}
+func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheConfig, f *fleet) (decision, error) {
+	p := decision{retained: map[string]retention{}}
 	src, srcErr := r.Config.CacheSource(m.Spec.ModelSourceConfig)
 	if src.Type != inferencev1.ModelSourceHuggingFace && m.Status.ResolvedRevision != "" {
 		// Pinned to the content the first node holds: objects rewritten under the same location

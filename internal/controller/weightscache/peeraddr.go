@@ -36,14 +36,14 @@ type podIPVerdict struct {
 // first. While any target's address stands refused, its cache is looked at again this often.
 const podIPRecheck = 5 * time.Second
 
-// peerPhase fills the plan's peerAddrs, unless peers are off, and has the cache looked at again
+// peerPhase fills the decision's peerAddrs, unless peers are off, and has the cache looked at again
 // soon while an address is refused (a pod IP or node address not yet written where it is
 // checked).
 func (r *Reconciler) peerPhase(ctx context.Context, s *state) error {
 	if r.Config.Peers.Disabled {
 		return nil
 	}
-	p := &s.plan
+	p := &s.decision
 	addrs, refused, err := r.peerAddrsOf(ctx, p.targets, s.fleet)
 	if err != nil {
 		return err

@@ -97,13 +97,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// state is one reconcile of a cache: the cache, its fleet as read, what the plan decides, and
+// state is one reconcile of a cache: the cache, its fleet as read, what it decides, and
 // the status, labels and events it writes. The phases fill it in order.
 type state struct {
 	m        *inferencev1.ModelDataCacheConfig
 	deleting bool
 	fleet    *fleet
-	plan     plan
+	decision decision
 	// full are the nodes that could not be asked: already asked for MaxCachesPerNode caches.
 	full   map[string]bool
 	status inferencev1.ModelDataCacheConfigStatus
@@ -124,7 +124,7 @@ func (s *state) record(eventType, reason, action, note string) {
 // the request, check the peers' addresses, ask the nodes, gather their reports into the status,
 // label the nodes that hold it.
 func (r *Reconciler) phases() []func(context.Context, *state) error {
-	return []func(context.Context, *state) error{r.readPhase, r.planPhase, r.peerPhase, r.askPhase, r.gatherPhase, r.labelPhase}
+	return []func(context.Context, *state) error{r.readPhase, r.decidePhase, r.peerPhase, r.askPhase, r.gatherPhase, r.labelPhase}
 }
 
 // Reconcile brings one cache's nodes, labels and status to what its spec asks.
@@ -161,7 +161,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	r.emit(s)
 	r.Metrics.WeightsCache(m, false)
-	return ctrl.Result{RequeueAfter: s.plan.requeue}, nil
+	return ctrl.Result{RequeueAfter: s.decision.requeue}, nil
 }
 
 // readPhase reads the cache's fleet.
@@ -170,12 +170,12 @@ func (r *Reconciler) readPhase(ctx context.Context, s *state) (err error) {
 	return err
 }
 
-// planPhase decides the cache's request and targets, and reads the targets' NodeCaches.
-func (r *Reconciler) planPhase(ctx context.Context, s *state) (err error) {
-	if s.plan, err = r.plan(ctx, s.m, s.fleet); err != nil {
+// decidePhase decides the cache's request and targets, and reads the targets' NodeCaches.
+func (r *Reconciler) decidePhase(ctx context.Context, s *state) (err error) {
+	if s.decision, err = r.decide(ctx, s.m, s.fleet); err != nil {
 		return err
 	}
-	return s.fleet.readTargets(ctx, r.Client, s.plan.targets)
+	return s.fleet.readTargets(ctx, r.Client, s.decision.targets)
 }
 
 // askPhase asks the nodes for the cache (ask).
@@ -188,9 +188,9 @@ func (r *Reconciler) askPhase(ctx context.Context, s *state) (err error) {
 // each node's transitions.
 func (r *Reconciler) gatherPhase(_ context.Context, s *state) error {
 	r.gather(s)
-	noteExcluded(&s.status, s.plan.excluded)
+	noteExcluded(&s.status, s.decision.excluded)
 	r.nodeEvents(s)
-	if v := s.plan.verdict; v != nil {
+	if v := s.decision.verdict; v != nil {
 		if v.failed {
 			s.status.State = inferencev1.CacheFailed
 		}
@@ -212,7 +212,7 @@ func (r *Reconciler) labelPhase(ctx context.Context, s *state) error {
 	if s.deleting {
 		want = nil
 	}
-	return controller.ApplyLabels(ctx, r.Client, key, controller.LabelChanges(slices.Concat(s.plan.targets, s.plan.retainedNodes, labelled), key, want))
+	return controller.ApplyLabels(ctx, r.Client, key, controller.LabelChanges(slices.Concat(s.decision.targets, s.decision.retainedNodes, labelled), key, want))
 }
 
 // emit records the events s holds.

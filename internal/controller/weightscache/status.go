@@ -21,7 +21,7 @@ import (
 // the bounded list of the nodes that need attention most; s.ready is every node that holds the
 // cache Ready, listed or not.
 func (r *Reconciler) gather(s *state) {
-	m, targets, retained := s.m, s.plan.targets, s.plan.retained
+	m, targets, retained := s.m, s.decision.targets, s.decision.retained
 	st := inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: m.Generation,
 		TargetNodes:        int32(len(targets)),

@@ -141,7 +141,7 @@ func TestNodesWithoutADiskAreNotTargets(t *testing.T) {
 
 // gatherOf gathers the status of cache m on targets from the nodes' NodeCaches.
 func gatherOf(r *Reconciler, m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (inferencev1.ModelDataCacheConfigStatus, map[string]bool) {
-	s := &state{m: m, fleet: &fleet{uid: string(m.UID), byNode: byNode}, plan: plan{targets: targets}}
+	s := &state{m: m, fleet: &fleet{uid: string(m.UID), byNode: byNode}, decision: decision{targets: targets}}
 	r.gather(s)
 	return s.status, s.ready
 }

@@ -12,7 +12,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/secrets"
 	"github.com/prewarm/prewarm/internal/credentials"
 )
 
@@ -21,7 +21,7 @@ type access struct {
 	// creds are sealed to each node's agent; empty: the agents read with their own identity
 	// (a source the configuration allows), or anonymously (a public Hugging Face model).
 	creds credentials.Credentials
-	// version identifies where creds came from (controller.SecretVersion): a change of it seals
+	// version identifies where creds came from (secrets.SecretVersion): a change of it seals
 	// them again.
 	version string
 	// refused, when set, says why the nodes may not read the source at all.
@@ -66,7 +66,7 @@ func (r *Reconciler) sourceAccess(ctx context.Context, m *inferencev1.ModelDataC
 	if c.AWSAccessKeyID == "" || c.AWSSecretAccessKey == "" {
 		return access{refused: fmt.Sprintf("%s, and Secret %s/%s lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY", why, m.Namespace, name)}, nil
 	}
-	return access{creds: c, version: controller.SecretVersion(s, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}, nil
+	return access{creds: c, version: secrets.SecretVersion(s, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}, nil
 }
 
 // hfToken reads the Hugging Face token a cache's source names, if any.
@@ -75,7 +75,7 @@ func (r *Reconciler) hfToken(ctx context.Context, m *inferencev1.ModelDataCacheC
 	if h == nil || h.TokenSecretRef == nil || r.APIReader == nil {
 		return access{}, nil
 	}
-	token, missing, err := controller.HFToken(ctx, r.APIReader, m.Namespace, h.ModelID, h.TokenSecretRef)
+	token, missing, err := secrets.HFToken(ctx, r.APIReader, m.Namespace, h.ModelID, h.TokenSecretRef)
 	switch {
 	case err != nil:
 		return access{}, err

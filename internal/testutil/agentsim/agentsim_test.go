@@ -59,7 +59,7 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg := prewarmconfig.Operator{CacheRoots: testutil.DirRoots(root),
+	cfg := prewarmconfig.OperatorConfiguration{CacheRoots: testutil.DirRoots(root),
 		FSx:          []prewarmconfig.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx"}},
 		SourceAccess: []prewarmconfig.SourceRule{{Namespaces: []string{"*"}, FSx: &prewarmconfig.FSxRule{FileSystemID: "fs-0123456789abcdef0"}}}}
 	cfg.SetDefaults()

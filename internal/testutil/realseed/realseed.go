@@ -434,7 +434,7 @@ func (e *Env) values() map[string]any {
 		"agent": map[string]any{
 			"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}},
 		},
-		"config": config.Operator{
+		"config": config.OperatorConfiguration{
 			CacheRoots:  []config.CacheRoot{{Path: CacheRoot}},
 			S3:          config.S3{Endpoint: e.S3.Endpoint, PathStyle: true, CredentialsSecret: "prewarm-s3"},
 			HuggingFace: config.HuggingFace{Endpoint: e.Hub.URL},

@@ -243,7 +243,7 @@ func (b *bench) setUp(tmp string) error {
 		path     *string
 		disabled bool
 	}{{&b.confPeers, false}, {&b.confAlone, true}} {
-		op := config.Operator{CacheRoots: testutil.DirRoots(root),
+		op := config.OperatorConfiguration{CacheRoots: testutil.DirRoots(root),
 			S3:           config.S3{Endpoint: b.origin.URL, PathStyle: true},
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
 			Agent:        config.Agent{ProgressInterval: metav1.Duration{Duration: time.Second}},

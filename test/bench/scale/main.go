@@ -324,7 +324,7 @@ func (f *fleet) makeNodes() (time.Duration, time.Duration, error) {
 }
 
 func (f *fleet) startController(logDir string) error {
-	op := config.Operator{
+	op := config.OperatorConfiguration{
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
 	}
 	conf := filepath.Join(logDir, "operator.yaml")
