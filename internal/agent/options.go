@@ -87,22 +87,22 @@ func (o *Options) Defaults() {
 		o.VerifyInterval = ac.VerifyInterval.Duration
 	}
 	if o.StatusInterval <= 0 {
-		o.StatusInterval = 2 * time.Second
+		o.StatusInterval = ac.StatusInterval.Duration
 	}
 	if o.HeartbeatInterval <= 0 {
 		o.HeartbeatInterval = time.Minute
 	}
 	if o.RecheckInterval <= 0 {
-		o.RecheckInterval = 5 * time.Minute
+		o.RecheckInterval = ac.RecheckInterval.Duration
 	}
 	if o.RetryInterval <= 0 {
-		o.RetryInterval = 10 * time.Second
+		o.RetryInterval = ac.RetryInterval.Duration
 	}
 	if o.MaxRetryInterval <= 0 {
 		o.MaxRetryInterval = 5 * time.Minute
 	}
 	if o.MountWait <= 0 {
-		o.MountWait = 90 * time.Second
+		o.MountWait = ac.MountWait.Duration
 	}
 	if o.EventInterval <= 0 {
 		o.EventInterval = 10 * time.Second

@@ -278,6 +278,18 @@ type Agent struct {
 	// change only the progress of its downloads (10s); a change of state is written at once.
 	// It bounds the API writes of a fleet downloading at once: nodes / progressInterval.
 	ProgressInterval metav1.Duration `json:"progressInterval,omitempty"`
+	// StatusInterval is the least time between two NodeCache status writes of an agent (2s): a
+	// change of state waits at most this long.
+	StatusInterval metav1.Duration `json:"statusInterval,omitempty"`
+	// RecheckInterval is how often a Ready cache is re-checked cheaply: its manifest, and every
+	// file there with its size (5m).
+	RecheckInterval metav1.Duration `json:"recheckInterval,omitempty"`
+	// RetryInterval is the first wait before a failed download is tried again (10s); it doubles
+	// up to 5 minutes.
+	RetryInterval metav1.Duration `json:"retryInterval,omitempty"`
+	// MountWait is how long the node plugin waits for a cache before telling the kubelet to
+	// call again (1m30s; below the kubelet's 2 minutes).
+	MountWait metav1.Duration `json:"mountWait,omitempty"`
 	// MetricsPerCache labels the agents' per-cache metrics by cache UID (false: sums over a
 	// node's caches). The metrics port is not authenticated: with it, any pod that can reach
 	// an agent learns which caches its node holds.
@@ -418,6 +430,10 @@ func (o *OperatorConfiguration) defaults() {
 	quantity(&a.PartSize, "16Mi")
 	duration(&a.VerifyInterval, 24*time.Hour)
 	duration(&a.ProgressInterval, 10*time.Second)
+	duration(&a.StatusInterval, 2*time.Second)
+	duration(&a.RecheckInterval, 5*time.Minute)
+	duration(&a.RetryInterval, 10*time.Second)
+	duration(&a.MountWait, 90*time.Second)
 	quantity(&a.VerifyRate, "200Mi")
 	p := &o.Peers
 	number(&p.Port, 9444)
@@ -586,6 +602,10 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, positive(ctl.Child("retention"), c.Retention)...)
 	errs = append(errs, positive(agent.Child("verifyInterval"), a.VerifyInterval)...)
 	errs = append(errs, positive(agent.Child("progressInterval"), a.ProgressInterval)...)
+	errs = append(errs, positive(agent.Child("statusInterval"), a.StatusInterval)...)
+	errs = append(errs, positive(agent.Child("recheckInterval"), a.RecheckInterval)...)
+	errs = append(errs, positive(agent.Child("retryInterval"), a.RetryInterval)...)
+	errs = append(errs, positive(agent.Child("mountWait"), a.MountWait)...)
 	errs = append(errs, atLeast(agent.Child("reserve"), a.Reserve, 0)...)
 	errs = append(errs, atLeast(agent.Child("partSize"), a.PartSize, 1<<20)...)
 	errs = append(errs, atLeast(agent.Child("verifyRate"), a.VerifyRate, 0)...)

@@ -50,8 +50,9 @@ type peerFlags struct {
 }
 
 // NewAgentCommand returns the command tree of the agent binary.
-func NewAgentCommand() *cobra.Command {
-	var af agentFlags
+func NewAgentCommand() *cobra.Command { return newAgentCommand(&agentFlags{}) }
+
+func newAgentCommand(af *agentFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "prewarm's node agent: keeps the node's weights caches on local disk",
@@ -63,7 +64,7 @@ the allowed roots.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Args:          cobra.NoArgs,
-		RunE:          func(cmd *cobra.Command, _ []string) error { return runAgent(cmd, &af) },
+		RunE:          func(cmd *cobra.Command, _ []string) error { return runAgent(cmd, af) },
 	}
 	opts := &af.opts
 	f := cmd.Flags()
@@ -72,18 +73,18 @@ the allowed roots.`,
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
 	f.StringVar(&af.reserve, "reserve", "", "overrides agent.reserve (2Gi): free space kept under each root, never filled by caches")
 	f.IntVar(&opts.MaxParallel, "max-parallel", 0, "overrides agent.maxParallel (2): caches downloading at once")
-	f.DurationVar(&opts.StatusInterval, "status-interval", 2*time.Second, "least time between two status writes")
-	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 5*time.Minute, "how often a ready cache is re-checked (manifest and sizes)")
+	f.DurationVar(&opts.StatusInterval, "status-interval", 0, "overrides agent.statusInterval (2s): least time between two status writes")
+	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 0, "overrides agent.recheckInterval (5m): how often a ready cache is re-checked (manifest and sizes)")
 	f.DurationVar(&opts.VerifyInterval, "verify-interval", 0, "overrides agent.verifyInterval (24h): how often a ready cache's content is read back and checked against its checksums (also once at start)")
 	f.StringVar(&af.verifyRate, "verify-rate", "", "overrides agent.verifyRate (200Mi): most bytes per second that re-verification reads from disk (0: no cap)")
-	f.DurationVar(&opts.RetryInterval, "retry-interval", 10*time.Second, "first wait before a failed download is retried (doubles up to 5m)")
+	f.DurationVar(&opts.RetryInterval, "retry-interval", 0, "overrides agent.retryInterval (10s): first wait before a failed download is retried (doubles up to 5m)")
 	f.StringVar(&af.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	f.StringVar(&af.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
 	f.StringVar(&af.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
 	f.IntVarP(&af.verbosity, "v", "v", 0, "log verbosity")
 	f.StringVar(&af.csi.Endpoint, "csi-endpoint", "", "serve prewarm's CSI node plugin on this Unix socket (e.g. /var/lib/kubelet/plugins/"+prewarmv1alpha1.CSIDriverName+"/csi.sock; empty: no node plugin)")
 	f.StringVar(&af.csi.Registration, "csi-registration", "", "register the node plugin with the kubelet through this socket in its plugins_registry directory (empty: do not register)")
-	f.DurationVar(&opts.MountWait, "mount-wait", 90*time.Second, "how long the node plugin waits for a cache before telling the kubelet to call again (under the kubelet's 2m limit)")
+	f.DurationVar(&opts.MountWait, "mount-wait", 0, "overrides agent.mountWait (1m30s): how long the node plugin waits for a cache before telling the kubelet to call again (under the kubelet's 2m limit)")
 	f.StringVar(&af.csi.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory; the node plugin mounts only under its pods directory")
 	f.StringVar(&af.peers.bind, "peer-bind-address", "", "where to serve this node's parts to other agents (default :<peers.port>; 0 turns sharing off for this node)")
 	f.StringVar(&af.peers.address, "peer-address", "", "IP:port other agents reach the peer server at (default: the IP of --peer-bind-address, else $POD_IP, with the port it listens on)")
@@ -97,11 +98,7 @@ the allowed roots.`,
 // runAgent runs the node agent until the command's context ends (SIGTERM).
 func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	opts := &af.opts
-	var err error
-	if opts.Config, err = config.Load(af.configFile); err != nil {
-		return err
-	}
-	if err := settings(cmd, opts, &af.eng, af.reserve, af.verifyRate); err != nil {
+	if err := af.load(cmd); err != nil {
 		return err
 	}
 	opts.Connections, opts.Version = af.eng.Connections(), cli.Version()
@@ -262,6 +259,15 @@ func addHealthChecks(mgr ctrl.Manager, addr string, ready map[string]healthz.Che
 	return nil
 }
 
+// load reads the operator configuration and takes the agent's settings from it and the flags.
+func (af *agentFlags) load(cmd *cobra.Command) error {
+	var err error
+	if af.opts.Config, err = config.Load(af.configFile); err != nil {
+		return err
+	}
+	return settings(cmd, &af.opts, &af.eng, af.reserve, af.verifyRate)
+}
+
 // settings takes the agent's settings from the operator configuration, unless a flag overrides
 // them.
 func settings(cmd *cobra.Command, opts *agent.Options, eng *cli.EngineFlags, reserve, verifyRate string) error {
@@ -278,13 +284,7 @@ func settings(cmd *cobra.Command, opts *agent.Options, eng *cli.EngineFlags, res
 			return fmt.Errorf("--verify-rate: %w", err)
 		}
 	}
-	if !flags.Changed("max-parallel") {
-		opts.MaxParallel = ac.MaxParallel
-	}
-	if !flags.Changed("verify-interval") {
-		opts.VerifyInterval = ac.VerifyInterval.Duration
-	}
-	opts.ProgressInterval = ac.ProgressInterval.Duration
+	// The durations and counts left at zero take the configuration's values (Options.Defaults).
 	eng.Prefer(cmd, ac.Concurrency, ac.PartSizeBytes())
 	opts.Engine, err = eng.EngineOptions()
 	return err

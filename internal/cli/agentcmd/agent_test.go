@@ -1,7 +1,10 @@
 package agentcmd
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
@@ -41,6 +44,40 @@ func TestPrepareSourceFlags(t *testing.T) {
 		}
 		if err != nil || got != tc.want {
 			t.Errorf("%v: %+v, %v; want %+v", tc.args, got, err, tc.want)
+		}
+	}
+}
+
+// The agent's settings come from the operator configuration, which holds their defaults; a flag
+// given overrides its value for this agent, and a flag not given changes nothing.
+func TestAgentSettingsComeFromTheConfiguration(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(conf, []byte("agent: {retryInterval: 3s, maxParallel: 3, reserve: 0, mountWait: 45s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	af := &agentFlags{}
+	cmd := newAgentCommand(af)
+	if err := cmd.ParseFlags([]string{"--config=" + conf, "--status-interval=1s", "--max-parallel=5"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := af.load(cmd); err != nil {
+		t.Fatal(err)
+	}
+	o := af.opts
+	o.Defaults()
+	for name, got := range map[string][2]any{
+		"status interval (flag)":       {o.StatusInterval, time.Second},
+		"max parallel (flag)":          {o.MaxParallel, 5},
+		"retry interval (file)":        {o.RetryInterval, 3 * time.Second},
+		"mount wait (file)":            {o.MountWait, 45 * time.Second},
+		"reserve (file, 0 kept)":       {o.Reserve, int64(0)},
+		"recheck interval (default)":   {o.RecheckInterval, 5 * time.Minute},
+		"verify interval (default)":    {o.VerifyInterval, 24 * time.Hour},
+		"progress interval (default)":  {o.ProgressInterval, 10 * time.Second},
+		"verify rate (default, 200Mi)": {o.VerifyRate, int64(200 << 20)},
+	} {
+		if got[0] != got[1] {
+			t.Errorf("%s = %v, want %v", name, got[0], got[1])
 		}
 	}
 }
