@@ -66,29 +66,62 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// state is one reconcile of an image cache: the cache, what the phases read and decide, and
+// the status they build.
+type state struct {
+	c *inferencev1.InferenceImageCache
+	// gone ends the phases: no parent uses the cache any more, and it has been deleted.
+	gone    bool
+	ds      *appsv1.DaemonSet
+	targets []*corev1.Node
+	pods    []corev1.Pod
+	status  inferencev1.InferenceImageCacheStatus
+	// cached are the nodes that hold the image.
+	cached map[string]bool
+}
+
+// phases are the steps of an image cache's reconcile, in order: its parents, its DaemonSet, its
+// nodes and pods, its status, its labels.
+func (r *Reconciler) phases() []func(context.Context, *state) error {
+	return []func(context.Context, *state) error{r.parentsPhase, r.daemonSetPhase, r.readPhase, r.gatherPhase, r.labelPhase}
+}
+
 // Reconcile brings one image cache's DaemonSet, labels and status to what its spec asks, and
 // removes it when no parent uses it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	err := r.reconcile(ctx, req)
+	res, err := r.reconcile(ctx, req)
 	r.Metrics.ReconcileError("imagecache", err)
-	return ctrl.Result{}, err
+	return res, err
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
-	log := ctrl.LoggerFrom(ctx)
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	c := &inferencev1.InferenceImageCache{}
 	if err := r.Client.Get(ctx, req.NamespacedName, c); err != nil {
-		return client.IgnoreNotFound(err)
+		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !c.DeletionTimestamp.IsZero() {
-		return r.finalize(ctx, c)
+		return ctrl.Result{}, r.finalize(ctx, c)
 	}
 	if err := controller.AddFinalizer(ctx, r.Client, c, inferencev1.CacheFinalizer); err != nil {
-		return err
+		return ctrl.Result{}, err
 	}
+	s := &state{c: c}
+	for _, phase := range r.phases() {
+		if err := phase(ctx, s); err != nil || s.gone {
+			return ctrl.Result{}, err
+		}
+	}
+	if err := r.writeStatus(ctx, c, s.status); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.Metrics.ImageCache(c, false)
+	return ctrl.Result{}, nil
+}
 
-	// References to parents that are gone (deleted without releasing, or recreated with a new
-	// UID) do not keep the cache.
+// parentsPhase drops the references to parents that are gone (deleted without releasing, or
+// recreated with a new UID): they do not keep the cache. A cache no parent uses is deleted.
+func (r *Reconciler) parentsPhase(ctx context.Context, s *state) error {
+	c := s.c
 	live, err := r.liveReferences(ctx, c)
 	if err != nil {
 		return err
@@ -100,51 +133,59 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 		}
 	}
 	if len(c.Spec.ParentReferences) == 0 {
-		log.Info("no parent uses the image cache any more; deleting it", "image", c.Spec.Image)
+		ctrl.LoggerFrom(ctx).Info("no parent uses the image cache any more; deleting it", "image", c.Spec.Image)
+		s.gone = true
 		return client.IgnoreNotFound(r.Client.Delete(ctx, c))
 	}
+	return nil
+}
 
+// daemonSetPhase keeps the cache's DaemonSet, once its PriorityClass is there.
+func (r *Reconciler) daemonSetPhase(ctx context.Context, s *state) (err error) {
 	if err := r.checkPriorityClass(ctx); err != nil {
 		return err
 	}
-	ds, err := r.ensureDaemonSet(ctx, c)
-	if err != nil {
-		return err
-	}
+	s.ds, err = r.ensureDaemonSet(ctx, s.c)
+	return err
+}
 
-	// Read-only views of the informer cache: the nodes of the placement's instance types (an
-	// index), the cache's own pods, and the nodes that carry its label.
+// readPhase reads, from the informer cache and without copies, the nodes of the placement's
+// instance types (an index) that it selects, and the cache's own pods.
+func (r *Reconciler) readPhase(ctx context.Context, s *state) error {
 	rules := r.Config.Rules()
-	values, all := rules.Candidates(c.Spec.Placement)
+	values, all := rules.Candidates(s.c.Spec.Placement)
 	nodes, err := controller.CandidateNodes(ctx, r.Client, values, all)
 	if err != nil {
 		return err
 	}
 	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.InNamespace(c.Namespace), client.MatchingLabels{controller.ImageCacheLabel: c.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.Client.List(ctx, pods, client.InNamespace(s.c.Namespace), client.MatchingLabels{controller.ImageCacheLabel: s.c.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return err
 	}
-	var targets []*corev1.Node
+	s.pods = pods.Items
 	for _, n := range nodes {
-		if ok, _ := rules.Match(c.Spec.Placement, n); ok {
-			targets = append(targets, n)
+		if ok, _ := rules.Match(s.c.Spec.Placement, n); ok {
+			s.targets = append(s.targets, n)
 		}
 	}
-	st, cached := r.gather(c, ds, targets, pods.Items)
+	return nil
+}
 
-	label := inferencev1.ImageCacheReadyLabel(string(c.UID))
+// gatherPhase builds the status from the DaemonSet's pods.
+func (r *Reconciler) gatherPhase(_ context.Context, s *state) error {
+	s.status, s.cached = r.gather(s.c, s.ds, s.targets, s.pods)
+	return nil
+}
+
+// labelPhase puts the cache's label on exactly the nodes that hold the image (looking at the
+// targets and the nodes that carry the label now, an index).
+func (r *Reconciler) labelPhase(ctx context.Context, s *state) error {
+	label := inferencev1.ImageCacheReadyLabel(string(s.c.UID))
 	labelled, err := controller.LabelledNodes(ctx, r.Client, label)
 	if err != nil {
 		return err
 	}
-	if err := controller.ApplyLabels(ctx, r.Client, label, controller.LabelChanges(append(targets, labelled...), label, cached)); err != nil {
-		return err
-	}
-	if err := r.writeStatus(ctx, c, st); err != nil {
-		return err
-	}
-	r.Metrics.ImageCache(c, false)
-	return nil
+	return controller.ApplyLabels(ctx, r.Client, label, controller.LabelChanges(append(s.targets, labelled...), label, s.cached))
 }
 
 // liveReferences returns the parent references whose parent still exists with that UID.
