@@ -89,33 +89,33 @@ func (r *Reconciler) phases() []func(context.Context, *state) error {
 // Reconcile brings one image cache's DaemonSet, labels and status to what its spec asks, and
 // removes it when no parent uses it.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	res, err := r.reconcile(ctx, req)
+	err := r.reconcile(ctx, req)
 	r.Metrics.ReconcileError("imagecache", err)
-	return res, err
+	return ctrl.Result{}, err // the cache's pods and nodes bring it back: nothing waits on time
 }
 
-func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	c := &inferencev1.InferenceImageCache{}
 	if err := r.Client.Get(ctx, req.NamespacedName, c); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return client.IgnoreNotFound(err)
 	}
 	if !c.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, c)
+		return r.finalize(ctx, c)
 	}
 	if err := controller.AddFinalizer(ctx, r.Client, c, inferencev1.CacheFinalizer); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	s := &state{c: c}
 	for _, phase := range r.phases() {
 		if err := phase(ctx, s); err != nil || s.gone {
-			return ctrl.Result{}, err
+			return err
 		}
 	}
 	if err := r.writeStatus(ctx, c, s.status); err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	r.Metrics.ImageCache(c, false)
-	return ctrl.Result{}, nil
+	return nil
 }
 
 // parentsPhase drops the references to parents that are gone (deleted without releasing, or
