@@ -62,6 +62,8 @@ type options struct {
 	verbosity     int
 	showVersion   bool
 	catalogName   string
+	// operatorNamespace overrides the configuration's.
+	operatorNamespace string
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -71,7 +73,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.gateTimeout, "gate-timeout", 0, "overrides controller.gateTimeout: longest a Deployment waits for its weights cache to settle")
 	fs.DurationVar(&o.retention, "retention", 0, "overrides controller.retention: how long a cordoned, tainted or unreachable node keeps a cache its placement still selects")
 	fs.StringVar(&o.agentImage, "agent-image", "", "overrides controller.agentImage: image of the agent (the inference pods' init container)")
-	fs.StringVar(&o.cfg.OperatorNamespace, "operator-namespace", "hyperpod-inference-system", "namespace of prewarm's shared objects")
+	fs.StringVar(&o.operatorNamespace, "operator-namespace", "", "overrides operatorNamespace (hyperpod-inference-system): namespace of prewarm's shared objects")
 	fs.StringVar(&o.catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
@@ -107,6 +109,9 @@ func run() error {
 	}
 	if o.agentImage != "" {
 		op.Controller.AgentImage = o.agentImage
+	}
+	if o.operatorNamespace != "" {
+		op.OperatorNamespace = o.operatorNamespace
 	}
 	o.cfg.OperatorConfiguration = op
 	o.cfg.Defaults()

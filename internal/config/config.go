@@ -149,6 +149,9 @@ type InstanceTypeNodes struct {
 type OperatorConfiguration struct {
 	Kind       string `json:"kind,omitempty"`
 	APIVersion string `json:"apiVersion,omitempty"`
+	// OperatorNamespace is where prewarm runs and keeps its shared objects: the image caches,
+	// the JumpStart catalog, the agents (hyperpod-inference-system; the chart sets the release's).
+	OperatorNamespace string `json:"operatorNamespace,omitempty"`
 	// CacheRoots are the node directories weights caches may be kept under. A cache's hostPath
 	// must name one of them, and they are the only host paths the agents write.
 	CacheRoots []CacheRoot `json:"cacheRoots,omitempty"`
@@ -386,6 +389,9 @@ func (o *OperatorConfiguration) SetDefaults() { o.defaults() }
 
 func (o *OperatorConfiguration) defaults() {
 	o.Kind, o.APIVersion = Kind, APIVersion
+	if o.OperatorNamespace == "" {
+		o.OperatorNamespace = inferencev1.DefaultOperatorNamespace
+	}
 	if len(o.CacheRoots) == 0 {
 		o.CacheRoots = []CacheRoot{{Path: DefaultCacheRoot}}
 	}
@@ -592,6 +598,9 @@ func notNegative(path *field.Path, n int) field.ErrorList {
 // Validate says everything that is wrong with o, each problem with the field it is in.
 func (o OperatorConfiguration) Validate() error {
 	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1123Label(o.OperatorNamespace) {
+		errs = append(errs, field.Invalid(field.NewPath("operatorNamespace"), o.OperatorNamespace, msg))
+	}
 	errs = append(errs, o.validateRoots()...)
 	errs = append(errs, o.Placement.validate()...)
 	errs = append(errs, o.validateFSx()...)

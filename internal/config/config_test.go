@@ -52,6 +52,7 @@ fsx:
 		{"controller: {gateTimeout: -5m}", "controller.gateTimeout"},
 		{"controller: {gateTimeout: soon}", "controller.gateTimeout"},
 		{"agent: {reserve: lots}", "agent.reserve"},
+		{"operatorNamespace: Prewarm_NS", `operatorNamespace: Invalid value: "Prewarm_NS"`},
 	} {
 		if _, err := config.Parse([]byte(tc.conf)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v; want an error saying %q", tc.conf, err, tc.want)
@@ -175,7 +176,8 @@ func TestTypedValues(t *testing.T) {
 	}
 	if o.Agent.ReserveBytes() != 0 || o.Agent.VerifyRateBytes() != 0 || o.Agent.PartSizeBytes() != 32<<20 ||
 		o.Agent.VerifyInterval.Duration != 90*time.Minute || o.Controller.GateTimeout.Duration != 45*time.Second ||
-		o.Controller.Retention.Duration != 24*time.Hour || o.Agent.ProgressInterval.Duration != 10*time.Second {
+		o.Controller.Retention.Duration != 24*time.Hour || o.Agent.ProgressInterval.Duration != 10*time.Second ||
+		o.OperatorNamespace != "hyperpod-inference-system" {
 		t.Errorf("parsed %+v %+v", o.Agent, o.Controller)
 	}
 	for conf, want := range map[string]string{

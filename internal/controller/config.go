@@ -24,8 +24,6 @@ import (
 // shares with the agents (which holds the controller's own settings too), and where it runs.
 type Config struct {
 	config.OperatorConfiguration
-	// OperatorNamespace is where shared objects live.
-	OperatorNamespace string
 	// ExtendedResourceTolerations is placement.extendedResourceTolerations resolved: whether the
 	// pods prewarm creates tolerate the NoSchedule taints named after the extended resources the
 	// inference pods request (auto: whether the API server's admission adds them; see
@@ -33,13 +31,9 @@ type Config struct {
 	ExtendedResourceTolerations bool
 }
 
-// Defaults fills the zero fields of c: the operator configuration's defaults, and the operator
-// namespace.
+// Defaults fills the zero fields of c with the operator configuration's defaults.
 func (c *Config) Defaults() {
 	c.SetDefaults()
-	if c.OperatorNamespace == "" {
-		c.OperatorNamespace = inferencev1.DefaultOperatorNamespace
-	}
 	if c.Placement.ExtendedResourceTolerations == config.ExtendedResourceTolerationsOn {
 		c.ExtendedResourceTolerations = true
 	}

@@ -92,7 +92,7 @@ func TestExtendedResourceTolerationsAreResolved(t *testing.T) {
 		mode string
 		want bool
 	}{{config.ExtendedResourceTolerationsAuto, false}, {config.ExtendedResourceTolerationsOn, true}, {config.ExtendedResourceTolerationsOff, false}} {
-		cfg := controller.Config{OperatorNamespace: "default"}
+		cfg := controller.Config{OperatorConfiguration: config.OperatorConfiguration{OperatorNamespace: "default"}}
 		cfg.Placement.ExtendedResourceTolerations = tc.mode
 		cfg.Defaults()
 		decided, err := preflight.ResolveExtendedResourceTolerations(ctx, server.Client, &cfg)
@@ -101,7 +101,7 @@ func TestExtendedResourceTolerationsAreResolved(t *testing.T) {
 		}
 	}
 	// A namespace that does not exist: the dry run fails, and the pods carry the tolerations.
-	cfg := controller.Config{OperatorNamespace: "no-such-namespace"}
+	cfg := controller.Config{OperatorConfiguration: config.OperatorConfiguration{OperatorNamespace: "no-such-namespace"}}
 	cfg.Defaults()
 	if _, err := preflight.ResolveExtendedResourceTolerations(ctx, server.Client, &cfg); err == nil || !cfg.ExtendedResourceTolerations {
 		t.Errorf("with the dry run refused: %v, err %v; want on, and the reason", cfg.ExtendedResourceTolerations, err)

@@ -33,7 +33,7 @@ type reconcilers struct {
 func newReconcilers(t *testing.T, ctx context.Context, operatorNS string, namespaces ...string) *reconcilers {
 	t.Helper()
 	c := server.Client
-	cfg := controller.Config{OperatorNamespace: operatorNS}
+	cfg := controller.Config{OperatorConfiguration: config.OperatorConfiguration{OperatorNamespace: operatorNS}}
 	cfg.Defaults()
 	// The test models' bucket is read with prewarm's own identity, for every namespace.
 	cfg.SourceAccess = []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: "example-bucket"}}}

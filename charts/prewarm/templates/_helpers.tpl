@@ -41,6 +41,7 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- $_ := set $ctl "imageCachePriorityClass" .Values.priorityClass.imageCache.name -}}
 {{- end -}}
 {{- $_ := set $cfg "controller" $ctl -}}
+{{- $_ := set $cfg "operatorNamespace" .Release.Namespace -}}
 {{- $_ := set $cfg "apiVersion" "prewarm.io/v1alpha1" -}}
 {{- $_ := set $cfg "kind" "OperatorConfiguration" -}}
 {{ toYaml $cfg }}
