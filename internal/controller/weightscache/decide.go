@@ -123,11 +123,15 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 	case p.access.tokenProblem != "":
 		p.verdict = &verdict{reason: inferencev1.ReasonTokenSecretProblem, message: p.access.tokenProblem} // the nodes try without it
 	}
+	err = r.chooseTargets(ctx, m, f, &p)
+	return p, err
+}
 
-	// Targets: the nodes the parent's pods may run on. A node the placement selects but whose
-	// scheduling state keeps the pods off for now (cordoned, tainted, unreachable) is not a
-	// target, but keeps what it was asked for until the retention passes: that state passes,
-	// and the model will be wanted there again.
+// chooseTargets picks the cache's targets: the nodes the parent's pods may run on. A node the
+// placement selects but whose scheduling state keeps the pods off for now (cordoned, tainted,
+// unreachable) is not a target, but keeps what it was asked for until the retention passes:
+// that state passes, and the model will be wanted there again.
+func (r *Reconciler) chooseTargets(ctx context.Context, m *inferencev1.ModelDataCacheConfig, f *fleet, p *decision) error {
 	now := r.Now()
 	rules := r.Config.Rules()
 	for _, n := range f.nodes {
@@ -139,7 +143,7 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 			if demanded(f.nodeCache(n.Name), m) {
 				there, err := r.podsDemand(ctx, n.Name, m)
 				if err != nil {
-					return p, err
+					return err
 				}
 				if there {
 					p.targets = append(p.targets, n)
@@ -152,28 +156,34 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 			p.targets = append(p.targets, n)
 			continue
 		}
-		asked := f.request(n.Name)
-		if asked == nil {
-			p.excluded.add(why, n.Name) // never asked here: nothing to keep
-			continue
-		}
-		since := asked.RetainedSince
-		t, err := time.Parse(time.RFC3339, since)
-		if err != nil {
-			since, t = now.UTC().Format(time.RFC3339), now
-		}
-		left := r.Config.Retention() - now.Sub(t)
-		if left <= 0 {
-			p.excluded.add(why, n.Name) // kept long enough: withdrawn
-			continue
-		}
-		p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention()), why: why}
-		p.retainedNodes = append(p.retainedNodes, n)
-		if p.requeue == 0 || left < p.requeue {
-			p.requeue = left
-		}
+		r.retain(p, n, f.request(n.Name), why, now)
 	}
-	return p, nil
+	return nil
+}
+
+// retain keeps node n, which the pods cannot run on now (why), among the cache's nodes until
+// the retention passes since it was first kept; a node never asked, or kept long enough, is
+// left out.
+func (r *Reconciler) retain(p *decision, n *corev1.Node, asked *prewarmv1alpha1.CacheRequest, why string, now time.Time) {
+	if asked == nil {
+		p.excluded.add(why, n.Name) // never asked here: nothing to keep
+		return
+	}
+	since := asked.RetainedSince
+	t, err := time.Parse(time.RFC3339, since)
+	if err != nil {
+		since, t = now.UTC().Format(time.RFC3339), now
+	}
+	left := r.Config.Retention() - now.Sub(t)
+	if left <= 0 {
+		p.excluded.add(why, n.Name) // kept long enough: withdrawn
+		return
+	}
+	p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention()), why: why}
+	p.retainedNodes = append(p.retainedNodes, n)
+	if p.requeue == 0 || left < p.requeue {
+		p.requeue = left
+	}
 }
 
 // podsDemand reports whether a pod of m's namespace that has not finished runs on node (is
