@@ -24,18 +24,28 @@ import (
 // because they are already asked for MaxCachesPerNode other caches. The writes go out in
 // parallel.
 func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error) {
+	writes, full, err := r.requests(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.applyRequests(ctx, s.fleet.uid, writes, full); err != nil {
+		return nil, err
+	}
+	return full, r.withdraw(ctx, s)
+}
+
+// requestWrite is a node's request for the cache, as it is to be written.
+type requestWrite struct {
+	node  *corev1.Node
+	want  prewarmv1alpha1.CacheRequest
+	fresh bool // the node has no request for the cache yet
+}
+
+// requests are the requests to write: each target's and retained node's that differs from what
+// it has. full are the nodes that cannot take another cache.
+func (r *Reconciler) requests(s *state) ([]requestWrite, map[string]bool, error) {
 	f, p := s.fleet, &s.decision
-	uid := f.uid
-	isTarget := map[string]bool{}
-	for _, n := range p.targets {
-		isTarget[n.Name] = true
-	}
-	type write struct {
-		node  *corev1.Node
-		want  prewarmv1alpha1.CacheRequest
-		fresh bool // the node has no request for the cache yet
-	}
-	var writes []write
+	var writes []requestWrite
 	full := map[string]bool{}
 	var peers map[string][]prewarmv1alpha1.CachePeer
 	if !r.Config.Peers.Disabled {
@@ -52,9 +62,9 @@ func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error)
 		} else {
 			want.Peers = peers[n.Name]
 		}
-		sealed, err := sealFor(f.nodeCache(n.Name), n.Name, uid, p.access, asked)
+		sealed, err := sealFor(f.nodeCache(n.Name), n.Name, f.uid, p.access, asked)
 		if err != nil {
-			return nil, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)
+			return nil, nil, fmt.Errorf("sealing the credentials for node %s: %w", n.Name, err)
 		}
 		want.Credentials = sealed
 		if asked != nil && (equality.Semantic.DeepEqual(*asked, want) || pinNotNeeded(*asked, want, f.report(n.Name))) {
@@ -64,10 +74,15 @@ func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error)
 			full[n.Name] = true
 			continue
 		}
-		writes = append(writes, write{node: n, want: want, fresh: asked == nil})
+		writes = append(writes, requestWrite{node: n, want: want, fresh: asked == nil})
 	}
+	return writes, full, nil
+}
+
+// applyRequests writes the requests, in parallel; a node whose list is full by now joins full.
+func (r *Reconciler) applyRequests(ctx context.Context, uid string, writes []requestWrite, full map[string]bool) error {
 	var mu sync.Mutex
-	err := controller.ForEach(ctx, writes, func(ctx context.Context, w write) error {
+	return controller.ForEach(ctx, writes, func(ctx context.Context, w requestWrite) error {
 		if err := applyEntry(ctx, r.Client, w.node, &w.want, uid); err != nil {
 			if w.fresh && apierrors.IsInvalid(err) {
 				// Another cache took the last place since the informer's view: the API server
@@ -81,23 +96,29 @@ func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error)
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
+}
+
+// withdraw withdraws the cache from the nodes of the fleet that have a request for it and are
+// neither targets nor retained.
+func (r *Reconciler) withdraw(ctx context.Context, s *state) error {
+	p, uid := &s.decision, s.fleet.uid
+	isTarget := map[string]bool{}
+	for _, n := range p.targets {
+		isTarget[n.Name] = true
 	}
 	var withdraw []*prewarmv1alpha1.NodeCache
-	for _, nc := range f.named {
+	for _, nc := range s.fleet.named {
 		if _, keep := p.retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(nc, uid) == nil {
 			continue
 		}
 		withdraw = append(withdraw, nc)
 	}
-	err = controller.ForEach(ctx, withdraw, func(ctx context.Context, nc *prewarmv1alpha1.NodeCache) error {
+	return controller.ForEach(ctx, withdraw, func(ctx context.Context, nc *prewarmv1alpha1.NodeCache) error {
 		if err := withdrawEntry(ctx, r.Client, nc, uid); err != nil {
 			return fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
 		}
 		return nil
 	})
-	return full, err
 }
 
 // pinNotNeeded reports whether a node's request differs from want only by the revision the
