@@ -30,6 +30,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/version"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // File is where the binaries read the configuration in their pods.
@@ -432,8 +433,10 @@ func (o *OperatorConfiguration) defaults() {
 	number(&c.ConcurrentReconciles, 4)
 	quantity(&a.Reserve, "2Gi")
 	number(&a.MaxParallel, 2)
-	number(&a.Concurrency, 64)
-	quantity(&a.PartSize, "16Mi")
+	number(&a.Concurrency, engine.DefaultConcurrency) // the engine's measured defaults
+	if a.PartSize == nil {
+		a.PartSize = resource.NewQuantity(engine.DefaultPartSize, resource.BinarySI)
+	}
 	duration(&a.VerifyInterval, 24*time.Hour)
 	duration(&a.ProgressInterval, 10*time.Second)
 	duration(&a.StatusInterval, 2*time.Second)
