@@ -61,19 +61,13 @@ func TestAgent(t *testing.T) {
 		}
 	}
 
-	nc := &prewarmv1alpha1.NodeCache{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
-		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
-			{UID: uidWarm, Namespace: "default", Name: "warm", Root: root, Source: fsxSource("gone")},
-			{UID: uidNew, Namespace: "default", Name: "new", Root: root, Source: fsxSource("model")},
-			{UID: uidOutside, Namespace: "default", Name: "outside", Root: "/etc", Source: fsxSource("model")},
-			// A namespace the configuration does not let name this file system.
-			{UID: uidDenied, Namespace: "other-team", Name: "denied", Root: root, Source: fsxSource("model")},
-		}},
-	}
-	if err := api.Client.Create(ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	askNode(t, ctx, api, "node-1",
+		prewarmv1alpha1.CacheRequest{UID: uidWarm, Namespace: "default", Name: "warm", Root: root, Source: fsxSource("gone")},
+		prewarmv1alpha1.CacheRequest{UID: uidNew, Namespace: "default", Name: "new", Root: root, Source: fsxSource("model")},
+		prewarmv1alpha1.CacheRequest{UID: uidOutside, Namespace: "default", Name: "outside", Root: "/etc", Source: fsxSource("model")},
+		// A namespace the configuration does not let name this file system.
+		prewarmv1alpha1.CacheRequest{UID: uidDenied, Namespace: "other-team", Name: "denied", Root: root, Source: fsxSource("model")},
+	)
 
 	runAgent(t, ctx, api, "node-1", agent.Options{
 		Config: testConfig(root), HostPrefix: host,

@@ -44,6 +44,15 @@ func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node s
 	return testutil.RunAgent(t, ctx, api, node, o)
 }
 
+// askNode makes node's NodeCache asking for reqs, as the controller would.
+func askNode(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, reqs ...prewarmv1alpha1.CacheRequest) {
+	t.Helper()
+	nc := &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: prewarmv1alpha1.NodeCacheSpec{Caches: reqs}}
+	if err := api.Client.Create(ctx, nc); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // watchStatus returns a reader of one cache's status in node's NodeCache, and a wait that fails
 // the test with the named caches' statuses when its condition does not hold in time.
 func watchStatus(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, uids ...string) (func(string) prewarmv1alpha1.CacheStatus, func(string, func() bool)) {
@@ -129,18 +138,12 @@ func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	nc := &prewarmv1alpha1.NodeCache{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
-		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
-			{UID: uidLinked, Namespace: "a", Name: "linked", Root: linkedRoot, Source: fsxSource("good")},
-			{UID: uidEscape, Namespace: "b", Name: "escape", Root: root, Source: fsxSource("escape")},
-			{UID: uidVia, Namespace: "b", Name: "via", Root: root, Source: fsxSource("via/private")},
-			{UID: uidGood, Namespace: "c", Name: "good", Root: root, Source: fsxSource("good")},
-		}},
-	}
-	if err := api.Client.Create(ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	askNode(t, ctx, api, "node-1",
+		prewarmv1alpha1.CacheRequest{UID: uidLinked, Namespace: "a", Name: "linked", Root: linkedRoot, Source: fsxSource("good")},
+		prewarmv1alpha1.CacheRequest{UID: uidEscape, Namespace: "b", Name: "escape", Root: root, Source: fsxSource("escape")},
+		prewarmv1alpha1.CacheRequest{UID: uidVia, Namespace: "b", Name: "via", Root: root, Source: fsxSource("via/private")},
+		prewarmv1alpha1.CacheRequest{UID: uidGood, Namespace: "c", Name: "good", Root: root, Source: fsxSource("good")},
+	)
 	runAgent(t, ctx, api, "node-1", agent.Options{
 		Config: testConfig(root, linkedRoot), HostPrefix: host,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond, VerifyInterval: 300 * time.Millisecond,
@@ -228,16 +231,10 @@ func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 		{Namespaces: []string{"team-a"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "team-a"}},
 		{Namespaces: []string{"team-b"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "shared"}},
 	}
-	nc := &prewarmv1alpha1.NodeCache{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
-		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
-			{UID: uidOwn, Namespace: "team-b", Name: "own", Root: root, Source: fsxSource("shared/open-model")},
-			{UID: uidStolen, Namespace: "team-b", Name: "stolen", Root: root, Source: fsxSource("shared/x/secret-model")},
-		}},
-	}
-	if err := api.Client.Create(ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	askNode(t, ctx, api, "node-1",
+		prewarmv1alpha1.CacheRequest{UID: uidOwn, Namespace: "team-b", Name: "own", Root: root, Source: fsxSource("shared/open-model")},
+		prewarmv1alpha1.CacheRequest{UID: uidStolen, Namespace: "team-b", Name: "stolen", Root: root, Source: fsxSource("shared/x/secret-model")},
+	)
 	runAgent(t, ctx, api, "node-1", agent.Options{
 		Config: cfg, HostPrefix: host,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond,
@@ -270,15 +267,9 @@ func TestAModelNamingPrewarmsOwnFilesFailsForGood(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(host, root), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	nc := &prewarmv1alpha1.NodeCache{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
-		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
-			{UID: uid, Namespace: "a", Name: "odd", Root: root, Source: fsxSource("odd")},
-		}},
-	}
-	if err := api.Client.Create(ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	askNode(t, ctx, api, "node-1",
+		prewarmv1alpha1.CacheRequest{UID: uid, Namespace: "a", Name: "odd", Root: root, Source: fsxSource("odd")},
+	)
 	runAgent(t, ctx, api, "node-1", agent.Options{
 		Config: testConfig(root), HostPrefix: host,
 		StatusInterval: 100 * time.Millisecond, RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,

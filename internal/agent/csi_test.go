@@ -48,17 +48,11 @@ func TestModelToMount(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	nc := &prewarmv1alpha1.NodeCache{
-		ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
-		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{
-			{UID: uidA, Namespace: "a", Name: "m-cache", Root: root, Source: fsxSource("model")},
-			// Not a current target: nothing is downloaded until a pod asks.
-			{UID: uidRetained, Namespace: "a", Name: "r-cache", Root: root, Source: fsxSource("model"), RetainedSince: time.Now().UTC().Format(time.RFC3339)},
-		}},
-	}
-	if err := api.Client.Create(ctx, nc); err != nil {
-		t.Fatal(err)
-	}
+	askNode(t, ctx, api, "node-1",
+		prewarmv1alpha1.CacheRequest{UID: uidA, Namespace: "a", Name: "m-cache", Root: root, Source: fsxSource("model")},
+		// Not a current target: nothing is downloaded until a pod asks.
+		prewarmv1alpha1.CacheRequest{UID: uidRetained, Namespace: "a", Name: "r-cache", Root: root, Source: fsxSource("model"), RetainedSince: time.Now().UTC().Format(time.RFC3339)},
+	)
 	a := runAgent(t, ctx, api, "node-1", agent.Options{
 		Config: testConfig(root), HostPrefix: host, MountWait: 300 * time.Millisecond,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
