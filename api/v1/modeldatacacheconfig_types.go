@@ -49,6 +49,9 @@ type NodeCacheStatus struct {
 	// bytesPerSecond is the current download rate.
 	// +optional
 	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+	// diskBytes is what the node's copy takes on its disk, as its agent measured it.
+	// +optional
+	DiskBytes int64 `json:"diskBytes,omitempty"`
 	// reason is a CamelCase word for why the node is in this state.
 	// +optional
 	// +kubebuilder:validation:MaxLength=64

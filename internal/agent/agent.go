@@ -66,6 +66,8 @@ type Agent struct {
 	// goroutines are the agent's own goroutines besides the jobs (the scratch copies'): the
 	// agent waits for them when it stops.
 	goroutines sync.WaitGroup
+	// usages are what prewarm's files take under each root, as last measured.
+	usages usages
 	// reported is set once the status writer has done its first round: the node's NodeCache
 	// says what the agent holds (or there is nothing to say yet).
 	reported atomic.Bool

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -34,6 +35,8 @@ func TestWritePolicy(t *testing.T) {
 		{"a change of state at once", at(90), ready, 2 * time.Second, true, true},
 		{"a demand at once", at(10), withDemand(at(10)), 2 * time.Second, true, true},
 		{"the heartbeat", at(10), at(10), time.Minute, true, true},
+		{"a settled copy's blocks move by a journal's", onDisk(ready, 50<<20), onDisk(ready, 50<<20+8<<10), 30 * time.Second, true, false},
+		{"a copy set aside, a progress interval later", onDisk(ready, 50<<20), onDisk(ready, 90<<20), 10 * time.Second, true, true},
 	}
 	for _, tt := range tests {
 		if got := p.Due(tt.last, tt.next, tt.since, tt.written); got != tt.want {
@@ -44,5 +47,11 @@ func TestWritePolicy(t *testing.T) {
 
 func withDemand(st prewarmv1alpha1.NodeCacheStatus) prewarmv1alpha1.NodeCacheStatus {
 	st.Demands = []prewarmv1alpha1.CacheDemand{{UID: "u", Namespace: "ns", Pods: 1}}
+	return st
+}
+
+func onDisk(st prewarmv1alpha1.NodeCacheStatus, n int64) prewarmv1alpha1.NodeCacheStatus {
+	st.Caches = slices.Clone(st.Caches)
+	st.Caches[0].DiskBytes = n
 	return st
 }

@@ -170,6 +170,7 @@ func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
 	var st unix.Statfs_t
 	if err := unix.Statfs(a.opts.rootDir(root), &st); err == nil && rs.Reason == "" {
 		rs.CapacityBytes = int64(st.Blocks) * st.Bsize
+		rs.UsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
 		rs.FreeBytes = max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve)
 	}
 	return rs

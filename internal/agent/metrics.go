@@ -17,8 +17,11 @@ type metrics struct {
 	rate     *prometheus.GaugeVec
 	done     *prometheus.GaugeVec
 	failures *prometheus.CounterVec
+	disk     *prometheus.GaugeVec
 	free     *prometheus.GaugeVec
 	capacity *prometheus.GaugeVec
+	used     *prometheus.GaugeVec
+	cached   *prometheus.GaugeVec
 	// verified counts bytes read back to re-verify caches; damaged counts files found damaged.
 	verified prometheus.Counter
 	damaged  prometheus.Counter
@@ -41,6 +44,9 @@ func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
 		done: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_agent_cache_bytes", Help: "Bytes of caches this node holds, downloaded or verified (of one with agent.metricsPerCache).",
 		}, cache),
+		disk: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_agent_cache_disk_bytes", Help: "Bytes this node's caches take on disk, measured: copies, partial downloads, copies set aside (of one with agent.metricsPerCache).",
+		}, cache),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "prewarm_agent_download_failures_total", Help: "Downloads that failed, by reason.",
 		}, []string{"reason"}),
@@ -49,6 +55,12 @@ func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
 		}, []string{"root"}),
 		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_agent_root_capacity_bytes", Help: "Size of the filesystem under an allowed root.",
+		}, []string{"root"}),
+		used: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_agent_root_used_bytes", Help: "Bytes in use on the filesystem under an allowed root, by anyone.",
+		}, []string{"root"}),
+		cached: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_agent_root_cached_bytes", Help: "Bytes prewarm's files take under an allowed root, measured.",
 		}, []string{"root"}),
 		verified: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_agent_verified_bytes_total", Help: "Bytes of ready caches read back and checked against their checksums.",
@@ -61,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.state, m.rate, m.done, m.failures, m.free, m.capacity, m.verified, m.damaged, m.repaired)
+		reg.MustRegister(m.state, m.rate, m.done, m.disk, m.failures, m.free, m.capacity, m.used, m.cached, m.verified, m.damaged, m.repaired)
 	}
 	return m
 }
@@ -71,6 +83,7 @@ func (m *metrics) observe(st prewarmv1alpha1.NodeCacheStatus) {
 	m.state.Reset()
 	m.rate.Reset()
 	m.done.Reset()
+	m.disk.Reset()
 	for _, c := range st.Caches {
 		var cache []string
 		if m.perCache {
@@ -79,9 +92,12 @@ func (m *metrics) observe(st prewarmv1alpha1.NodeCacheStatus) {
 		m.state.WithLabelValues(append(cache, string(c.State))...).Add(1)
 		m.rate.WithLabelValues(cache...).Add(float64(c.BytesPerSecond))
 		m.done.WithLabelValues(cache...).Add(float64(c.BytesDone))
+		m.disk.WithLabelValues(cache...).Add(float64(c.DiskBytes))
 	}
 	for _, r := range st.Roots {
 		m.free.WithLabelValues(r.Path).Set(float64(r.FreeBytes))
 		m.capacity.WithLabelValues(r.Path).Set(float64(r.CapacityBytes))
+		m.used.WithLabelValues(r.Path).Set(float64(r.UsedBytes))
+		m.cached.WithLabelValues(r.Path).Set(float64(r.CachedBytes))
 	}
 }

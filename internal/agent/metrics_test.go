@@ -15,9 +15,9 @@ import (
 // port is not authenticated); agent.metricsPerCache labels them by cache UID.
 func TestMetricsNameCachesOnlyWhenAsked(t *testing.T) {
 	st := prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{
-		{UID: "uid-a", State: inferencev1.CacheReady, BytesDone: 100},
-		{UID: "uid-b", State: inferencev1.CacheReady, BytesDone: 20},
-		{UID: "uid-c", State: inferencev1.CacheDownloading, BytesDone: 5, BytesPerSecond: 7},
+		{UID: "uid-a", State: inferencev1.CacheReady, BytesDone: 100, DiskBytes: 4096},
+		{UID: "uid-b", State: inferencev1.CacheReady, BytesDone: 20, DiskBytes: 4096},
+		{UID: "uid-c", State: inferencev1.CacheDownloading, BytesDone: 5, BytesPerSecond: 7, DiskBytes: 8192},
 	}}
 	for _, tc := range []struct {
 		perCache bool
@@ -25,6 +25,7 @@ func TestMetricsNameCachesOnlyWhenAsked(t *testing.T) {
 	}{
 		{false, `
 prewarm_agent_cache_bytes 125
+prewarm_agent_cache_disk_bytes 16384
 prewarm_agent_cache_state{state="Downloading"} 1
 prewarm_agent_cache_state{state="Ready"} 2
 prewarm_agent_download_bytes_per_second 7
@@ -33,6 +34,9 @@ prewarm_agent_download_bytes_per_second 7
 prewarm_agent_cache_bytes{cache="uid-a"} 100
 prewarm_agent_cache_bytes{cache="uid-b"} 20
 prewarm_agent_cache_bytes{cache="uid-c"} 5
+prewarm_agent_cache_disk_bytes{cache="uid-a"} 4096
+prewarm_agent_cache_disk_bytes{cache="uid-b"} 4096
+prewarm_agent_cache_disk_bytes{cache="uid-c"} 8192
 prewarm_agent_cache_state{cache="uid-a",state="Ready"} 1
 prewarm_agent_cache_state{cache="uid-b",state="Ready"} 1
 prewarm_agent_cache_state{cache="uid-c",state="Downloading"} 1
@@ -45,7 +49,7 @@ prewarm_agent_download_bytes_per_second{cache="uid-c"} 7
 		m := newMetrics(reg, tc.perCache)
 		m.observe(st)
 		m.observe(st) // a second report replaces the first, it does not add to it
-		got := gather(t, reg, "prewarm_agent_cache_bytes", "prewarm_agent_cache_state", "prewarm_agent_download_bytes_per_second")
+		got := gather(t, reg, "prewarm_agent_cache_bytes", "prewarm_agent_cache_disk_bytes", "prewarm_agent_cache_state", "prewarm_agent_download_bytes_per_second")
 		if got != strings.TrimSpace(tc.want) {
 			t.Errorf("perCache=%v:\n%s\nwant\n%s", tc.perCache, got, strings.TrimSpace(tc.want))
 		}

@@ -29,8 +29,15 @@ func (a *Agent) Reported(*http.Request) error {
 func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	st := prewarmv1alpha1.NodeCacheStatus{AgentVersion: a.opts.Version, HeartbeatTime: a.now(), CredentialsKey: a.key.Public()}
 	// The disks, measured outside the lock that the jobs and the node plugin share.
+	onDisk := map[string]int64{}
 	for _, root := range a.opts.Config.Roots() {
-		st.Roots = append(st.Roots, a.rootStatus(root))
+		rs := a.rootStatus(root)
+		u := a.rootUsage(root)
+		rs.CachedBytes = u.total
+		for uid, n := range u.byUID {
+			onDisk[uid] += n
+		}
+		st.Roots = append(st.Roots, rs)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -42,6 +49,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 		if note := a.scratchNote(uid); note != "" {
 			cs.Message = truncate(cs.Message+note, 1024)
 		}
+		cs.DiskBytes = onDisk[uid]
 		st.Caches = append(st.Caches, cs)
 	}
 	for uid := range a.removing {
@@ -51,6 +59,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 			if pod := a.inUse[uid]; pod != "" {
 				cs.Reason, cs.Message = prewarmv1alpha1.ReasonInUse, "no longer wanted here, kept while pod "+pod+" uses it"
 			}
+			cs.DiskBytes = onDisk[uid]
 			st.Caches = append(st.Caches, cs)
 		}
 	}
@@ -71,8 +80,16 @@ func (statusWriter) NeedLeaderElection() bool { return false }
 func sameStatus(x, y prewarmv1alpha1.NodeCacheStatus) bool {
 	return slices.Equal(x.Demands, y.Demands) && slices.EqualFunc(x.Caches, y.Caches, func(p, q prewarmv1alpha1.CacheStatus) bool {
 		return p.UID == q.UID && p.State == q.State && p.BytesDone == q.BytesDone && p.BytesTotal == q.BytesTotal &&
-			p.BytesPerSecond == q.BytesPerSecond && p.Reason == q.Reason && p.Message == q.Message && p.Revision == q.Revision
+			p.BytesPerSecond == q.BytesPerSecond && closeBytes(p.DiskBytes, q.DiskBytes) && p.Reason == q.Reason && p.Message == q.Message && p.Revision == q.Revision
 	})
+}
+
+// closeBytes reports whether two measurements of what a cache takes on disk differ by no more
+// than a journal or a directory's blocks (1 MiB, or 1 % of the larger): such a change is not
+// worth a status write of its own, and a settled cache writes none.
+func closeBytes(x, y int64) bool {
+	d := max(x, y) - min(x, y)
+	return d <= max(1<<20, max(x, y)/100)
 }
 
 // servesPeers reports whether the agent shares parts with other agents.

@@ -186,6 +186,13 @@ type RootStatus struct {
 	// reservedBytes is what the agent keeps free for others and never fills.
 	// +optional
 	ReservedBytes int64 `json:"reservedBytes,omitempty"`
+	// usedBytes is what the filesystem has in use, by anyone, as it reports it.
+	// +optional
+	UsedBytes int64 `json:"usedBytes,omitempty"`
+	// cachedBytes is what prewarm's own files take under the root, measured on disk (allocated
+	// blocks): every cache's copy, partial download and copies set aside while pods mount them.
+	// +optional
+	CachedBytes int64 `json:"cachedBytes,omitempty"`
 }
 
 // CacheStatus is one cache's state on this node.
@@ -212,6 +219,10 @@ type CacheStatus struct {
 	// peerBytes is how many bytes of this copy the node took from peers, checked.
 	// +optional
 	PeerBytes int64 `json:"peerBytes,omitempty"`
+	// diskBytes is what the cache takes on the node's disk now, measured (allocated blocks): its
+	// copy, its partial download, and copies set aside while pods mount them.
+	// +optional
+	DiskBytes int64 `json:"diskBytes,omitempty"`
 	// files is the number of the model's files.
 	// +optional
 	Files int32 `json:"files,omitempty"`

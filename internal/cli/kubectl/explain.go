@@ -41,6 +41,10 @@ type RootReport struct {
 	CapacityBytes int64  `json:"capacityBytes"`
 	FreeBytes     int64  `json:"freeBytes"`
 	ReservedBytes int64  `json:"reservedBytes"`
+	// UsedBytes is what the filesystem has in use, by anyone; CachedBytes what prewarm's files
+	// take of it, measured by the agent.
+	UsedBytes   int64 `json:"usedBytes"`
+	CachedBytes int64 `json:"cachedBytes"`
 	// Reason and Message say why the node keeps no cache under the root (NoLocalDisk).
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
@@ -51,6 +55,8 @@ type CacheExplanation struct {
 	Cache string `json:"cache"`
 	Warm  bool   `json:"warm"`
 	Why   string `json:"why"`
+	// DiskBytes is what the cache takes on the node's disk, as its agent measured it.
+	DiskBytes int64 `json:"diskBytes,omitempty"`
 }
 
 // agentStale is how old a heartbeat may be before the agent is taken for gone: the agent writes
@@ -102,7 +108,7 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS
 	if nc != nil {
 		for _, r := range nc.Status.Roots {
 			ex.Roots = append(ex.Roots, RootReport{Path: r.Path, NodePath: r.NodePath, CapacityBytes: r.CapacityBytes, FreeBytes: r.FreeBytes,
-				ReservedBytes: r.ReservedBytes, Reason: r.Reason, Message: r.Message})
+				ReservedBytes: r.ReservedBytes, UsedBytes: r.UsedBytes, CachedBytes: r.CachedBytes, Reason: r.Reason, Message: r.Message})
 		}
 	}
 
@@ -141,6 +147,7 @@ func explainWeights(rules placement.Rules, m *inferencev1.ModelDataCacheConfig, 
 	var rep *prewarmv1alpha1.CacheStatus
 	if r, ok := nc.Report(uid); ok {
 		rep = &r
+		e.DiskBytes = r.DiskBytes
 	}
 	asked := nc != nil && slices.ContainsFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uid })
 	// The entry to explain: the controller's verdict of a failure, else the agent's report,
@@ -237,8 +244,9 @@ func renderExplanation(w io.Writer, ex *NodeExplanation) error {
 			fmt.Fprintf(w, "  disk %s: %s: %s\n", at, r.Reason, r.Message)
 			continue
 		}
-		fmt.Fprintf(w, "  disk %s: %s, %s free for caches (%s kept free)\n", at,
-			engine.HumanBytes(r.CapacityBytes), engine.HumanBytes(r.FreeBytes), engine.HumanBytes(r.ReservedBytes))
+		fmt.Fprintf(w, "  disk %s: %s, %s used (%s of it prewarm's), %s free for caches (%s kept free)\n", at,
+			engine.HumanBytes(r.CapacityBytes), engine.HumanBytes(r.UsedBytes), engine.HumanBytes(r.CachedBytes),
+			engine.HumanBytes(r.FreeBytes), engine.HumanBytes(r.ReservedBytes))
 	}
 	if ex.Note != "" {
 		fmt.Fprintf(w, "  note: %s\n", ex.Note)
@@ -253,7 +261,11 @@ func renderExplanation(w io.Writer, ex *NodeExplanation) error {
 			if c.Warm {
 				word = "WARM"
 			}
-			fmt.Fprintf(w, "    %s: %s: %s\n", c.Cache, word, c.Why)
+			disk := ""
+			if c.DiskBytes > 0 {
+				disk = fmt.Sprintf(" [%s on disk]", engine.HumanBytes(c.DiskBytes))
+			}
+			fmt.Fprintf(w, "    %s: %s: %s%s\n", c.Cache, word, c.Why, disk)
 		}
 	}
 	section("weights caches", ex.Weights)

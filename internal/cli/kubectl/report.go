@@ -71,8 +71,10 @@ type NodeProgress struct {
 	BytesTotal     int64  `json:"bytesTotal"`
 	BytesPerSecond int64  `json:"bytesPerSecond"`
 	ETASeconds     *int64 `json:"etaSeconds,omitempty"`
-	Reason         string `json:"reason,omitempty"`
-	Message        string `json:"message,omitempty"`
+	// DiskBytes is what the copy takes on the node's disk, as its agent measured it.
+	DiskBytes int64  `json:"diskBytes,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	Message   string `json:"message,omitempty"`
 }
 
 // ImageReport is an image cache with its nodes.
@@ -240,13 +242,13 @@ func weightsReport(m *inferencev1.ModelDataCacheConfig, nodeCaches []prewarmv1al
 				continue // the controller's verdict (e.g. another revision than the pinned one)
 			}
 			byName[nc.Name] = inferencev1.NodeCacheStatus{Name: nc.Name, State: r.State, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal,
-				BytesPerSecond: r.BytesPerSecond, Reason: r.Reason, Message: r.Message, Retained: byName[nc.Name].Retained}
+				BytesPerSecond: r.BytesPerSecond, DiskBytes: r.DiskBytes, Reason: r.Reason, Message: r.Message, Retained: byName[nc.Name].Retained}
 		}
 	}
 	nodes := slices.SortedFunc(maps.Values(byName), inferencev1.CompareAttention)
 	for _, n := range nodes {
 		np := NodeProgress{Node: n.Name, State: string(n.State), BytesDone: n.BytesDone, BytesTotal: n.BytesTotal,
-			BytesPerSecond: n.BytesPerSecond, Reason: n.Reason, Message: n.Message}
+			BytesPerSecond: n.BytesPerSecond, Reason: n.Reason, Message: n.Message, DiskBytes: n.DiskBytes}
 		if n.BytesPerSecond > 0 && n.BytesTotal > n.BytesDone && n.State == inferencev1.CacheDownloading {
 			eta := (n.BytesTotal - n.BytesDone) / n.BytesPerSecond
 			np.ETASeconds = &eta

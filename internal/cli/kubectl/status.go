@@ -165,13 +165,16 @@ func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
 			}
 			if len(x.Nodes) > 0 {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "    NODE\tSTATE\tPROGRESS\tRATE\tETA\tMESSAGE")
+				fmt.Fprintln(tw, "    NODE\tSTATE\tPROGRESS\tDISK\tRATE\tETA\tMESSAGE")
 				for _, n := range x.Nodes {
 					prog := fmt.Sprintf("%s / %s", engine.HumanBytes(n.BytesDone), engine.HumanBytes(n.BytesTotal))
 					if bars {
 						prog = bar(n.BytesDone, n.BytesTotal, 20) + " " + prog
 					}
-					rate, eta := "-", "-"
+					rate, eta, disk := "-", "-", "-"
+					if n.DiskBytes > 0 {
+						disk = engine.HumanBytes(n.DiskBytes)
+					}
 					if n.BytesPerSecond > 0 {
 						rate = engine.HumanBytes(n.BytesPerSecond) + "/s"
 					}
@@ -182,7 +185,7 @@ func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
 					if n.Reason != "" && n.State != "Ready" && n.State != "Downloading" {
 						msg = n.Reason + ": " + msg
 					}
-					fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.State, prog, rate, eta, msg)
+					fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.State, prog, disk, rate, eta, msg)
 				}
 				if err := tw.Flush(); err != nil {
 					return err

@@ -71,7 +71,8 @@ func fixture(t *testing.T, c client.Client) {
 		mustCreate(t, c, nc)
 		setStatus(t, c, nc, func() {
 			nc.Status = prewarmv1alpha1.NodeCacheStatus{AgentVersion: "v0.1.0", HeartbeatTime: beat,
-				Roots: []prewarmv1alpha1.RootStatus{{Path: "/opt/dlami/nvme", CapacityBytes: 3_800_000_000_000, FreeBytes: 1_200_000_000_000, ReservedBytes: 20_000_000_000}}}
+				Roots: []prewarmv1alpha1.RootStatus{{Path: "/opt/dlami/nvme", CapacityBytes: 3_800_000_000_000, FreeBytes: 1_200_000_000_000, ReservedBytes: 20_000_000_000,
+					UsedBytes: 2_580_000_000_000, CachedBytes: 2_400_000_000_000}}}
 		})
 	}
 
@@ -98,8 +99,8 @@ func fixture(t *testing.T, c client.Client) {
 		mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, DownloadingNodes: 1,
 			SettledNodes: 1, TotalBytes: 16_000_000_000,
 			Nodes: []inferencev1.NodeCacheStatus{
-				{Name: "g5-a", State: inferencev1.CacheReady, BytesDone: 16_000_000_000, BytesTotal: 16_000_000_000, Reason: "Verified", Message: "5 files, 16.0 GB, verified"},
-				{Name: "g5-b", State: inferencev1.CacheDownloading, BytesDone: 6_400_000_000, BytesTotal: 16_000_000_000, BytesPerSecond: 800_000_000, Reason: "Downloading", Message: "Downloading: 6.4 GB of 16.0 GB"},
+				{Name: "g5-a", State: inferencev1.CacheReady, BytesDone: 16_000_000_000, BytesTotal: 16_000_000_000, DiskBytes: 16_000_040_960, Reason: "Verified", Message: "5 files, 16.0 GB, verified"},
+				{Name: "g5-b", State: inferencev1.CacheDownloading, BytesDone: 6_400_000_000, BytesTotal: 16_000_000_000, DiskBytes: 16_000_020_480, BytesPerSecond: 800_000_000, Reason: "Downloading", Message: "Downloading: 6.4 GB of 16.0 GB"},
 			}}
 	})
 	ic := &inferencev1.InferenceImageCache{ObjectMeta: metav1.ObjectMeta{Namespace: "hyperpod-inference-system", Name: "iic-vllm-openai-ml-g5-24xlarge-a1b2"},
@@ -259,7 +260,8 @@ func TestStatusOnAFleet(t *testing.T) {
 	// 150 nodes: two failed, three downloading (10, 20 and 30 % done), the rest Ready.
 	const total, size = 150, int64(1_000_000_000)
 	report := func(i int) prewarmv1alpha1.CacheStatus {
-		r := prewarmv1alpha1.CacheStatus{UID: string(mdcc.UID), State: inferencev1.CacheReady, Reason: "Verified", BytesDone: size, BytesTotal: size, Message: "3 files, 1.0 GB, verified"}
+		r := prewarmv1alpha1.CacheStatus{UID: string(mdcc.UID), State: inferencev1.CacheReady, Reason: "Verified", BytesDone: size, BytesTotal: size, Message: "3 files, 1.0 GB, verified",
+			DiskBytes: size + 4096}
 		switch i {
 		case 7, 100:
 			r.State, r.Reason, r.BytesDone, r.Message = inferencev1.CacheFailed, "InsufficientCapacity", 0, "needs 1.0 GB, 0 B free under /opt/dlami/nvme"
@@ -318,6 +320,9 @@ func TestStatusOnAFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := rep.Parents[0].Weights
+	if last := w.Nodes[len(w.Nodes)-1]; last.DiskBytes != size+4096 {
+		t.Errorf("--all-nodes: node %s takes %d bytes on disk by the report, its agent says %d", last.Node, last.DiskBytes, size+4096)
+	}
 	if len(w.Nodes) != total || w.NodesOmitted != 0 || w.Ready != total-5 || w.Failed != 2 || w.Downloading != 3 || w.Nodes[0].Node != "n-007" || w.Nodes[total-1].Node != "n-149" {
 		t.Errorf("--all-nodes: %d nodes (%d left out), counts %d/%d/%d, first %s, last %s", len(w.Nodes), w.NodesOmitted,
 			w.Ready, w.Downloading, w.Failed, w.Nodes[0].Node, w.Nodes[len(w.Nodes)-1].Node)
@@ -329,7 +334,7 @@ func TestStatusOnAFleet(t *testing.T) {
 	if err := c.Update(ctx, node); err != nil {
 		t.Fatal(err)
 	}
-	if out := run("explain", "node", "n-149"); !strings.Contains(out, "fleet/big-cache: WARM: Ready: 3 files, 1.0 GB, verified") {
+	if out := run("explain", "node", "n-149"); !strings.Contains(out, "fleet/big-cache: WARM: Ready: 3 files, 1.0 GB, verified [1.0 GB on disk]") {
 		t.Errorf("explain of a node past the status list:\n%s", out)
 	}
 }

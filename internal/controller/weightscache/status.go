@@ -118,7 +118,7 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 		ns.Reason, ns.Message = rep.Reason, rep.Message
 	default:
 		ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
-		ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond
+		ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond, ns.DiskBytes = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond, rep.DiskBytes
 		st.TotalBytes = max(st.TotalBytes, rep.BytesTotal)
 		st.OriginBytes += rep.OriginBytes
 		st.PeerBytes += rep.PeerBytes

@@ -145,3 +145,17 @@ func gatherOf(r *Reconciler, m *inferencev1.ModelDataCacheConfig, targets []*cor
 	r.gather(s)
 	return s.status, s.ready
 }
+
+// A node's entry carries what its copy takes on the node's disk, as its agent measured it.
+func TestGatherCarriesWhatCopiesTakeOnDisk(t *testing.T) {
+	const uid = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
+	r := &Reconciler{Now: time.Now}
+	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
+	nc := &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{
+		UID: uid, State: inferencev1.CacheReady, Reason: "Verified", BytesDone: 100, BytesTotal: 100, DiskBytes: 8192,
+	}}}}
+	st, _ := gatherOf(r, m, []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}}, map[string]*prewarmv1alpha1.NodeCache{"a": nc})
+	if len(st.Nodes) != 1 || st.Nodes[0].DiskBytes != 8192 {
+		t.Errorf("status nodes %+v; want node a with 8192 bytes on disk", st.Nodes)
+	}
+}

@@ -243,6 +243,7 @@ func (s *Sim) advance(j *job, now time.Time) {
 	agent.Progressed(st, p, engine.Progress{Fetched: st.OriginBytes})
 	if elapsed >= s.o.Download {
 		agent.Verified(st, s.o.Files, s.o.ModelBytes, revision(j.req))
+		st.DiskBytes = s.o.ModelBytes    // what a real agent measures of a whole copy, about
 		st.LastVerifiedTime = stamp(now) // the agent reads a new copy back once, as it does every verify interval
 	}
 	transition(st, before, now)

@@ -148,6 +148,9 @@ func fieldsByState(reports []prewarmv1alpha1.CacheStatus) map[string][]string {
 		b, _ := json.Marshal(r)
 		var m map[string]any
 		_ = json.Unmarshal(b, &m)
+		// What a copy takes on disk is measured from the real agent's files, at its own pace (the
+		// simulated agents have no disk, and set it once a copy is whole): not a field of a state.
+		delete(m, "diskBytes")
 		for k := range m {
 			if !slices.Contains(out[string(r.State)], k) {
 				out[string(r.State)] = append(out[string(r.State)], k)
