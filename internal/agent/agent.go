@@ -41,9 +41,11 @@ type Agent struct {
 	life context.Context
 	stop context.CancelFunc
 
-	mu       sync.Mutex
-	jobs     map[string]*job    // by cache UID
-	removing map[string]removal // the caches whose directories are to go, by UID
+	mu   sync.Mutex
+	jobs map[string]*job // by cache UID
+	// removing are the caches whose directories are to go, by UID, with their namespace (only
+	// a pod of it can have the cache's volume mounted; "" when unknown).
+	removing map[string]string
 	// removals queues the caches of removing for the remover.
 	removals workqueue.TypedDelayingInterface[string]
 	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
@@ -83,7 +85,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	}
 	a := &Agent{
 		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
-		jobs: map[string]*job{}, removing: map[string]removal{}, removals: newRemovals(), inUse: map[string]string{}, scratches: map[string]*scratch{},
+		jobs: map[string]*job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{},
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir),
 	}
 	if opts.VerifyRate > 0 {

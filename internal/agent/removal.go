@@ -7,15 +7,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 )
 
-// removal is a cache whose files go once its job has stopped and no pod on the node uses it.
-type removal struct {
-	// ns is the cache's namespace: only a pod of it can have the cache's volume mounted. ""
-	// when unknown (a cache left from before the agent started): any pod naming it counts.
-	ns string
-	// job is the cache's job, stopped when the removal is queued (nil: none ran).
-	job *job
-}
-
 // newRemovals is the agent's queue of removals, by cache UID.
 func newRemovals() workqueue.TypedDelayingInterface[string] {
 	return workqueue.NewTypedDelayingQueue[string]()
@@ -27,11 +18,11 @@ func (a *Agent) removeLocked(uid string, j *job) {
 	if a.isRemoving(uid) {
 		return
 	}
-	r := removal{job: j}
+	ns := "" // unknown (a cache left from before the agent started): any pod naming it counts
 	if j != nil {
-		r.ns = j.req.Namespace
+		ns = j.req.Namespace
 	}
-	a.removing[uid] = r
+	a.removing[uid] = ns
 	a.withdraw(uid)
 	if j == nil {
 		a.removals.Add(uid)
@@ -85,14 +76,14 @@ func (w remover) Start(ctx context.Context) error {
 func (a *Agent) removeOnce(ctx context.Context, uid string) bool {
 	log := ctrl.LoggerFrom(ctx).WithValues("cache", uid)
 	a.mu.Lock()
-	r, ok := a.removing[uid]
+	ns, ok := a.removing[uid]
 	a.mu.Unlock()
 	if !ok {
 		return false
 	}
 	// A cache a pod on this node still uses stays until no pod does: by the pod list, and by
 	// the mount table (a pod the list does not show yet, or any more).
-	pod, err := a.podUsing(ctx, uid, r.ns)
+	pod, err := a.podUsing(ctx, uid, ns)
 	if err == nil && pod == "" {
 		var mounted bool
 		if mounted, err = a.cacheMounted(uid); err == nil && mounted {

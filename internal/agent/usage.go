@@ -36,13 +36,8 @@ func (a *Agent) rootUsage(root string) usage {
 		return u
 	}
 	u = usage{at: now, byUID: map[string]int64{}}
-	if err := a.measure(root, &u); err != nil {
-		u = usage{at: now, byUID: map[string]int64{}}
-	}
+	a.measure(root, &u)
 	a.usages.mu.Lock()
-	if a.usages.byRoot == nil {
-		a.usages.byRoot = map[string]usage{}
-	}
 	a.usages.byRoot[root] = u
 	a.usages.mu.Unlock()
 	return u
@@ -50,15 +45,23 @@ func (a *Agent) rootUsage(root string) usage {
 
 // measure walks <root>/prewarm through an os.Root (a link is counted, never followed) and sums
 // the blocks each entry allocates, by the cache it belongs to.
-func (a *Agent) measure(root string, u *usage) error {
+func (a *Agent) measure(root string, u *usage) {
 	parent, err := a.opts.openCacheParent(root)
 	if err != nil {
-		return err
+		return
 	}
 	defer parent.Close()
-	return iofs.WalkDir(parent.FS(), ".", func(path string, d iofs.DirEntry, err error) error {
-		if err != nil {
-			return nil // gone while walking (a removal, a publish): not counted
+	_ = iofs.WalkDir(parent.FS(), ".", func(path string, d iofs.DirEntry, err error) error {
+		if err != nil || path == "." {
+			return nil // gone while walking (a removal, a publish): not counted; "." is the walk's start
+		}
+		top, _, _ := strings.Cut(path, "/")
+		uid := entryUID(top)
+		if uid == "" { // not prewarm's: someone else put it there
+			if d.IsDir() {
+				return iofs.SkipDir
+			}
+			return nil
 		}
 		info, err := d.Info()
 		if err != nil {
@@ -68,11 +71,8 @@ func (a *Agent) measure(root string, u *usage) error {
 		if st, ok := info.Sys().(*syscall.Stat_t); ok {
 			n = st.Blocks * 512 // what the file takes, not its length (sparse, preallocated)
 		}
-		top, _, _ := strings.Cut(path, "/")
-		if uid := entryUID(top); uid != "" { // not what else someone put there
-			u.byUID[uid] += n
-			u.total += n
-		}
+		u.byUID[uid] += n
+		u.total += n
 		return nil
 	})
 }

@@ -114,6 +114,37 @@ func Event(rec events.EventRecorder, obj runtime.Object, eventType, reason, acti
 	}
 }
 
+// Pending holds a reconcile's Events until it has written the status: an Event that tells of a
+// transition (Tell) is dropped when the write fails, since the retry starts again from the
+// stored status and tells of it again; one that tells of something done (Record) is recorded
+// either way.
+type Pending struct{ events []pendingEvent }
+
+type pendingEvent struct {
+	eventType, reason, action, note string
+	transition                      bool
+}
+
+// Tell queues an Event that tells of a change of status.
+func (p *Pending) Tell(eventType, reason, action, note string) {
+	p.events = append(p.events, pendingEvent{eventType, reason, action, note, true})
+}
+
+// Record queues an Event that tells of something done.
+func (p *Pending) Record(eventType, reason, action, note string) {
+	p.events = append(p.events, pendingEvent{eventType, reason, action, note, false})
+}
+
+// Emit records the queued Events about obj; written says whether the status was written.
+func (p *Pending) Emit(rec events.EventRecorder, obj runtime.Object, written bool) {
+	for _, e := range p.events {
+		if written || !e.transition {
+			Event(rec, obj, e.eventType, e.reason, e.action, e.note)
+		}
+	}
+	p.events = nil
+}
+
 // Summarize lists items for a message, the first n of them and how many more.
 func Summarize(items []string, n int) string { return SummarizeOf(items, len(items), n, ", ") }
 

@@ -29,16 +29,16 @@ import (
 // writes what it finds into the state's status.
 func (r *Reconciler) phases() []phase {
 	return []phase{
-		{"validate", r.validatePhase, time.Minute},
-		{"image", r.imagePhase, time.Minute},
-		{"read", r.readPhase, time.Minute},
-		{"pin", r.pinPhase, 30 * time.Second},
-		{"weights", r.weightsPhase, time.Minute},
-		{"template", r.templatePhase, time.Minute},
-		{"deployment", r.deploymentPhase, time.Minute},
-		{"service", r.servicePhase, time.Minute},
-		{"cleanup", r.cleanupPhase, time.Minute},
-		{"rollout", r.rolloutPhase, time.Minute},
+		{r.validatePhase, time.Minute},
+		{r.imagePhase, time.Minute},
+		{r.readPhase, time.Minute},
+		{r.pinPhase, 30 * time.Second},
+		{r.weightsPhase, time.Minute},
+		{r.templatePhase, time.Minute},
+		{r.deploymentPhase, time.Minute},
+		{r.servicePhase, time.Minute},
+		{r.cleanupPhase, time.Minute},
+		{r.rolloutPhase, time.Minute},
 	}
 }
 
@@ -60,7 +60,7 @@ func (r *Reconciler) validatePhase(_ context.Context, s *state) error {
 	}
 	msg := "accepted and validated as HyperPod defines them, without effect here: " + joinNames(m.unsupported)
 	if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionUnsupported); prev == nil || prev.Message != msg {
-		s.tell(corev1.EventTypeWarning, controller.EventUnsupportedFields, "Validate", msg)
+		s.events.Tell(corev1.EventTypeWarning, controller.EventUnsupportedFields, "Validate", msg)
 	}
 	s.condition(inferencev1.ConditionUnsupported, metav1.ConditionTrue, inferencev1.ReasonFieldsWithoutEffect, msg)
 	return nil
@@ -178,7 +178,7 @@ func (r *Reconciler) gateCache(s *state, cache *inferencev1.ModelDataCacheConfig
 	switch {
 	case g.open:
 		if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionGated); prev == nil || prev.Status != metav1.ConditionFalse {
-			s.tell(corev1.EventTypeNormal, g.reason, "Gate", g.message)
+			s.events.Tell(corev1.EventTypeNormal, g.reason, "Gate", g.message)
 		}
 		s.condition(inferencev1.ConditionGated, metav1.ConditionFalse, g.reason, g.message)
 		s.use = cache

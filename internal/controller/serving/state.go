@@ -39,24 +39,14 @@ type state struct {
 	// hold ends the phases without a problem: the Deployment waits for the weights cache.
 	hold   bool
 	result ctrl.Result
-	events []event
-}
-
-// event is an Event that waits in the state until the status is written.
-type event struct {
-	eventType, reason, action, note string
-	// transition marks an event that tells of a change of status: it is recorded only once
-	// the status is written, since a write that conflicts is retried from the stored status,
-	// which would tell of the change again. The others tell of what a phase has done (an
-	// object created, a roll started) and are recorded either way.
-	transition bool
+	// events wait for the status write (a transition's are dropped if it fails).
+	events controller.Pending
 }
 
 // phase is one step of a parent's reconcile. A *problem it returns stops the parent with that
 // reason (reported on it, not retried in a loop); another error ends the reconcile to be retried.
 type phase struct {
-	name string
-	run  func(context.Context, *state) error
+	run func(context.Context, *state) error
 	// retry is how soon a parent stopped in this phase is looked at again: what blocks it may
 	// be another object than the parent, which no watch reports.
 	retry time.Duration
@@ -68,14 +58,9 @@ func (s *state) condition(typ string, status metav1.ConditionStatus, reason, msg
 	setCondition(s.status, s.gen(), typ, status, reason, msg)
 }
 
-// tell queues an event that tells of a change of status.
-func (s *state) tell(eventType, reason, action, note string) {
-	s.events = append(s.events, event{eventType, reason, action, note, true})
-}
-
 // record queues a Normal event that tells of something done.
 func (s *state) record(reason, action, note string) {
-	s.events = append(s.events, event{corev1.EventTypeNormal, reason, action, note, false})
+	s.events.Record(corev1.EventTypeNormal, reason, action, note)
 }
 
 // requeue asks for the parent to be looked at again within d (the earliest ask wins).
@@ -88,20 +73,10 @@ func (s *state) requeue(d time.Duration) {
 // fail records a problem that stops the parent, with a Warning event when it is news.
 func (s *state) fail(p *problem) {
 	if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionReady); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
-		s.tell(corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
+		s.events.Tell(corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
 	}
 	s.status.State = inferencev1.DeploymentFailed
 	s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, p.reason, p.message)
-}
-
-// emit records the queued events; written says whether the status was.
-func (r *Reconciler) emit(s *state, written bool) {
-	for _, e := range s.events {
-		if written || !e.transition {
-			controller.Event(r.Recorder, s.m.owner, e.eventType, e.reason, e.action, e.note)
-		}
-	}
-	s.events = nil
 }
 
 // run runs the phases over s in order, until one stops the parent or holds the Deployment back.
@@ -172,15 +147,10 @@ func reconcileParent[T any, P interface {
 		err = r.run(ctx, s)
 	}
 	werr := controller.WriteStatus(ctx, r.Client, obj, stored, *s.status)
-	r.emit(s, werr == nil)
-	r.Metrics.ReconcileError(k.name, firstErr(err, werr))
-	return s.result, firstErr(err, werr)
-}
-
-// firstErr is the reconcile's error: the phases', else the status write's.
-func firstErr(err, werr error) error {
-	if err != nil {
-		return err
+	s.events.Emit(r.Recorder, s.m.owner, werr == nil)
+	if err == nil {
+		err = werr // the phases' error first, else the status write's
 	}
-	return werr
+	r.Metrics.ReconcileError(k.name, err)
+	return s.result, err
 }

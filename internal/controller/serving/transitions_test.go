@@ -21,7 +21,7 @@ func TestTransitionEventsWaitForTheStatusWrite(t *testing.T) {
 	s := &state{m: fromEndpoint(iec), status: iec.Status.DeepCopy()} // the status whose write conflicts
 	s.record("DeploymentCreated", "Create", "created")
 	s.fail(p)
-	r.emit(s, false)
+	s.events.Emit(r.Recorder, s.m.owner, false)
 	if n := len(rec.Events); n != 1 {
 		t.Fatalf("%d events after a status write that failed; want 1 (what was done)", n)
 	}
@@ -31,7 +31,7 @@ func TestTransitionEventsWaitForTheStatusWrite(t *testing.T) {
 	// The write conflicted: the retry starts again from the stored status.
 	s = &state{m: fromEndpoint(iec), status: iec.Status.DeepCopy()}
 	s.fail(p)
-	r.emit(s, true)
+	s.events.Emit(r.Recorder, s.m.owner, true)
 	if n := len(rec.Events); n != 1 {
 		t.Fatalf("%d events after the written retry; want 1", n)
 	}
@@ -41,7 +41,7 @@ func TestTransitionEventsWaitForTheStatusWrite(t *testing.T) {
 	// A status that already tells of the problem tells of it no more.
 	again := &state{m: s.m, status: s.status}
 	again.fail(p)
-	r.emit(again, true)
+	again.events.Emit(r.Recorder, again.m.owner, true)
 	if n := len(rec.Events); n != 0 {
 		t.Errorf("%d events for a problem the status already tells of", n)
 	}

@@ -18,7 +18,7 @@ const maxNodeEventTargets = 16
 // Downloading between the stored status and s.status.
 func (r *Reconciler) nodeEvents(s *state) {
 	m, st := s.m, &s.status
-	event := func(eventType, reason, note string) { s.record(eventType, reason, "Download", note) }
+	event := func(eventType, reason, note string) { s.events.Tell(eventType, reason, "Download", note) }
 	before := map[string]inferencev1.NodeCacheStatus{}
 	for _, n := range m.Status.Nodes {
 		before[n.Name] = n

@@ -108,16 +108,9 @@ type state struct {
 	full   map[string]bool
 	status inferencev1.ModelDataCacheConfigStatus
 	// ready are the nodes that hold the cache Ready, listed in status.nodes or not.
-	ready  map[string]bool
-	events []cacheEvent
-}
-
-// cacheEvent is an Event on the cache, recorded once the status that tells of it is written: a write
-// that conflicts is retried from the stored status, which would tell of it again.
-type cacheEvent struct{ eventType, reason, action, note string }
-
-func (s *state) record(eventType, reason, action, note string) {
-	s.events = append(s.events, cacheEvent{eventType, reason, action, note})
+	ready map[string]bool
+	// events tell of the nodes' transitions, once the status that shows them is written.
+	events controller.Pending
 }
 
 // phases are the steps of a cache's reconcile, in order: read the fleet, decide the targets and
@@ -159,7 +152,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.writeStatus(ctx, m, s.status); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.emit(s)
+	s.events.Emit(r.Recorder, s.m, true)
 	r.Metrics.WeightsCache(m, false)
 	return ctrl.Result{RequeueAfter: s.decision.requeue}, nil
 }
@@ -215,14 +208,6 @@ func (r *Reconciler) labelPhase(ctx context.Context, s *state) error {
 	return controller.ApplyLabels(ctx, r.Client, key, controller.LabelChanges(slices.Concat(s.decision.targets, s.decision.retainedNodes, labelled), key, want))
 }
 
-// emit records the events s holds.
-func (r *Reconciler) emit(s *state) {
-	for _, e := range s.events {
-		controller.Event(r.Recorder, s.m, e.eventType, e.reason, e.action, e.note)
-	}
-	s.events = nil
-}
-
 // finishDeletion reports the nodes that still hold the deleted cache, and once none does (or
 // controller.deletionTimeout has passed), lets the cache go.
 func (r *Reconciler) finishDeletion(ctx context.Context, s *state) (ctrl.Result, error) {
@@ -245,7 +230,7 @@ func (r *Reconciler) finishDeletion(ctx context.Context, s *state) (ctrl.Result,
 			return ctrl.Result{}, err
 		}
 	}
-	r.emit(s)
+	s.events.Emit(r.Recorder, s.m, true)
 	if waiting {
 		return ctrl.Result{RequeueAfter: left}, nil // NodeCache events bring us back sooner
 	}
