@@ -43,6 +43,7 @@ type Engine struct {
 	progressInterval time.Duration
 	verifiers        int
 	freeSpace        func(dir string) (int64, error)
+	claimSpace       ClaimSpace
 	syncInterval     time.Duration
 	directIO         bool
 	metrics          *metrics
@@ -81,6 +82,17 @@ func WithProgress(fn func(Progress), interval time.Duration) Option {
 // WithFreeSpace replaces the free-space probe (for tests).
 func WithFreeSpace(fn func(dir string) (int64, error)) Option {
 	return func(e *Engine) { e.freeSpace = fn }
+}
+
+// ClaimSpace is asked, before a download writes anything, for the bytes it still needs under
+// dir. It returns an *InsufficientSpaceError when they do not fit, or a release that the
+// engine calls when the download ends (done or not): a caller that runs several downloads on
+// one disk keeps the bytes promised to each from being promised twice.
+type ClaimSpace func(dir string, need int64) (release func(), err error)
+
+// WithClaimSpace decides whether a download fits with fn instead of the free-space probe.
+func WithClaimSpace(fn ClaimSpace) Option {
+	return func(e *Engine) { e.claimSpace = fn }
 }
 
 // WithRegisterer exports prewarm_engine_* metrics to reg.

@@ -100,7 +100,8 @@ type counters struct {
 	fromPeers atomic.Int64 // bytes taken from peers by this run
 	filesDone atomic.Int64
 	total     int64
-	allocated int64 // bytes of files already present in the partial directory
+	allocated int64  // bytes of files already present in the partial directory
+	release   func() // gives back the space claimed for the run (nil: none)
 	rate      rateMeter
 }
 
@@ -200,32 +201,45 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing,
 		return nil, err
 	}
 
+	if err := r.open(jpath, resuming, stale); err != nil {
+		r.close() // gives back the space claimed
+		return nil, err
+	}
+	return r, nil
+}
+
+// open makes the partial directory and its journal (or reopens them, resuming), and opens the
+// directory for the run's writes.
+func (r *run) open(jpath string, resuming bool, stale []int) error {
+	var err error
 	if !resuming {
 		// Nothing to resume, or the source changed since: start clean.
 		if err := os.RemoveAll(r.dir); err != nil {
-			return nil, err
+			return err
 		}
 		if err := os.MkdirAll(r.dir, 0o755); err != nil {
-			return nil, err
+			return err
 		}
 		r.journal, err = createJournal(jpath, r.planID)
 	} else {
 		r.journal, err = appendJournal(jpath)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	for _, idx := range stale {
 		r.journal.reset(idx)
 	}
 	if r.root, err = os.OpenRoot(r.dir); err != nil {
-		r.journal.close()
-		return nil, err
+		return err
 	}
-	return r, r.journal.flush()
+	return r.journal.flush()
 }
 
 func (r *run) close() {
+	if r.release != nil {
+		r.release()
+	}
 	if r.root != nil {
 		r.root.Close()
 	}
@@ -237,6 +251,11 @@ func (r *run) close() {
 // checkSpace fails before any byte is written when the rest of the model cannot fit.
 func (e *Engine) checkSpace(r *run, dest string) error {
 	need := r.total - r.allocated
+	if e.claimSpace != nil {
+		release, err := e.claimSpace(existingAncestor(r.dir), need)
+		r.release = release
+		return err
+	}
 	free, err := e.freeSpace(existingAncestor(r.dir))
 	if err != nil {
 		return fmt.Errorf("checking free space under %s: %w", filepath.Dir(dest), err)
