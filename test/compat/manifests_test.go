@@ -154,6 +154,18 @@ func installPublished(t *testing.T, ctx context.Context, crd *apiextensionsv1.Cu
 	if err != nil {
 		t.Fatalf("HyperPod's %s never became established: %v", crd.Name, err)
 	}
+	// Established is not yet served in discovery, which the test's client maps kinds with:
+	// wait for each version's mapping too (on a busy machine it lags).
+	gk := schema.GroupKind{Group: publishedGroup, Kind: crd.Spec.Names.Kind}
+	for _, v := range crd.Spec.Versions {
+		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			_, err := server.Client.RESTMapper().RESTMapping(gk, v.Name)
+			return err == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("HyperPod's %s %s is never served: %v", crd.Name, v.Name, err)
+		}
+	}
 }
 
 // create creates an object of spec in the default namespace, under strict field validation.
