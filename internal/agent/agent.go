@@ -68,6 +68,13 @@ type Agent struct {
 	// goroutines are the agent's own goroutines besides the jobs (the scratch copies'): the
 	// agent waits for them when it stops.
 	goroutines sync.WaitGroup
+	// publishing counts, by cache UID, the mounts handed out that the node plugin has not
+	// finished: a cache being mounted is not evicted. Guarded by mu.
+	publishing map[string]int
+	// evicting is held while caches are evicted: one eviction at a time.
+	evicting sync.Mutex
+	// space holds what the downloads under way were promised.
+	space space
 	// usages are what prewarm's files take under each root, as last measured.
 	usages usages
 	// reported is set once the status writer has done its first round: the node's NodeCache
@@ -85,7 +92,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	}
 	a := &Agent{
 		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
-		jobs: map[string]*job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{},
+		jobs: map[string]*job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}},
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir),
 	}
 	if opts.VerifyRate > 0 {
@@ -117,6 +124,9 @@ func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	if err := mgr.Add(scratchSweeper{a}); err != nil {
+		return err
+	}
+	if err := mgr.Add(watermarkKeeper{a}); err != nil {
 		return err
 	}
 	if err := mgr.Add(remover{a}); err != nil {
@@ -185,7 +195,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
 		jctx, cancel := context.WithCancel(a.life)
 		j := &job{a: a, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1), demanded: make(chan struct{})}
-		j.status = Queued(uid, a.now())
+		j.status, j.used = Queued(uid, a.now()), a.firstUsed(r)
 		a.jobs[uid] = j
 		go j.run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
 	}

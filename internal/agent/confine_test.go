@@ -53,6 +53,20 @@ func askNode(t *testing.T, ctx context.Context, api *testutil.APIServer, node st
 	}
 }
 
+// addRequests adds reqs to node's NodeCache, as the controller would.
+func addRequests(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, reqs ...prewarmv1alpha1.CacheRequest) {
+	t.Helper()
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := api.Client.Get(ctx, client.ObjectKey{Name: node}, nc); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(nc.DeepCopy())
+	nc.Spec.Caches = append(nc.Spec.Caches, reqs...)
+	if err := api.Client.Patch(ctx, nc, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // watchStatus returns a reader of one cache's status in node's NodeCache, and a wait that fails
 // the test with the named caches' statuses when its condition does not hold in time.
 func watchStatus(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, uids ...string) (func(string) prewarmv1alpha1.CacheStatus, func(string, func() bool)) {

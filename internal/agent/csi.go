@@ -98,7 +98,7 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 		return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("cache %s is not a cache of namespace %s: its pods may mount only their own namespace's caches", req.CacheUID, req.PodNamespace))
 	}
 	st := j.snapshot()
-	if st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonNoLocalDisk {
+	if st.State == inferencev1.CacheFailed && runsCold(st.Reason) {
 		return a.scratchToMount(ctx, req, j, st)
 	}
 	if st.State != inferencev1.CacheReady {
@@ -118,7 +118,22 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 	if err != nil {
 		return "", false, a.refuse(req, codes.FailedPrecondition, err.Error())
 	}
+	// Handed out under the lock an eviction takes, and counted until the node plugin has
+	// mounted it (Mounted): a cache is never evicted between this answer and the mount.
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now := j.snapshot(); now.State != inferencev1.CacheReady {
+		return "", true, status.Error(codes.Unavailable, fmt.Sprintf("cache %s stopped being Ready on node %s meanwhile (%s): looking again", req.CacheUID, a.opts.NodeName, now.Reason))
+	}
+	a.publishing[req.CacheUID]++
 	return filepath.Join(cacheDir, prewarmv1alpha1.ModelSubdir), false, nil
+}
+
+// runsCold reports whether a node whose copy of a cache failed for reason serves its pods a
+// copy of their own, read from the source: the node cannot hold the cache (no local disk, no
+// room even after evicting what the policy lets go), but the source can be read.
+func runsCold(reason string) bool {
+	return reason == prewarmv1alpha1.ReasonNoLocalDisk || reason == prewarmv1alpha1.ReasonInsufficientCapacity
 }
 
 // fill asks the cache's job to download now and answers why the pod waits.
@@ -158,15 +173,32 @@ func (a *Agent) refuse(req MountRequest, code codes.Code, msg string) error {
 	return status.Error(code, msg)
 }
 
-// Mounted records that req's model volume is mounted.
-func (a *Agent) Mounted(req MountRequest, target string) {
+// Mounted records that the node plugin is done with the model ModelToMount gave req: mounted
+// at target, or not (err).
+func (a *Agent) Mounted(req MountRequest, model, target string, err error) {
 	a.mu.Lock()
 	s := a.scratches[req.CacheUID]
-	scratch := s != nil && s.ready
+	scratch := s != nil && s.ready && model == s.model()
+	j := a.jobs[req.CacheUID]
+	if !scratch && a.publishing[req.CacheUID] > 0 {
+		if a.publishing[req.CacheUID]--; a.publishing[req.CacheUID] == 0 {
+			delete(a.publishing, req.CacheUID)
+		}
+	}
 	a.mu.Unlock()
+	if err != nil {
+		return
+	}
 	msg := fmt.Sprintf("cache %s mounted read-only from node %s's disk", req.CacheUID, a.opts.NodeName)
 	if scratch {
-		msg = fmt.Sprintf("cache %s mounted read-only from a copy that node %s (no local disk for caches) downloaded from the source for its pods", req.CacheUID, a.opts.NodeName)
+		why := ""
+		if j != nil {
+			st := j.snapshot()
+			why = fmt.Sprintf(" (%s: %s)", st.Reason, st.Message)
+		}
+		msg = truncate(fmt.Sprintf("cache %s mounted read-only from a copy that node %s downloaded from the source for its pods: running cold, the node cannot hold the cache%s", req.CacheUID, a.opts.NodeName, why), 1024)
+	} else if j != nil {
+		j.touch(a.opts.Now())
 	}
 	a.event(req, corev1.EventTypeNormal, EventCacheMounted, msg)
 	ctrl.Log.WithName("csi").Info("mounted cache", "cache", req.CacheUID, "pod", req.PodNamespace+"/"+req.PodName, "target", target)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -167,11 +168,9 @@ func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
 			rs.Reason = ""
 		}
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(a.opts.rootDir(root), &st); err == nil && rs.Reason == "" {
-		rs.CapacityBytes = int64(st.Blocks) * st.Bsize
-		rs.UsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
-		rs.FreeBytes = max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve)
+	if f, err := a.figures(root); err == nil && rs.Reason == "" {
+		rs.CapacityBytes, rs.UsedBytes, rs.FreeBytes = f.capacity, f.used, min(f.room(), f.avail)
+		rs.HighWatermarkPercent, rs.LowWatermarkPercent = f.high, f.low
 	}
 	return rs
 }
@@ -192,11 +191,21 @@ func (a *Agent) checkDisk(root string) error {
 	return err
 }
 
-// freeSpace is the engine's view of free space: the filesystem's, less the reserve.
+// freeSpace is the engine's view of free space: under a cache root, what caches may take there
+// without evicting (the filesystem's free space less the reserve, up to the high watermark);
+// elsewhere (the scratch copies under the kubelet's directory, which the kubelet's own
+// eviction guards), the filesystem's free space.
 func (a *Agent) freeSpace(dir string) (int64, error) {
+	if root, ok := a.rootOf(dir); ok {
+		f, err := a.figures(root)
+		return f.room(), err
+	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, err
 	}
-	return max(0, int64(st.Bavail)*st.Bsize-a.opts.Reserve), nil
+	if st.Blocks == 0 {
+		return math.MaxInt64, nil // a filesystem that counts no blocks (ramfs): nothing to check against
+	}
+	return int64(st.Bavail) * st.Bsize, nil
 }

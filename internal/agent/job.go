@@ -41,6 +41,13 @@ type job struct {
 	credsChecked bool
 	credsDigest  string
 	credsAt      time.Time
+	// used is when a pod last mounted the cache, or when it was first asked for; evicted says
+	// why the node evicted it, when it has not been fetched again since.
+	used    time.Time
+	evicted string
+	// work is held while the job looks after its cache (once): an eviction takes it too, so
+	// that a cache is never evicted while it is being checked or fetched.
+	work sync.Mutex
 }
 
 // current returns the request as it is now.
@@ -96,7 +103,9 @@ func (j *job) run(ctx context.Context) {
 		log.Error(err, "moving a cache of the earlier layout into place")
 	}
 	for {
+		j.work.Lock()
 		wait, ok := j.once(ctx)
+		j.work.Unlock()
 		if ok {
 			retry = j.a.opts.RetryInterval
 		} else if wait == 0 {
@@ -234,6 +243,14 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		// When the repair is not done, the source changed since: the whole model is fetched
 		// again, into a new copy.
 		return j.repair(ctx, model, damaged)
+	case errors.Is(err, os.ErrNotExist) && j.waitsForRoom():
+		// Evicted: fetched again only when it fits without evicting another cache.
+		if f, free, ferr := j.a.freeFor(j.req.Root, j.req.UID); ferr == nil {
+			if need := j.snapshot().BytesTotal; need > free {
+				j.waitForRoom(f, need, free)
+				return o.RecheckInterval, false, true
+			}
+		}
 	case errors.Is(err, os.ErrNotExist) && j.retained() && !j.isDemanded():
 		// Not a current target: keep what is here, fetch nothing new.
 		j.set(NotTarget)
@@ -260,12 +277,37 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 	log := ctrl.LoggerFrom(ctx)
 	var res engine.Result
-	err := j.download(ctx, func(eng *engine.Engine, src source.Source) error {
-		j.set(func(st *prewarmv1alpha1.CacheStatus) { Listing(st, j.req.Source) })
-		var err error
-		res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision(), Swarm: j.swarm(ctx), TrustPeers: j.trustsPeers()})
-		return err
-	})
+	var err error
+	for evicted := false; ; {
+		err = j.download(ctx, func(eng *engine.Engine, src source.Source) error {
+			j.set(func(st *prewarmv1alpha1.CacheStatus) { Listing(st, j.req.Source) })
+			var err error
+			res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.pinnedRevision(), Swarm: j.swarm(ctx), TrustPeers: j.trustsPeers()})
+			return err
+		})
+		// The engine writes nothing before the model is known to fit: the room is made then,
+		// by evicting other caches, and the download tried once more.
+		var space *engine.InsufficientSpaceError
+		if evicted || !errors.As(err, &space) || ctx.Err() != nil {
+			break
+		}
+		if j.waitsForRoom() {
+			if f, free, ferr := j.a.freeFor(j.req.Root, j.req.UID); ferr == nil {
+				j.a.withdraw(j.req.UID)
+				j.waitForRoom(f, space.Need, free)
+				return j.a.opts.RecheckInterval, false
+			}
+			break
+		}
+		freed, release, rerr := j.a.makeRoom(ctx, j, space.Need)
+		if rerr != nil {
+			err = rerr
+			break
+		}
+		defer release()
+		log.Info("made room for the cache", "need", space.Need, "freed", freed)
+		evicted = true
+	}
 	if err != nil {
 		j.a.withdraw(j.req.UID)
 		if ctx.Err() != nil {
@@ -308,6 +350,7 @@ func (j *job) snapshotState() inferencev1.CacheState {
 }
 
 func (j *job) ready(model string, m *engine.Manifest) {
+	j.setEvicted("")
 	j.a.offer(j.req.UID, model, m)
 	var total int64
 	for _, f := range m.Files {
@@ -344,7 +387,10 @@ func (j *job) classify(err error) (string, string, time.Duration) {
 	o := &j.a.opts
 	var space *engine.InsufficientSpaceError
 	var verify *engine.VerificationError
+	var noRoom *errNoRoom
 	switch {
+	case errors.As(err, &noRoom):
+		return prewarmv1alpha1.ReasonInsufficientCapacity, noRoom.Error(), o.MaxRetryInterval
 	case errors.As(err, &space):
 		msg := fmt.Sprintf("needs %s, %s free under %s", engine.HumanBytes(space.Need), engine.HumanBytes(space.Free), j.req.Root)
 		if o.Reserve > 0 {

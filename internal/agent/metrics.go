@@ -26,6 +26,8 @@ type metrics struct {
 	verified prometheus.Counter
 	damaged  prometheus.Counter
 	repaired prometheus.Counter
+	// evictions counts caches evicted, by why.
+	evictions *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
@@ -51,7 +53,7 @@ func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
 			Name: "prewarm_agent_download_failures_total", Help: "Downloads that failed, by reason.",
 		}, []string{"reason"}),
 		free: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "prewarm_agent_root_free_bytes", Help: "Free bytes under an allowed root, after the reserve.",
+			Name: "prewarm_agent_root_free_bytes", Help: "Bytes caches may still take under an allowed root without evicting: free after the reserve, up to the high watermark.",
 		}, []string{"root"}),
 		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_agent_root_capacity_bytes", Help: "Size of the filesystem under an allowed root.",
@@ -71,9 +73,12 @@ func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
 		repaired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_agent_repaired_files_total", Help: "Damaged files fetched again and put back in place.",
 		}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "prewarm_agent_evictions_total", Help: "Caches evicted from this node, by reason: MakeRoom (for a download), HighWatermark (the disk was above it).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.state, m.rate, m.done, m.disk, m.failures, m.free, m.capacity, m.used, m.cached, m.verified, m.damaged, m.repaired)
+		reg.MustRegister(m.state, m.rate, m.done, m.disk, m.failures, m.free, m.capacity, m.used, m.cached, m.verified, m.damaged, m.repaired, m.evictions)
 	}
 	return m
 }

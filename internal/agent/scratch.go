@@ -68,8 +68,8 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st
 	ready, p, err := s.ready, s.progress, s.err
 	a.mu.Unlock()
 	if !ready {
-		msg := fmt.Sprintf("node %s has no local disk for caches (%s); downloading a copy of cache %s for its pods from the source: %s",
-			a.opts.NodeName, prewarmv1alpha1.ReasonNoLocalDisk, req.CacheUID, progressText(p))
+		msg := truncate(fmt.Sprintf("node %s cannot hold cache %s (%s: %s); downloading a copy of it for its pods from the source: %s",
+			a.opts.NodeName, req.CacheUID, st.Reason, st.Message, progressText(p)), 1024)
 		if err != nil {
 			msg += fmt.Sprintf("; the last try failed, trying again: %v", err)
 		}

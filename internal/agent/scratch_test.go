@@ -1,9 +1,11 @@
 package agent_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,6 +22,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -80,18 +84,7 @@ func TestNoLocalDiskServesACopy(t *testing.T) {
 	}
 	req := agent.MountRequest{CacheUID: uid, PodNamespace: "a", PodName: "worker", PodUID: pod.UID}
 	copyDir := filepath.Join(kubelet, "plugins", prewarmv1alpha1.CSIDriverName, "scratch", uid)
-	var dir string
-	wait("the copy ready for the pod", func() bool {
-		var err error
-		dir, err = a.ModelToMount(ctx, req)
-		if status.Code(err) == codes.Unavailable {
-			return false
-		}
-		if err != nil {
-			t.Fatalf("ModelToMount: %v", err)
-		}
-		return true
-	})
+	dir := mountWhenReady(t, ctx, a, req, wait)
 	if want := filepath.Join(copyDir, "model"); dir != want {
 		t.Errorf("mounts %s; want the copy %s", dir, want)
 	}
@@ -119,4 +112,76 @@ func TestNoLocalDiskServesACopy(t *testing.T) {
 		_, err := os.Stat(copyDir)
 		return errors.Is(err, os.ErrNotExist)
 	})
+}
+
+// A node whose disk cannot hold a cache, even after evicting what the policy lets go
+// (InsufficientCapacity), still starts its pod: the node plugin serves a copy read from the
+// source, and the pod's event says it runs cold and why.
+func TestANodeWithoutRoomServesACopy(t *testing.T) {
+	ctx, api := startAPI(t)
+	host, kubelet := t.TempDir(), t.TempDir()
+	root := "/opt/dlami/nvme"
+	smallDisk(t, filepath.Join(host, root), 16<<20)
+	if err := os.MkdirAll(filepath.Join(kubelet, "pods"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"config.json": []byte(`{}`), "w.bin": gen.Bytes(5, 20<<20)}
+	writeFiles(t, filepath.Join(host, "fsx", "model"), files)
+	const uid = "dddddddd-5555-4555-8555-555555555555"
+	askNode(t, ctx, api, "node-1", prewarmv1alpha1.CacheRequest{UID: uid, Namespace: "default", Name: "big", Root: root, Source: fsxSource("model")})
+	a := runAgent(t, ctx, api, "node-1", agent.Options{
+		Config: testConfig(root), HostPrefix: host, KubeletDir: kubelet, MountWait: 300 * time.Millisecond,
+		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
+		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second, EventInterval: time.Hour,
+	})
+	status_, wait := watchStatus(t, ctx, api, "node-1", uid)
+	wait("the cache InsufficientCapacity", func() bool {
+		st := status_(uid)
+		return st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonInsufficientCapacity
+	})
+	pod := csiPod("default", "worker", "node-1", uid)
+	if err := api.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	req := agent.MountRequest{CacheUID: uid, PodNamespace: "default", PodName: "worker", PodUID: pod.UID}
+	dir := mountWhenReady(t, ctx, a, req, wait)
+	if want := filepath.Join(kubelet, "plugins", prewarmv1alpha1.CSIDriverName, "scratch", uid, "model"); dir != want {
+		t.Errorf("mounts %s; want the copy %s", dir, want)
+	}
+	if _, err := engine.CheckDest(dir); err != nil {
+		t.Errorf("the copy does not check: %v", err)
+	}
+	a.Mounted(req, dir, filepath.Join(kubelet, "pods", "x"), nil)
+	err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
+		list := &eventsv1.EventList{}
+		if err := api.Client.List(ctx, list, client.InNamespace("default")); err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(list.Items, func(e eventsv1.Event) bool {
+			return e.Regarding.Name == "worker" && e.Reason == agent.EventCacheMounted &&
+				strings.Contains(e.Note, "running cold") && strings.Contains(e.Note, "InsufficientCapacity: needs 21.0 MB more")
+		}), nil
+	})
+	if err != nil {
+		t.Errorf("no CacheMounted event on the pod saying it runs cold and why: %v", err)
+	}
+}
+
+// mountWhenReady asks for req's mount until the answer is not to wait, and returns the model
+// directory it is given (the test fails on a refusal).
+func mountWhenReady(t *testing.T, ctx context.Context, a *agent.Agent, req agent.MountRequest, wait func(string, func() bool)) string {
+	t.Helper()
+	var dir string
+	wait("the copy ready for the pod", func() bool {
+		var err error
+		dir, err = a.ModelToMount(ctx, req)
+		if status.Code(err) == codes.Unavailable {
+			return false
+		}
+		if err != nil {
+			t.Fatalf("ModelToMount: %v", err)
+		}
+		return true
+	})
+	return dir
 }

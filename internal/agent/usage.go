@@ -63,16 +63,21 @@ func (a *Agent) measure(root string, u *usage) {
 			}
 			return nil
 		}
-		info, err := d.Info()
-		if err != nil {
-			return nil
-		}
-		n := info.Size()
-		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			n = st.Blocks * 512 // what the file takes, not its length (sparse, preallocated)
-		}
+		n := allocated(d)
 		u.byUID[uid] += n
 		u.total += n
 		return nil
 	})
+}
+
+// allocated is what an entry takes on disk: its blocks, not its length (sparse, preallocated).
+func allocated(d iofs.DirEntry) int64 {
+	info, err := d.Info()
+	if err != nil {
+		return 0 // gone meanwhile
+	}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return info.Size()
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,7 +62,22 @@ type CacheRoot struct {
 	// such a node reports NoLocalDisk and keeps no cache: a model of 100 GB or more would fill
 	// the disk the kubelet and the container runtime need.
 	AllowRootFilesystem bool `json:"allowRootFilesystem,omitempty"`
+	// HighWatermarkPercent is the most of the root's filesystem, in percent of its capacity,
+	// that may be used once a cache is written (90): a download that would go past it first
+	// evicts caches no pod uses, by policy, and a disk found above it (other files grew) has
+	// caches evicted until it is at LowWatermarkPercent.
+	HighWatermarkPercent int32 `json:"highWatermarkPercent,omitempty"`
+	// LowWatermarkPercent is where eviction stops (80): a download that must evict frees
+	// enough that, with it written, the disk is at most this full, so that the next one does
+	// not evict again at once.
+	LowWatermarkPercent int32 `json:"lowWatermarkPercent,omitempty"`
 }
+
+// Default watermarks of a cache root, in percent of its filesystem's capacity.
+const (
+	DefaultHighWatermarkPercent = 90
+	DefaultLowWatermarkPercent  = 80
+)
 
 // OnNode is where the root is on the nodes.
 func (r CacheRoot) OnNode() string {
@@ -83,7 +99,7 @@ func (r *CacheRoot) UnmarshalJSON(b []byte) error {
 	dec.DisallowUnknownFields()
 	var v plain
 	if err := dec.Decode(&v); err != nil {
-		return fmt.Errorf("a cache root is a path, or {path, nodePath, allowRootFilesystem}: %w", err)
+		return fmt.Errorf("a cache root is a path, or {path, nodePath, allowRootFilesystem, highWatermarkPercent, lowWatermarkPercent}: %w", err)
 	}
 	*r = CacheRoot(v)
 	return nil
@@ -177,6 +193,81 @@ type OperatorConfiguration struct {
 	Agent Agent `json:"agent,omitempty"`
 	// Peers says how the agents share the parts of the caches they download with each other.
 	Peers Peers `json:"peers,omitempty"`
+	// Eviction says which namespaces may raise their caches' eviction priority or pin them.
+	Eviction Eviction `json:"eviction,omitempty"`
+}
+
+// Annotations on a ModelDataCacheConfig (or the parent it is made for, which passes them on)
+// with which a namespace's owner asks for its cache's eviction priority, and for it to be
+// pinned, within what Eviction grants the namespace.
+const (
+	PriorityAnnotation = "prewarm.io/cache-priority"
+	PinnedAnnotation   = "prewarm.io/cache-pinned"
+)
+
+// Eviction grants namespaces eviction priorities and pins. A node short of room evicts the caches
+// of lowest priority first (then the least recently used), never one of higher priority than the
+// download that needs the room, and never a pinned one.
+type Eviction struct {
+	// Namespaces are the grants; the first that names a namespace is its own. A namespace no
+	// grant names may lower its caches' priority below 0, but not raise it, nor pin.
+	Namespaces []EvictionGrant `json:"namespaces,omitempty"`
+}
+
+// EvictionGrant is what some namespaces may ask of eviction.
+type EvictionGrant struct {
+	// Namespaces the grant is for; "*" is every namespace.
+	Namespaces []string `json:"namespaces"`
+	// DefaultPriority is the priority of the namespaces' caches that ask for none (0).
+	DefaultPriority int32 `json:"defaultPriority,omitempty"`
+	// MaxPriority is the highest priority the namespaces' caches may ask for (0).
+	MaxPriority int32 `json:"maxPriority,omitempty"`
+	// AllowPin lets the namespaces pin their caches: a pinned cache is never evicted, so each
+	// pin takes its size out of every target node's disk for good.
+	AllowPin bool `json:"allowPin,omitempty"`
+}
+
+// GrantFor returns the eviction grant of namespace ns (the zero grant when none names it).
+func (e Eviction) GrantFor(ns string) EvictionGrant {
+	for _, g := range e.Namespaces {
+		if slices.Contains(g.Namespaces, ns) || slices.Contains(g.Namespaces, "*") {
+			return g
+		}
+	}
+	return EvictionGrant{}
+}
+
+// CachePolicy is the priority and pin of a cache of namespace ns whose object carries
+// annotations, within ns's grant, and what of the annotations the grant did not allow (or that
+// does not parse), for people ("": nothing).
+func (e Eviction) CachePolicy(ns string, annotations map[string]string) (priority int32, pinned bool, problem string) {
+	g := e.GrantFor(ns)
+	priority = g.DefaultPriority
+	var problems []string
+	if v, ok := annotations[PriorityAnnotation]; ok {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("%s=%q is not a whole number; priority %d is used", PriorityAnnotation, v, priority))
+		case int32(n) > g.MaxPriority:
+			priority = g.MaxPriority
+			problems = append(problems, fmt.Sprintf("%s=%d is above the %d the operator configuration grants namespace %s (eviction.namespaces); %d is used", PriorityAnnotation, n, g.MaxPriority, ns, priority))
+		default:
+			priority = int32(n)
+		}
+	}
+	if v, ok := annotations[PinnedAnnotation]; ok {
+		want, err := strconv.ParseBool(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("%s=%q is not true or false; the cache is not pinned", PinnedAnnotation, v))
+		case want && !g.AllowPin:
+			problems = append(problems, fmt.Sprintf("%s=true, but the operator configuration does not let namespace %s pin caches (eviction.namespaces[].allowPin); the cache is not pinned", PinnedAnnotation, ns))
+		default:
+			pinned = want
+		}
+	}
+	return priority, pinned, strings.Join(problems, "; ")
 }
 
 // Peers configure the sharing of parts between agents (docs/peers.md).
@@ -396,6 +487,15 @@ func (o *OperatorConfiguration) defaults() {
 	if len(o.CacheRoots) == 0 {
 		o.CacheRoots = []CacheRoot{{Path: DefaultCacheRoot}}
 	}
+	for i := range o.CacheRoots {
+		r := &o.CacheRoots[i]
+		if r.HighWatermarkPercent == 0 {
+			r.HighWatermarkPercent = DefaultHighWatermarkPercent
+		}
+		if r.LowWatermarkPercent == 0 {
+			r.LowWatermarkPercent = min(DefaultLowWatermarkPercent, r.HighWatermarkPercent)
+		}
+	}
 	if o.Placement.ExtendedResourceTolerations == "" {
 		o.Placement.ExtendedResourceTolerations = ExtendedResourceTolerationsAuto
 	}
@@ -607,6 +707,15 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, o.validateRoots()...)
 	errs = append(errs, o.Placement.validate()...)
 	errs = append(errs, o.validateFSx()...)
+	for i, g := range o.Eviction.Namespaces {
+		at := field.NewPath("eviction", "namespaces").Index(i)
+		if len(g.Namespaces) == 0 {
+			errs = append(errs, field.Required(at.Child("namespaces"), "name the namespaces the grant is for, or \"*\""))
+		}
+		if g.DefaultPriority > g.MaxPriority {
+			errs = append(errs, field.Invalid(at.Child("defaultPriority"), g.DefaultPriority, fmt.Sprintf("above maxPriority (%d)", g.MaxPriority)))
+		}
+	}
 	c, a := o.Controller, o.Agent
 	ctl, agent := field.NewPath("controller"), field.NewPath("agent")
 	errs = append(errs, positive(ctl.Child("gateTimeout"), c.GateTimeout)...)
@@ -696,6 +805,13 @@ func (o OperatorConfiguration) validateRoots() field.ErrorList {
 			if err := nodePath(r.NodePath); err != nil {
 				errs = append(errs, field.Invalid(at.Child("nodePath"), r.NodePath, err.Error()))
 			}
+		}
+		if r.HighWatermarkPercent < 1 || r.HighWatermarkPercent > 100 {
+			errs = append(errs, field.Invalid(at.Child("highWatermarkPercent"), r.HighWatermarkPercent, "want a percent of the disk, 1 to 100"))
+		}
+		if r.LowWatermarkPercent < 1 || r.LowWatermarkPercent > r.HighWatermarkPercent {
+			errs = append(errs, field.Invalid(at.Child("lowWatermarkPercent"), r.LowWatermarkPercent,
+				fmt.Sprintf("want a percent of the disk from 1 to highWatermarkPercent (%d)", r.HighWatermarkPercent)))
 		}
 		if names[r.Path] {
 			errs = append(errs, field.Duplicate(at.Child("path"), r.Path))

@@ -203,3 +203,41 @@ func TestTypedValues(t *testing.T) {
 		t.Errorf("written and read back:\n%+v\nwant\n%+v", again, o)
 	}
 }
+
+// A namespace's caches get the eviction priority and pin they ask for in annotations only within
+// what the operator configuration grants the namespace; what it does not grant is said.
+func TestEvictionGrants(t *testing.T) {
+	e := config.Eviction{Namespaces: []config.EvictionGrant{
+		{Namespaces: []string{"prod"}, DefaultPriority: 10, MaxPriority: 100, AllowPin: true},
+		{Namespaces: []string{"*"}, MaxPriority: 5},
+	}}
+	for _, tc := range []struct {
+		ns          string
+		annotations map[string]string
+		priority    int32
+		pinned      bool
+		problem     string
+	}{
+		{"prod", nil, 10, false, ""},
+		{"prod", map[string]string{config.PriorityAnnotation: "50", config.PinnedAnnotation: "true"}, 50, true, ""},
+		{"prod", map[string]string{config.PriorityAnnotation: "500"}, 100, false, "above the 100 the operator configuration grants namespace prod"},
+		{"dev", map[string]string{config.PriorityAnnotation: "-3"}, -3, false, ""},
+		{"dev", map[string]string{config.PriorityAnnotation: "9", config.PinnedAnnotation: "true"}, 5, false, "does not let namespace dev pin caches"},
+		{"dev", map[string]string{config.PriorityAnnotation: "high"}, 0, false, `"high" is not a whole number`},
+		{"dev", map[string]string{config.PinnedAnnotation: "yes please"}, 0, false, "is not true or false"},
+	} {
+		p, pinned, problem := e.CachePolicy(tc.ns, tc.annotations)
+		if p != tc.priority || pinned != tc.pinned || (tc.problem == "") != (problem == "") || !strings.Contains(problem, tc.problem) {
+			t.Errorf("%s %v: priority %d pinned %v problem %q; want %d %v %q", tc.ns, tc.annotations, p, pinned, problem, tc.priority, tc.pinned, tc.problem)
+		}
+	}
+	if got := (config.Eviction{}).GrantFor("any"); got.MaxPriority != 0 || got.AllowPin {
+		t.Errorf("no grant: %+v, want none", got)
+	}
+	bad := config.Default()
+	bad.Eviction.Namespaces = []config.EvictionGrant{{DefaultPriority: 3}}
+	err := bad.Validate()
+	if err == nil || !strings.Contains(err.Error(), "eviction.namespaces[0].namespaces") || !strings.Contains(err.Error(), "eviction.namespaces[0].defaultPriority") {
+		t.Errorf("a grant without namespaces, its default above its maximum: %v", err)
+	}
+}

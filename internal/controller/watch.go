@@ -105,6 +105,12 @@ const (
 	EventNodeReady         = "NodeReady"
 	EventNodeFailed        = "NodeFailed"
 	EventNodeDownloading   = "NodeDownloading"
+	// EventNodeEvicted: a node evicted the cache to make room for another (the message says
+	// why and what it waits for).
+	EventNodeEvicted = "NodeEvicted"
+	// EventEvictionPolicyLimited: a cache's eviction annotations ask for more than its
+	// namespace is granted (or do not parse); the message says what is used instead.
+	EventEvictionPolicyLimited = "EvictionPolicyLimited"
 )
 
 // Event records an Event about obj when rec is set (the reconcilers' tests run without one).

@@ -41,8 +41,9 @@ const (
 type Models interface {
 	// ModelToMount returns the verified model directory req may mount, or a gRPC status error.
 	ModelToMount(ctx context.Context, req agent.MountRequest) (string, error)
-	// Mounted records that the volume is mounted.
-	Mounted(req agent.MountRequest, target string)
+	// Mounted is told, after every model ModelToMount gave, whether the volume was mounted
+	// (err nil) or not.
+	Mounted(req agent.MountRequest, model, target string, err error)
 }
 
 // Options configure the node plugin.
@@ -214,12 +215,14 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		return nil, err
 	}
 	if err := os.MkdirAll(target, 0o750); err != nil {
+		s.models.Mounted(mr, model, target, err)
 		return nil, status.Errorf(codes.Internal, "making the target %s: %v", target, err)
 	}
 	if err := bindReadOnly(model, target); err != nil {
+		s.models.Mounted(mr, model, target, err)
 		return nil, status.Errorf(codes.Internal, "mounting %s at %s: %v", model, target, err)
 	}
-	s.models.Mounted(mr, target)
+	s.models.Mounted(mr, model, target, nil)
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
 

@@ -38,7 +38,11 @@ func (m *models) ModelToMount(_ context.Context, req agent.MountRequest) (string
 	return m.dir, nil
 }
 
-func (m *models) Mounted(_ agent.MountRequest, target string) { m.mounted = append(m.mounted, target) }
+func (m *models) Mounted(_ agent.MountRequest, _, target string, err error) {
+	if err == nil {
+		m.mounted = append(m.mounted, target)
+	}
+}
 
 // The node plugin over its real socket, with real mounts (root only): a volume is the one model
 // directory, read-only, and nothing beside it; a retry of a mounted volume succeeds; targets

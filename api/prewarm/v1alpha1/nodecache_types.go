@@ -47,6 +47,13 @@ type CacheRequest struct {
 	// +listMapKey=node
 	// +kubebuilder:validation:MaxItems=64
 	Peers []CachePeer `json:"peers,omitempty"`
+	// priority orders the caches a node evicts to make room: a cache of lower priority goes
+	// first, and a download never evicts a cache of higher priority than its own.
+	// +optional
+	Priority int32 `json:"priority,omitempty"`
+	// pinned caches are never evicted to make room for others.
+	// +optional
+	Pinned bool `json:"pinned,omitempty"`
 }
 
 // CachePeer is another node whose agent shares a cache's parts with this node's.
@@ -180,7 +187,8 @@ type RootStatus struct {
 	// capacityBytes is the filesystem's size.
 	// +optional
 	CapacityBytes int64 `json:"capacityBytes,omitempty"`
-	// freeBytes is what the filesystem has free for prewarm (after the agent's reserve).
+	// freeBytes is what caches may still take under the root without evicting: the filesystem's
+	// free space after the agent's reserve, and no more than brings it to its high watermark.
 	// +optional
 	FreeBytes int64 `json:"freeBytes,omitempty"`
 	// reservedBytes is what the agent keeps free for others and never fills.
@@ -193,6 +201,13 @@ type RootStatus struct {
 	// blocks): every cache's copy, partial download and copies set aside while pods mount them.
 	// +optional
 	CachedBytes int64 `json:"cachedBytes,omitempty"`
+	// highWatermarkPercent is the most of the filesystem caches may bring it to: a download
+	// that would go past it first evicts caches no pod uses.
+	// +optional
+	HighWatermarkPercent int32 `json:"highWatermarkPercent,omitempty"`
+	// lowWatermarkPercent is where eviction stops.
+	// +optional
+	LowWatermarkPercent int32 `json:"lowWatermarkPercent,omitempty"`
 }
 
 // CacheStatus is one cache's state on this node.
@@ -379,6 +394,10 @@ const (
 	// configuration does not allow that root there (cacheRoots[].allowRootFilesystem). The node
 	// keeps no cache; its pods read the model from the source into a copy that goes with them.
 	ReasonNoLocalDisk = "NoLocalDisk"
+	// ReasonEvicted: the node removed the cache to make room for another (or to bring its disk
+	// back under its high watermark). It is fetched again when there is room without evicting
+	// anything, or at once when a pod on the node asks for it.
+	ReasonEvicted = "Evicted"
 )
 
 // Terminal reports whether a failure reason is one that waiting will not fix: a node whose

@@ -45,6 +45,10 @@ type RootReport struct {
 	// take of it, measured by the agent.
 	UsedBytes   int64 `json:"usedBytes"`
 	CachedBytes int64 `json:"cachedBytes"`
+	// HighWatermarkPercent and LowWatermarkPercent are where the agent starts and stops
+	// evicting.
+	HighWatermarkPercent int32 `json:"highWatermarkPercent,omitempty"`
+	LowWatermarkPercent  int32 `json:"lowWatermarkPercent,omitempty"`
 	// Reason and Message say why the node keeps no cache under the root (NoLocalDisk).
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
@@ -108,7 +112,8 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS
 	if nc != nil {
 		for _, r := range nc.Status.Roots {
 			ex.Roots = append(ex.Roots, RootReport{Path: r.Path, NodePath: r.NodePath, CapacityBytes: r.CapacityBytes, FreeBytes: r.FreeBytes,
-				ReservedBytes: r.ReservedBytes, UsedBytes: r.UsedBytes, CachedBytes: r.CachedBytes, Reason: r.Reason, Message: r.Message})
+				ReservedBytes: r.ReservedBytes, UsedBytes: r.UsedBytes, CachedBytes: r.CachedBytes, Reason: r.Reason, Message: r.Message,
+				HighWatermarkPercent: r.HighWatermarkPercent, LowWatermarkPercent: r.LowWatermarkPercent})
 		}
 	}
 
@@ -244,9 +249,13 @@ func renderExplanation(w io.Writer, ex *NodeExplanation) error {
 			fmt.Fprintf(w, "  disk %s: %s: %s\n", at, r.Reason, r.Message)
 			continue
 		}
-		fmt.Fprintf(w, "  disk %s: %s, %s used (%s of it prewarm's), %s free for caches (%s kept free)\n", at,
+		fmt.Fprintf(w, "  disk %s: %s, %s used (%s of it prewarm's), %s free for caches (%s kept free)", at,
 			engine.HumanBytes(r.CapacityBytes), engine.HumanBytes(r.UsedBytes), engine.HumanBytes(r.CachedBytes),
 			engine.HumanBytes(r.FreeBytes), engine.HumanBytes(r.ReservedBytes))
+		if r.HighWatermarkPercent > 0 {
+			fmt.Fprintf(w, "; evicts above %d%%, down to %d%%", r.HighWatermarkPercent, r.LowWatermarkPercent)
+		}
+		fmt.Fprintln(w)
 	}
 	if ex.Note != "" {
 		fmt.Fprintf(w, "  note: %s\n", ex.Note)

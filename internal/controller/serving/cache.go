@@ -18,6 +18,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
 )
 
@@ -71,17 +72,26 @@ func (r *Reconciler) ensureCache(ctx context.Context, m *model, owned []inferenc
 		HostPath:          m.weights.HostPath,
 		Placement:         m.placement,
 	}
+	// The parent's eviction annotations are the cache's (the namespace's grant bounds them).
+	policy := map[string]string{}
+	for _, k := range []string{config.PriorityAnnotation, config.PinnedAnnotation} {
+		if v, ok := m.owner.GetAnnotations()[k]; ok {
+			policy[k] = v
+		}
+	}
 	for i := range owned {
 		c := &owned[i]
 		if c.Labels[controller.CacheKeyLabel] != key || !c.DeletionTimestamp.IsZero() {
 			continue
 		}
-		if equality.Semantic.DeepEqual(c.Spec, spec) {
+		if equality.Semantic.DeepEqual(c.Spec, spec) && samePolicy(c.Annotations, policy) {
 			return c, nil
 		}
-		// Same content; placement (or a credential reference) changed: update in place.
+		// Same content; placement (or a credential reference, or the eviction annotations)
+		// changed: update in place.
 		patch := client.MergeFrom(c.DeepCopy())
 		c.Spec = spec
+		setPolicy(c, policy)
 		return c, r.Client.Patch(ctx, c, patch)
 	}
 	name := truncate(m.owner.GetName(), 253-len("-cache")) + "-cache"
@@ -97,6 +107,7 @@ func (r *Reconciler) ensureCache(ctx context.Context, m *model, owned []inferenc
 		},
 		Spec: spec,
 	}
+	setPolicy(c, policy)
 	if err := controllerutil.SetControllerReference(m.owner, c, r.Client.Scheme()); err != nil {
 		return nil, err
 	}
@@ -109,6 +120,32 @@ func (r *Reconciler) ensureCache(ctx context.Context, m *model, owned []inferenc
 		return nil, err
 	}
 	return c, nil
+}
+
+// samePolicy reports whether a cache's annotations carry exactly the eviction annotations policy.
+func samePolicy(annotations, policy map[string]string) bool {
+	for _, k := range []string{config.PriorityAnnotation, config.PinnedAnnotation} {
+		v, ok := annotations[k]
+		w, want := policy[k]
+		if ok != want || v != w {
+			return false
+		}
+	}
+	return true
+}
+
+// setPolicy gives c exactly the eviction annotations policy.
+func setPolicy(c *inferencev1.ModelDataCacheConfig, policy map[string]string) {
+	for _, k := range []string{config.PriorityAnnotation, config.PinnedAnnotation} {
+		if v, ok := policy[k]; ok {
+			if c.Annotations == nil {
+				c.Annotations = map[string]string{}
+			}
+			c.Annotations[k] = v
+		} else {
+			delete(c.Annotations, k)
+		}
+	}
 }
 
 func truncate(s string, n int) string {

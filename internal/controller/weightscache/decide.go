@@ -31,6 +31,9 @@ type decision struct {
 	// peerAddrs are the targets' peer addresses that other agents may be sent (peerAddrsOf).
 	peerAddrs map[string]string
 	requeue   time.Duration
+	// policyProblem says what of the cache's eviction annotations its namespace's grant did not
+	// allow ("": nothing).
+	policyProblem string
 }
 
 // excluded counts nodes left out of a cache's targets, by why.
@@ -88,6 +91,7 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 		src.Revision = m.Status.ResolvedRevision
 	}
 	p.entry = prewarmv1alpha1.CacheRequest{UID: string(m.UID), Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
+	p.entry.Priority, p.entry.Pinned, p.policyProblem = r.Config.Eviction.CachePolicy(m.Namespace, m.Annotations)
 	if !m.DeletionTimestamp.IsZero() {
 		return p, nil
 	}

@@ -5,6 +5,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 )
@@ -32,10 +33,15 @@ func (r *Reconciler) nodeEvents(s *state) {
 		if ok && b.State == n.State && b.Reason == n.Reason {
 			continue
 		}
-		if !small && (!ok || n.State != inferencev1.CacheFailed) {
+		evicted := n.State == inferencev1.CachePending && n.Reason == prewarmv1alpha1.ReasonEvicted
+		if !small && (!ok || n.State != inferencev1.CacheFailed && !evicted) {
 			continue
 		}
 		switch n.State {
+		case inferencev1.CachePending:
+			if evicted {
+				event(corev1.EventTypeWarning, controller.EventNodeEvicted, fmt.Sprintf("node %s: %s: %s", n.Name, n.Reason, n.Message))
+			}
 		case inferencev1.CacheReady:
 			event(corev1.EventTypeNormal, controller.EventNodeReady, fmt.Sprintf("node %s holds the cache: %s", n.Name, n.Message))
 		case inferencev1.CacheFailed:

@@ -183,6 +183,10 @@ func (r *Reconciler) gatherPhase(_ context.Context, s *state) error {
 	r.gather(s)
 	noteExcluded(&s.status, s.decision.excluded)
 	r.nodeEvents(s)
+	if p := s.decision.policyProblem; p != "" {
+		// Recorded at each reconcile; the event recorder folds the repeats into one series.
+		s.events.Record(corev1.EventTypeWarning, controller.EventEvictionPolicyLimited, "Decide", p)
+	}
 	if v := s.decision.verdict; v != nil {
 		if v.failed {
 			s.status.State = inferencev1.CacheFailed

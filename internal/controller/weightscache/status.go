@@ -187,6 +187,10 @@ func (t *tally) count(ns inferencev1.NodeCacheStatus) {
 		}
 	default:
 		t.pending++
+		if ns.Reason == prewarmv1alpha1.ReasonEvicted {
+			// It waits for room, which may not come: the Deployment gate does not wait for it.
+			t.settled++
+		}
 	}
 }
 
