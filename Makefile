@@ -148,6 +148,10 @@ BENCH_SCALE_FLAGS ?=
 bench-fanout: testbin ## N = 1, 2, 4, 8 nodes as network namespaces (tbf-shaped links, a capped origin) sharing one model; writes the fan-out section of docs/benchmarks.md. Root.
 	go run ./test/bench/fanout $(BENCH_FANOUT_FLAGS)
 
+.PHONY: bench-capacity
+bench-capacity: testbin ## One agent on a disk smaller than its caches: the disk's used share over a run that asks past capacity and deletes; writes the capacity section of docs/benchmarks.md. Root.
+	PREWARM_CAPACITY_REPORT=$(CURDIR)/docs/benchmarks.md go test ./test/bench/capacity -run TestDiskUseOverARun -count=1 -v
+
 .PHONY: bench-scale
 bench-scale: testbin ## The control plane on 500 to 5,000 kwok nodes with simulated agents, 1 to 50 caches; writes the scale section of docs/benchmarks.md.
 	go run ./test/bench/scale $(BENCH_SCALE_FLAGS)

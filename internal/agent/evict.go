@@ -36,8 +36,8 @@ import (
 // download fails with the figures.
 //
 // An evicted cache stays requested: its status says Evicted and why; it is fetched again when
-// there is room for it without evicting anything, or at once when a pod on the node asks for
-// it (which may evict others, by the same policy). A download of an evicted cache that no pod
+// it fits under the low watermark without evicting anything, or at once when a pod on the node
+// asks for it (which may evict others, by the same policy). A download of an evicted cache that no pod
 // waits for never evicts: two caches that do not fit together do not take turns.
 
 // diskFigures are a root's filesystem, as last measured, and its limits.
@@ -489,7 +489,7 @@ func (j *job) waitForRoom(f diskFigures, need, free int64) {
 	j.mu.Lock()
 	why := j.evicted
 	j.mu.Unlock()
-	msg := fmt.Sprintf("%s; fetched again when %s more fit without evicting another cache, or when a pod on the node asks for it: now %s, %s free for caches",
+	msg := fmt.Sprintf("%s; fetched again when %s more fit under the low watermark without evicting another cache, or when a pod on the node asks for it: now %s, %s free for caches",
 		why, engine.HumanBytes(need), f.describe(j.req.Root), engine.HumanBytes(free))
 	j.set(func(st *prewarmv1alpha1.CacheStatus) {
 		st.State, st.Reason, st.BytesDone, st.BytesPerSecond, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted, 0, 0, truncate(msg, 1000)

@@ -244,8 +244,12 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		// again, into a new copy.
 		return j.repair(ctx, model, damaged)
 	case errors.Is(err, os.ErrNotExist) && j.waitsForRoom():
-		// Evicted: fetched again only when it fits without evicting another cache.
+		// Evicted: fetched again only when it fits under the low watermark, evicting nothing
+		// (up to the high one, the next download would evict again at once).
 		if f, free, ferr := j.a.freeFor(j.req.Root, j.req.UID); ferr == nil {
+			if f.capacity > 0 {
+				free = min(free, max(0, f.target()-f.used-(f.room()-free)))
+			}
 			if need := j.snapshot().BytesTotal; need > free {
 				j.waitForRoom(f, need, free)
 				return o.RecheckInterval, false, true
