@@ -149,6 +149,10 @@ type tally struct {
 	// targets (their pods read the model from the source), named in the Ready condition.
 	noDisk      int
 	noDiskNodes []string
+	// evicted are the nodes that evicted the cache to make room (Evicted): settled, and the
+	// cache is Ready when every other target holds it.
+	evicted      int
+	evictedNodes []string
 	// failures are the first maxFailures failed nodes, for the Ready condition's message.
 	failures     []string
 	firstFailure string // reason
@@ -185,12 +189,19 @@ func (t *tally) count(ns inferencev1.NodeCacheStatus) {
 		if len(t.failures) < maxFailures {
 			t.failures = append(t.failures, fmt.Sprintf("%s: %s", ns.Name, ns.Message))
 		}
-	default:
-		t.pending++
+	case inferencev1.CachePending:
 		if ns.Reason == prewarmv1alpha1.ReasonEvicted {
 			// It waits for room, which may not come: the Deployment gate does not wait for it.
+			t.evicted++
 			t.settled++
+			if len(t.evictedNodes) < maxFailures {
+				t.evictedNodes = append(t.evictedNodes, ns.Name)
+			}
+			return
 		}
+		t.pending++
+	default:
+		t.pending++
 	}
 }
 
@@ -201,6 +212,10 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 	// Nodes with no local disk for caches hold none: they are not the cache's targets.
 	st.TargetNodes -= int32(t.noDisk)
 	defer func() {
+		if t.evicted > 0 {
+			appendCondition(st, fmt.Sprintf("%d node(s) evicted the cache to make room for others (%s: %s); they fetch it again when it fits, or when a pod there asks for it",
+				t.evicted, prewarmv1alpha1.ReasonEvicted, controller.SummarizeOf(t.evictedNodes, t.evicted, maxFailures, ", ")))
+		}
 		if t.noDisk > 0 {
 			appendCondition(st, fmt.Sprintf("%d node(s) have no local disk for caches (%s: %s); their pods read the model from the source",
 				t.noDisk, prewarmv1alpha1.ReasonNoLocalDisk, controller.SummarizeOf(t.noDiskNodes, t.noDisk, maxFailures, ", ")))
@@ -210,10 +225,14 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 	case st.TargetNodes == 0:
 		st.State = inferencev1.CachePending
 		setCondition(st, m, metav1.ConditionFalse, inferencev1.ReasonNoTargetNodes, "no node matches the placement")
-	case st.ReadyNodes == st.TargetNodes:
+	case st.ReadyNodes == st.TargetNodes, st.ReadyNodes > 0 && int(st.ReadyNodes)+t.evicted == int(st.TargetNodes):
+		// Evicted nodes hold it no longer, for want of room, but every other target does.
 		st.State = inferencev1.CacheReady
-		setCondition(st, m, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady,
-			fmt.Sprintf("all %d target nodes hold the cache (%s), verified", st.TargetNodes, engine.HumanBytes(st.TotalBytes)))
+		held := fmt.Sprintf("all %d target nodes hold the cache (%s), verified", st.TargetNodes, engine.HumanBytes(st.TotalBytes))
+		if t.evicted > 0 {
+			held = fmt.Sprintf("%d of %d target nodes hold the cache (%s), verified", st.ReadyNodes, st.TargetNodes, engine.HumanBytes(st.TotalBytes))
+		}
+		setCondition(st, m, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, held)
 	case t.failed > 0 && t.downloading == 0 && t.pending == 0:
 		st.State = inferencev1.CacheFailed
 		setCondition(st, m, metav1.ConditionFalse, t.firstFailure,

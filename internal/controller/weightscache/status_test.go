@@ -159,3 +159,28 @@ func TestGatherCarriesWhatCopiesTakeOnDisk(t *testing.T) {
 		t.Errorf("status nodes %+v; want node a with 8192 bytes on disk", st.Nodes)
 	}
 }
+
+// A node that evicted the cache to make room is settled, and the cache is Ready when every other
+// target holds it; the Ready condition says how many hold it and names the evicted node.
+func TestEvictedNodesLeaveTheCacheReady(t *testing.T) {
+	const uid = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaab"
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Now: func() time.Time { return now }}
+	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
+	report := func(state inferencev1.CacheState, reason string) *prewarmv1alpha1.NodeCache {
+		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, State: state, Reason: reason}}}}
+	}
+	targets := []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "full"}}}
+	byNode := map[string]*prewarmv1alpha1.NodeCache{"a": report(inferencev1.CacheReady, "Verified"), "full": report(inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted)}
+	st, _ := gatherOf(r, m, targets, byNode)
+	c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
+	if st.State != inferencev1.CacheReady || st.TargetNodes != 2 || st.ReadyNodes != 1 || st.SettledNodes != 2 || c == nil ||
+		!strings.Contains(c.Message, "1 of 2 target nodes hold the cache") || !strings.Contains(c.Message, "1 node(s) evicted the cache to make room for others (Evicted: full)") {
+		t.Errorf("gather = %s, %d of %d ready (%d settled), condition %+v", st.State, st.ReadyNodes, st.TargetNodes, st.SettledNodes, c)
+	}
+	// Evicted everywhere: not Ready.
+	byNode["a"] = report(inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted)
+	if st, _ := gatherOf(r, m, targets, byNode); st.State == inferencev1.CacheReady {
+		t.Errorf("every node evicted the cache, yet it is %s", st.State)
+	}
+}
