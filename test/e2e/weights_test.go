@@ -798,8 +798,8 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 				}
 			case "g5m-b":
 				if n.State != inferencev1.CacheFailed || n.Reason != "InsufficientCapacity" ||
-					!strings.HasPrefix(n.Message, "needs ") || !strings.Contains(n.Message, "free under "+root) {
-					t.Errorf("g5m-b: %+v, want Failed, InsufficientCapacity, needs ... free under %s", n, root)
+					!strings.HasPrefix(n.Message, "needs ") || !strings.Contains(n.Message, root+" is ") || !strings.Contains(n.Message, "free for caches") {
+					t.Errorf("g5m-b: %+v, want Failed, InsufficientCapacity, needs ... %s is N%% full ... free for caches", n, root)
 				}
 			}
 		}

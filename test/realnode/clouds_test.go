@@ -31,9 +31,15 @@ import (
 )
 
 // The nodes of the cloud-shaped runs: two GPU nodes with their NVMe at /mnt/nvme, one whose
-// /mnt/nvme is a directory of its root filesystem (nothing mounted there), and a system node.
+// /mnt/nvme is a directory of its root filesystem (nothing mounted there), one of another
+// instance type whose NVMe is too small to hold a model beside the shipped reserve, and a system
+// node.
 const (
 	gpuA, gpuB, rootFS = "ip-10-0-1-11", "ip-10-0-1-12", "ip-10-0-1-13"
+	smallDisk          = "ip-10-0-1-14"
+	// smallDiskSize is below the shipped configuration's agent.reserve (20Gi) once ext4 keeps
+	// its own share: no room for any model.
+	smallDiskSize = 21 << 30
 	system             = "ip-10-0-0-10"
 	nvme               = "/mnt/nvme"
 	gpuTaint           = "nvidia.com/gpu=present:NoSchedule"
@@ -80,6 +86,9 @@ func TestSeedOnCloudShapedNodes(t *testing.T) {
 			{Name: gpuA, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, Labels: eksLabels, Taints: []string{gpuTaint}},
 			{Name: gpuB, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, Labels: eksLabels, Taints: []string{gpuTaint}},
 			{Name: rootFS, InstanceType: "g5.24xlarge", GPUs: 8, HostPaths: []string{nvme}, Labels: eksLabels, Taints: []string{gpuTaint}},
+			// Not a target of the seed (another instance type): a pod of the seed placed there
+			// makes it one.
+			{Name: smallDisk, InstanceType: "g5.12xlarge", GPUs: 4, Disks: map[string]int64{nvme: smallDiskSize}, Labels: eksLabels, Taints: []string{gpuTaint}},
 		},
 	})
 
@@ -181,6 +190,11 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 	t.Run("the node without a disk says NoLocalDisk, and its pod starts from the source", func(t *testing.T) {
 		e.noLocalDisk(t, ctx, cache, iecKey)
 	})
+	if file == "values-eks.yaml" {
+		t.Run("the node whose disk cannot hold the cache says InsufficientCapacity, and its pod starts from the source", func(t *testing.T) {
+			e.noRoom(t, ctx, cache, iecKey)
+		})
+	}
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -232,6 +246,53 @@ func (e *env) noLocalDisk(t *testing.T, ctx context.Context, cache *inferencev1.
 	if _, err := os.Stat(scratch); err != nil {
 		t.Errorf("no copy of the cache for the node's pods at %s: %v", scratch, err)
 	}
+	if err := e.DeletePods(ctx, pod.Namespace, pod.Name); err != nil {
+		t.Fatal(err)
+	}
+	err = testutil.Until(ctx, 2*time.Minute, func() error {
+		if _, err := os.Stat(scratch); !os.IsNotExist(err) {
+			return fmt.Errorf("the copy %s is still there once its pod is gone (%w)", scratch, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+}
+
+// noRoom checks the node whose disk is too small for the cache: a pod of the seed placed there
+// makes it a target, its agent finds no room even after eviction (InsufficientCapacity), and the
+// pod is Ready with its model verified, read from a copy from the source, its event saying it
+// runs cold and why; the copy goes with the pod.
+func (e *env) noRoom(t *testing.T, ctx context.Context, cache *inferencev1.ModelDataCacheConfig, key client.ObjectKey) {
+	dep := e.deployment(t, ctx, key)
+	pod := realseed.ProbePod(dep, "seed-on-"+smallDisk, smallDisk)
+	took, err := e.TimePod(ctx, pod, realseed.PodReady)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := e.health(t, ctx, pod)
+	if !strings.Contains(body, fmt.Sprintf("%d files, %d bytes verified", len(e.Model), realseed.ModelBytes(e.Model))) {
+		t.Errorf("%s on %s: /health says %q; want the whole model verified", pod.Name, smallDisk, body)
+	}
+	mounted := e.MountEvent(ctx, pod)
+	if !strings.Contains(mounted, "running cold") || !strings.Contains(mounted, prewarmv1alpha1.ReasonInsufficientCapacity) {
+		t.Errorf("%s's model volume: %s; want a copy from the source, running cold for want of room", pod.Name, mounted)
+	}
+	t.Logf("%s Ready on %s in %s: %s", pod.Name, smallDisk, took.Round(time.Millisecond), mounted)
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := e.C.Client.Get(ctx, client.ObjectKey{Name: smallDisk}, nc); err != nil {
+		t.Fatal(err)
+	}
+	uid := string(cache.UID)
+	i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid })
+	if i < 0 || nc.Status.Caches[i].Reason != prewarmv1alpha1.ReasonInsufficientCapacity {
+		t.Errorf("%s's NodeCache says of the cache: %+v; want InsufficientCapacity", smallDisk, nc.Status.Caches)
+	} else {
+		t.Logf("%s: %s", smallDisk, nc.Status.Caches[i].Message)
+	}
+	node := e.C.Node(smallDisk)
+	scratch := node.HostPath(filepath.Join("/var/lib/kubelet/plugins", prewarmv1alpha1.CSIDriverName, "scratch", uid))
 	if err := e.DeletePods(ctx, pod.Namespace, pod.Name); err != nil {
 		t.Fatal(err)
 	}
