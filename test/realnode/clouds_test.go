@@ -32,14 +32,13 @@ import (
 
 // The nodes of the cloud-shaped runs: two GPU nodes with their NVMe at /mnt/nvme, one whose
 // /mnt/nvme is a directory of its root filesystem (nothing mounted there), one of another
-// instance type whose NVMe is too small to hold a model beside the shipped reserve, and a system
+// instance type whose NVMe is too small to hold the seed's model, and a system
 // node.
 const (
 	gpuA, gpuB, rootFS = "ip-10-0-1-11", "ip-10-0-1-12", "ip-10-0-1-13"
 	smallDisk          = "ip-10-0-1-14"
-	// smallDiskSize is below the shipped configuration's agent.reserve (20Gi) once ext4 keeps
-	// its own share: no room for any model.
-	smallDiskSize = 21 << 30
+	// smallDiskSize is a disk of its own, but too small for the seed's model (256 MiB).
+	smallDiskSize = 64 << 20
 	system             = "ip-10-0-0-10"
 	nvme               = "/mnt/nvme"
 	gpuTaint           = "nvidia.com/gpu=present:NoSchedule"
