@@ -39,9 +39,9 @@ const (
 	smallDisk          = "ip-10-0-1-14"
 	// smallDiskSize is a disk of its own, but too small for the seed's model (256 MiB).
 	smallDiskSize = 64 << 20
-	system             = "ip-10-0-0-10"
-	nvme               = "/mnt/nvme"
-	gpuTaint           = "nvidia.com/gpu=present:NoSchedule"
+	system        = "ip-10-0-0-10"
+	nvme          = "/mnt/nvme"
+	gpuTaint      = "nvidia.com/gpu=present:NoSchedule"
 )
 
 // TestSeedOnCloudShapedNodes installs prewarm as a platform engineer would on EKS and then on
