@@ -119,12 +119,38 @@ type ModelDataCacheConfigStatus struct {
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=100
 	Nodes []NodeCacheStatus `json:"nodes,omitempty"`
+	// capacity is what the controller found of the target nodes' room for the model, from its
+	// size and what their agents report of their disks, before they download it.
+	// +optional
+	Capacity *CapacityStatus `json:"capacity,omitempty"`
 	// conditions say what is true of the cache and why.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=32
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// CapacityStatus counts a cache's target nodes by whether they can hold the model.
+type CapacityStatus struct {
+	// modelBytes is the model's size, as listed from the source (by the controller, or by the
+	// first node to list it).
+	// +optional
+	ModelBytes int64 `json:"modelBytes,omitempty"`
+	// fitNodes are the target nodes that hold the model or have room for it (some by evicting
+	// caches no pod uses).
+	// +optional
+	FitNodes int32 `json:"fitNodes"`
+	// shortNodes are the target nodes that cannot hold it, even after evicting what the policy
+	// lets go.
+	// +optional
+	ShortNodes int32 `json:"shortNodes"`
+	// overBudgetNodes are the target nodes the namespace's quota keeps it off.
+	// +optional
+	OverBudgetNodes int32 `json:"overBudgetNodes"`
+	// unknownNodes are the target nodes whose agents have not reported their disks.
+	// +optional
+	UnknownNodes int32 `json:"unknownNodes"`
 }
 
 // +kubebuilder:object:root=true

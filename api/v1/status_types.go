@@ -31,6 +31,14 @@ const (
 	ConditionGated = "Gated"
 	// ConditionUnsupported: the spec sets fields that are accepted but have no effect here.
 	ConditionUnsupported = "Unsupported"
+	// ConditionCapacityAvailable: the weights cache's target nodes have room for the model, as
+	// their agents report their disks, before any of them downloads it (Unknown while the
+	// model's size is not known).
+	ConditionCapacityAvailable = "CapacityAvailable"
+	// ConditionWithinBudget: the weights cache keeps its namespace within the bytes its quota
+	// lets it hold, per node and in the cluster (namespaceQuotas); absent when the namespace has
+	// no byte limits.
+	ConditionWithinBudget = "WithinBudget"
 )
 
 // Condition reasons (CamelCase, stable: scripts may match on them).
@@ -73,6 +81,20 @@ const (
 	// ReasonParentNotFound: a cache's parent reference does not resolve to the parent that made
 	// it; the cache is asked of no node.
 	ReasonParentNotFound = "ParentNotFound"
+	// ReasonFits: every target node that reported its disk can hold the model.
+	ReasonFits = "Fits"
+	// ReasonCapacityShortfall: some target nodes cannot hold the model, even after evicting what
+	// the policy lets go; their pods read the model from the source.
+	ReasonCapacityShortfall = "CapacityShortfall"
+	// ReasonSizeUnknown: the model's size is not known yet (the controller could not list the
+	// source; a node will).
+	ReasonSizeUnknown = "SizeUnknown"
+	// ReasonWithinBudget: the cache keeps its namespace within its quota's byte limits.
+	ReasonWithinBudget = "WithinBudget"
+	// ReasonBudgetExceeded: the cache would take its namespace past its quota's byte limits on
+	// some nodes or in the cluster; those nodes keep no copy, and their pods read the model from
+	// the source.
+	ReasonBudgetExceeded = "BudgetExceeded"
 )
 
 // WeightsCacheRollup is a parent's view of its weights cache.

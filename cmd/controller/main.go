@@ -212,7 +212,8 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := controller.RegisterIndexes(ctx, mgr, append(weightscache.Indexes, controller.NodeIndexes...)...); err != nil {
 		return err
 	}
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics}).SetupWithManager(mgr); err != nil {
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics,
+		Sizer: weightscache.SourceSizer{Config: cfg.OperatorConfiguration}}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {

@@ -131,9 +131,14 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 
 // runsCold reports whether a node whose copy of a cache failed for reason serves its pods a
 // copy of their own, read from the source: the node cannot hold the cache (no local disk, no
-// room even after evicting what the policy lets go), but the source can be read.
+// room even after evicting what the policy lets go, its namespace's per-node limit reached),
+// but the source can be read.
 func runsCold(reason string) bool {
-	return reason == prewarmv1alpha1.ReasonNoLocalDisk || reason == prewarmv1alpha1.ReasonInsufficientCapacity
+	switch reason {
+	case prewarmv1alpha1.ReasonNoLocalDisk, prewarmv1alpha1.ReasonInsufficientCapacity, prewarmv1alpha1.ReasonBudgetExceeded:
+		return true
+	}
+	return false
 }
 
 // fill asks the cache's job to download now and answers why the pod waits.

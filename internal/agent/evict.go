@@ -124,11 +124,11 @@ type claim struct {
 	need, at int64
 }
 
-// claimSpace is the engine's question, for cache uid's downloads, whether what is left to
-// write fits: under a cache root, in what caches may take without evicting, less what other
-// downloads there were promised and have not written yet; elsewhere (a scratch copy), in the
-// filesystem's free space.
-func (a *Agent) claimSpace(uid string) engine.ClaimSpace {
+// claimSpace is the engine's question, for the downloads of cache uid of namespace ns, whether
+// what is left to write fits: under a cache root, in what caches may take without evicting, less
+// what other downloads there were promised and have not written yet, and within the namespace's
+// per-node limit (checkQuotaLocked); elsewhere (a scratch copy), in the filesystem's free space.
+func (a *Agent) claimSpace(uid, ns string) engine.ClaimSpace {
 	return func(dir string, need int64) (func(), error) {
 		root, ok := a.rootOf(dir)
 		if !ok {
@@ -141,8 +141,15 @@ func (a *Agent) claimSpace(uid string) engine.ClaimSpace {
 			}
 			return func() {}, nil
 		}
+		var peers []quotaPeer
+		if _, limited := a.opts.Config.PerNodeLimit(ns); limited {
+			peers = a.namespaceCaches(ns, uid)
+		}
 		a.space.mu.Lock()
 		defer a.space.mu.Unlock()
+		if err := a.checkQuotaLocked(root, ns, uid, peers, need); err != nil {
+			return nil, err
+		}
 		_, free, err := a.freeForLocked(root, uid)
 		if err != nil {
 			return nil, err

@@ -164,6 +164,13 @@ func (j *job) admit() (dir string, wait time.Duration, ok bool) {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
 		return "", o.MaxRetryInterval, false
 	}
+	if r := j.current().Refused; r != nil {
+		// The controller asks about the cache only for the node's pods: it keeps no copy here
+		// (its namespace's quota in the cluster), and they read the model from the source. A
+		// new request wakes the job.
+		j.fail(r.Reason, r.Message)
+		return "", o.MaxRetryInterval, false
+	}
 	if c := j.current().Credentials; c != nil && c.KeyID != credentials.KeyID(j.a.key.Public()) {
 		// Sealed to the key of an earlier run of this agent: the controller seals them again
 		// to the key this agent publishes.
@@ -392,7 +399,10 @@ func (j *job) classify(err error) (string, string, time.Duration) {
 	var space *engine.InsufficientSpaceError
 	var verify *engine.VerificationError
 	var noRoom *errNoRoom
+	var overBudget *errOverBudget
 	switch {
+	case errors.As(err, &overBudget):
+		return prewarmv1alpha1.ReasonBudgetExceeded, overBudget.Error(), o.MaxRetryInterval
 	case errors.As(err, &noRoom):
 		return prewarmv1alpha1.ReasonInsufficientCapacity, noRoom.Error(), o.MaxRetryInterval
 	case errors.As(err, &space):

@@ -120,7 +120,7 @@ func (j *job) downloadReporting(ctx context.Context, progress func(engine.Progre
 	defer closeSrc()
 	o := &j.a.opts
 	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithClaimSpace(j.a.claimSpace(j.req.UID)), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
+		engine.WithClaimSpace(j.a.claimSpace(j.req.UID, j.req.Namespace)), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
 		engine.WithProgress(progress, o.StatusInterval))...)
 	err = fn(eng, src)
 	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {

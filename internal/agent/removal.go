@@ -117,6 +117,9 @@ func (a *Agent) removeOnce(ctx context.Context, uid string) bool {
 	a.mu.Lock()
 	delete(a.removing, uid)
 	a.mu.Unlock()
+	if ns != "" {
+		a.wakeOverBudget(ns) // its room in the namespace's per-node limit is free
+	}
 	return true
 }
 

@@ -139,11 +139,19 @@ func TestANodeWithoutRoomServesACopy(t *testing.T) {
 		st := status_(uid)
 		return st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonInsufficientCapacity
 	})
-	pod := csiPod("default", "worker", "node-1", uid)
+	mountsColdCopy(t, ctx, api, a, kubelet, "default", "node-1", uid, wait, "InsufficientCapacity: needs 21.0 MB more")
+}
+
+// mountsColdCopy places a pod of namespace ns on node asking for cache uid, and checks that it
+// mounts a complete copy read from the source, with a CacheMounted event saying it runs cold
+// and why (why contains wantWhy).
+func mountsColdCopy(t *testing.T, ctx context.Context, api *testutil.APIServer, a *agent.Agent, kubelet, ns, node, uid string, wait func(string, func() bool), wantWhy string) {
+	t.Helper()
+	pod := csiPod(ns, "worker", node, uid)
 	if err := api.Client.Create(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	req := agent.MountRequest{CacheUID: uid, PodNamespace: "default", PodName: "worker", PodUID: pod.UID}
+	req := agent.MountRequest{CacheUID: uid, PodNamespace: ns, PodName: "worker", PodUID: pod.UID}
 	dir := mountWhenReady(t, ctx, a, req, wait)
 	if want := filepath.Join(kubelet, "plugins", prewarmv1alpha1.CSIDriverName, "scratch", uid, "model"); dir != want {
 		t.Errorf("mounts %s; want the copy %s", dir, want)
@@ -154,12 +162,12 @@ func TestANodeWithoutRoomServesACopy(t *testing.T) {
 	a.Mounted(req, dir, filepath.Join(kubelet, "pods", "x"), nil)
 	err := testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
 		list := &eventsv1.EventList{}
-		if err := api.Client.List(ctx, list, client.InNamespace("default")); err != nil {
+		if err := api.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
 			return false, err
 		}
 		return slices.ContainsFunc(list.Items, func(e eventsv1.Event) bool {
 			return e.Regarding.Name == "worker" && e.Reason == agent.EventCacheMounted &&
-				strings.Contains(e.Note, "running cold") && strings.Contains(e.Note, "InsufficientCapacity: needs 21.0 MB more")
+				strings.Contains(e.Note, "running cold") && strings.Contains(e.Note, wantWhy)
 		}), nil
 	})
 	if err != nil {

@@ -193,56 +193,99 @@ type OperatorConfiguration struct {
 	Agent Agent `json:"agent,omitempty"`
 	// Peers says how the agents share the parts of the caches they download with each other.
 	Peers Peers `json:"peers,omitempty"`
-	// Eviction says which namespaces may raise their caches' eviction priority or pin them.
-	Eviction Eviction `json:"eviction,omitempty"`
+	// NamespaceQuotas say how many bytes of caches namespaces may hold, per node and in the
+	// cluster, and which may raise their caches' eviction priority or pin them.
+	NamespaceQuotas []NamespaceQuota `json:"namespaceQuotas,omitempty"`
 }
 
 // Annotations on a ModelDataCacheConfig (or the parent it is made for, which passes them on)
 // with which a namespace's owner asks for its cache's eviction priority, and for it to be
-// pinned, within what Eviction grants the namespace.
+// pinned, within what the namespace's quota grants.
 const (
 	PriorityAnnotation = "prewarm.io/cache-priority"
 	PinnedAnnotation   = "prewarm.io/cache-pinned"
 )
 
-// Eviction grants namespaces eviction priorities and pins. A node short of room evicts the caches
-// of lowest priority first (then the least recently used), never one of higher priority than the
-// download that needs the room, and never a pinned one.
-type Eviction struct {
-	// Namespaces are the grants; the first that names a namespace is its own. A namespace no
-	// grant names may lower its caches' priority below 0, but not raise it, nor pin.
-	Namespaces []EvictionGrant `json:"namespaces,omitempty"`
-}
-
-// EvictionGrant is what some namespaces may ask of eviction.
-type EvictionGrant struct {
-	// Namespaces the grant is for; "*" is every namespace.
+// NamespaceQuota is what the operator grants some namespaces' weights caches: how many bytes of
+// caches they may hold on each node and in the whole cluster, and what they may ask of eviction.
+// A node short of room evicts the caches of lowest priority first (then the least recently
+// used), never one of higher priority than the download that needs the room, and never a
+// pinned one.
+type NamespaceQuota struct {
+	// Namespaces the quota is for; "*" is every namespace.
 	Namespaces []string `json:"namespaces"`
-	// DefaultPriority is the priority of the namespaces' caches that ask for none (0).
+	// MaxBytesPerNode is the most the caches of each of these namespaces may hold together on
+	// one node (the sum of their models' sizes; unset: no limit). A node's agent refuses a cache
+	// past it (BudgetExceeded): its pods there read the model from the source.
+	MaxBytesPerNode *resource.Quantity `json:"maxBytesPerNode,omitempty"`
+	// MaxBytes is the most the caches of each of these namespaces may hold in the cluster: the
+	// sum, over its caches, of the model's size times the nodes asked to hold it (unset: no
+	// limit).
+	// A cache is asked of as many of its target nodes as fit (BudgetExceeded).
+	MaxBytes *resource.Quantity `json:"maxBytes,omitempty"`
+	// DefaultPriority is the eviction priority of the namespaces' caches that ask for none (0).
 	DefaultPriority int32 `json:"defaultPriority,omitempty"`
 	// MaxPriority is the highest priority the namespaces' caches may ask for (0).
 	MaxPriority int32 `json:"maxPriority,omitempty"`
-	// AllowPin lets the namespaces pin their caches: a pinned cache is never evicted, so each
-	// pin takes its size out of every target node's disk for good.
+	// AllowPin lets the namespaces pin their caches (prewarm.io/cache-pinned: "true"): a pinned
+	// cache is never evicted, so each pin takes its size out of every target node's disk for
+	// good.
 	AllowPin bool `json:"allowPin,omitempty"`
+	// DefaultPinned pins the namespaces' caches that do not ask otherwise; it needs AllowPin.
+	DefaultPinned bool `json:"defaultPinned,omitempty"`
 }
 
-// GrantFor returns the eviction grant of namespace ns (the zero grant when none names it).
-func (e Eviction) GrantFor(ns string) EvictionGrant {
-	for _, g := range e.Namespaces {
-		if slices.Contains(g.Namespaces, ns) || slices.Contains(g.Namespaces, "*") {
-			return g
+// QuotaFor returns the quota of namespace ns: the first that names it (or "*"), else the zero
+// quota (no byte limits, priority at most 0, no pins).
+func (o OperatorConfiguration) QuotaFor(ns string) NamespaceQuota {
+	for _, q := range o.NamespaceQuotas {
+		if slices.Contains(q.Namespaces, ns) || slices.Contains(q.Namespaces, "*") {
+			return q
 		}
 	}
-	return EvictionGrant{}
+	return NamespaceQuota{}
+}
+
+// quotaPath names the quota of namespace ns in messages.
+func (o OperatorConfiguration) quotaPath(ns string) string {
+	for i, q := range o.NamespaceQuotas {
+		if slices.Contains(q.Namespaces, ns) || slices.Contains(q.Namespaces, "*") {
+			return fmt.Sprintf("namespaceQuotas[%d]", i)
+		}
+	}
+	return "namespaceQuotas"
+}
+
+// Limit is one of a quota's byte limits, for messages: the value and the field that sets it.
+type Limit struct {
+	Bytes int64
+	Field string
+}
+
+// PerNodeLimit is namespace ns's per-node byte limit (ok false: none).
+func (o OperatorConfiguration) PerNodeLimit(ns string) (Limit, bool) {
+	q := o.QuotaFor(ns).MaxBytesPerNode
+	if q == nil {
+		return Limit{}, false
+	}
+	return Limit{Bytes: q.Value(), Field: o.quotaPath(ns) + ".maxBytesPerNode"}, true
+}
+
+// ClusterLimit is namespace ns's cluster-wide byte limit (ok false: none).
+func (o OperatorConfiguration) ClusterLimit(ns string) (Limit, bool) {
+	q := o.QuotaFor(ns).MaxBytes
+	if q == nil {
+		return Limit{}, false
+	}
+	return Limit{Bytes: q.Value(), Field: o.quotaPath(ns) + ".maxBytes"}, true
 }
 
 // CachePolicy is the priority and pin of a cache of namespace ns whose object carries
-// annotations, within ns's grant, and what of the annotations the grant did not allow (or that
+// annotations, within ns's quota, and what of the annotations the quota did not allow (or that
 // does not parse), for people ("": nothing).
-func (e Eviction) CachePolicy(ns string, annotations map[string]string) (priority int32, pinned bool, problem string) {
-	g := e.GrantFor(ns)
-	priority = g.DefaultPriority
+func (o OperatorConfiguration) CachePolicy(ns string, annotations map[string]string) (priority int32, pinned bool, problem string) {
+	g := o.QuotaFor(ns)
+	priority, pinned = g.DefaultPriority, g.DefaultPinned && g.AllowPin
 	var problems []string
 	if v, ok := annotations[PriorityAnnotation]; ok {
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
@@ -251,7 +294,7 @@ func (e Eviction) CachePolicy(ns string, annotations map[string]string) (priorit
 			problems = append(problems, fmt.Sprintf("%s=%q is not a whole number; priority %d is used", PriorityAnnotation, v, priority))
 		case int32(n) > g.MaxPriority:
 			priority = g.MaxPriority
-			problems = append(problems, fmt.Sprintf("%s=%d is above the %d the operator configuration grants namespace %s (eviction.namespaces); %d is used", PriorityAnnotation, n, g.MaxPriority, ns, priority))
+			problems = append(problems, fmt.Sprintf("%s=%d is above the %d the operator configuration grants namespace %s (%s.maxPriority); %d is used", PriorityAnnotation, n, g.MaxPriority, ns, o.quotaPath(ns), priority))
 		default:
 			priority = int32(n)
 		}
@@ -260,9 +303,9 @@ func (e Eviction) CachePolicy(ns string, annotations map[string]string) (priorit
 		want, err := strconv.ParseBool(strings.TrimSpace(v))
 		switch {
 		case err != nil:
-			problems = append(problems, fmt.Sprintf("%s=%q is not true or false; the cache is not pinned", PinnedAnnotation, v))
+			problems = append(problems, fmt.Sprintf("%s=%q is not true or false; the cache is %s", PinnedAnnotation, v, map[bool]string{true: "pinned", false: "not pinned"}[pinned]))
 		case want && !g.AllowPin:
-			problems = append(problems, fmt.Sprintf("%s=true, but the operator configuration does not let namespace %s pin caches (eviction.namespaces[].allowPin); the cache is not pinned", PinnedAnnotation, ns))
+			problems = append(problems, fmt.Sprintf("%s=true, but the operator configuration does not let namespace %s pin caches (%s.allowPin); the cache is not pinned", PinnedAnnotation, ns, o.quotaPath(ns)))
 		default:
 			pinned = want
 		}
@@ -353,7 +396,18 @@ type Controller struct {
 	// ConcurrentReconciles is how many objects of one kind are reconciled at once (4): a small
 	// cache does not wait behind a large one. Each reconcile also keeps up to 16 writes in flight.
 	ConcurrentReconciles int `json:"concurrentReconciles,omitempty"`
+	// CapacityShortfall is what becomes of a parent none of whose target nodes may hold its
+	// model, as their agents report their disks and its namespace's quota allows: Warn (the
+	// default) reports it (CapacityAvailable, WithinBudget) and deploys, the pods reading the
+	// model from the source; Refuse reports it and deploys nothing until a node has room.
+	CapacityShortfall string `json:"capacityShortfall,omitempty"`
 }
+
+// Values of Controller.CapacityShortfall.
+const (
+	CapacityShortfallWarn   = "Warn"
+	CapacityShortfallRefuse = "Refuse"
+)
 
 // Agent tunes the agents. Sizes are Kubernetes quantities (20Gi, 16Mi).
 type Agent struct {
@@ -531,6 +585,7 @@ func (o *OperatorConfiguration) defaults() {
 	}
 	number(&c.ClientBurst, 400)
 	number(&c.ConcurrentReconciles, 4)
+	text(&c.CapacityShortfall, CapacityShortfallWarn)
 	quantity(&a.Reserve, "2Gi")
 	number(&a.MaxParallel, 2)
 	number(&a.Concurrency, engine.DefaultConcurrency) // the engine's measured defaults
@@ -707,15 +762,7 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, o.validateRoots()...)
 	errs = append(errs, o.Placement.validate()...)
 	errs = append(errs, o.validateFSx()...)
-	for i, g := range o.Eviction.Namespaces {
-		at := field.NewPath("eviction", "namespaces").Index(i)
-		if len(g.Namespaces) == 0 {
-			errs = append(errs, field.Required(at.Child("namespaces"), "name the namespaces the grant is for, or \"*\""))
-		}
-		if g.DefaultPriority > g.MaxPriority {
-			errs = append(errs, field.Invalid(at.Child("defaultPriority"), g.DefaultPriority, fmt.Sprintf("above maxPriority (%d)", g.MaxPriority)))
-		}
-	}
+	errs = append(errs, o.validateQuotas()...)
 	c, a := o.Controller, o.Agent
 	ctl, agent := field.NewPath("controller"), field.NewPath("agent")
 	errs = append(errs, positive(ctl.Child("gateTimeout"), c.GateTimeout)...)
@@ -738,8 +785,31 @@ func (o OperatorConfiguration) Validate() error {
 	if c.ClientQPS < 0 {
 		errs = append(errs, field.Invalid(ctl.Child("clientQPS"), c.ClientQPS, "must not be negative"))
 	}
+	if c.CapacityShortfall != "" && c.CapacityShortfall != CapacityShortfallWarn && c.CapacityShortfall != CapacityShortfallRefuse {
+		errs = append(errs, field.NotSupported(ctl.Child("capacityShortfall"), c.CapacityShortfall, []string{CapacityShortfallWarn, CapacityShortfallRefuse}))
+	}
 	errs = append(errs, o.validateSourceAccess()...)
 	return errs.ToAggregate()
+}
+
+// validateQuotas checks the namespace quotas.
+func (o OperatorConfiguration) validateQuotas() field.ErrorList {
+	var errs field.ErrorList
+	for i, q := range o.NamespaceQuotas {
+		at := field.NewPath("namespaceQuotas").Index(i)
+		if len(q.Namespaces) == 0 {
+			errs = append(errs, field.Required(at.Child("namespaces"), "name the namespaces the quota is for, or \"*\""))
+		}
+		if q.DefaultPriority > q.MaxPriority {
+			errs = append(errs, field.Invalid(at.Child("defaultPriority"), q.DefaultPriority, fmt.Sprintf("above maxPriority (%d)", q.MaxPriority)))
+		}
+		if q.DefaultPinned && !q.AllowPin {
+			errs = append(errs, field.Invalid(at.Child("defaultPinned"), true, "needs allowPin"))
+		}
+		errs = append(errs, atLeast(at.Child("maxBytesPerNode"), q.MaxBytesPerNode, 0)...)
+		errs = append(errs, atLeast(at.Child("maxBytes"), q.MaxBytes, 0)...)
+	}
+	return errs
 }
 
 // validateFSx checks the FSx mounts: file system ids listed once, mount paths clean and apart

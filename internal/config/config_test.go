@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -205,12 +206,16 @@ func TestTypedValues(t *testing.T) {
 }
 
 // A namespace's caches get the eviction priority and pin they ask for in annotations only within
-// what the operator configuration grants the namespace; what it does not grant is said.
-func TestEvictionGrants(t *testing.T) {
-	e := config.Eviction{Namespaces: []config.EvictionGrant{
+// what its quota grants; what it does not grant is said. Byte limits are the first quota's
+// naming the namespace, with the field that sets them.
+func TestNamespaceQuotas(t *testing.T) {
+	perNode, total := resource.MustParse("100Gi"), resource.MustParse("1Ti")
+	o := config.Default()
+	o.NamespaceQuotas = []config.NamespaceQuota{
 		{Namespaces: []string{"prod"}, DefaultPriority: 10, MaxPriority: 100, AllowPin: true},
+		{Namespaces: []string{"batch"}, AllowPin: true, DefaultPinned: true, MaxBytesPerNode: &perNode, MaxBytes: &total},
 		{Namespaces: []string{"*"}, MaxPriority: 5},
-	}}
+	}
 	for _, tc := range []struct {
 		ns          string
 		annotations map[string]string
@@ -220,24 +225,38 @@ func TestEvictionGrants(t *testing.T) {
 	}{
 		{"prod", nil, 10, false, ""},
 		{"prod", map[string]string{config.PriorityAnnotation: "50", config.PinnedAnnotation: "true"}, 50, true, ""},
-		{"prod", map[string]string{config.PriorityAnnotation: "500"}, 100, false, "above the 100 the operator configuration grants namespace prod"},
+		{"prod", map[string]string{config.PriorityAnnotation: "500"}, 100, false, "above the 100 the operator configuration grants namespace prod (namespaceQuotas[0].maxPriority)"},
+		{"batch", nil, 0, true, ""},
+		{"batch", map[string]string{config.PinnedAnnotation: "false"}, 0, false, ""},
 		{"dev", map[string]string{config.PriorityAnnotation: "-3"}, -3, false, ""},
-		{"dev", map[string]string{config.PriorityAnnotation: "9", config.PinnedAnnotation: "true"}, 5, false, "does not let namespace dev pin caches"},
+		{"dev", map[string]string{config.PriorityAnnotation: "9", config.PinnedAnnotation: "true"}, 5, false, "does not let namespace dev pin caches (namespaceQuotas[2].allowPin)"},
 		{"dev", map[string]string{config.PriorityAnnotation: "high"}, 0, false, `"high" is not a whole number`},
 		{"dev", map[string]string{config.PinnedAnnotation: "yes please"}, 0, false, "is not true or false"},
 	} {
-		p, pinned, problem := e.CachePolicy(tc.ns, tc.annotations)
+		p, pinned, problem := o.CachePolicy(tc.ns, tc.annotations)
 		if p != tc.priority || pinned != tc.pinned || (tc.problem == "") != (problem == "") || !strings.Contains(problem, tc.problem) {
 			t.Errorf("%s %v: priority %d pinned %v problem %q; want %d %v %q", tc.ns, tc.annotations, p, pinned, problem, tc.priority, tc.pinned, tc.problem)
 		}
 	}
-	if got := (config.Eviction{}).GrantFor("any"); got.MaxPriority != 0 || got.AllowPin {
-		t.Errorf("no grant: %+v, want none", got)
+	if l, ok := o.PerNodeLimit("batch"); !ok || l.Bytes != 100<<30 || l.Field != "namespaceQuotas[1].maxBytesPerNode" {
+		t.Errorf("batch's per-node limit: %+v %v", l, ok)
+	}
+	if l, ok := o.ClusterLimit("batch"); !ok || l.Bytes != 1<<40 || l.Field != "namespaceQuotas[1].maxBytes" {
+		t.Errorf("batch's cluster limit: %+v %v", l, ok)
+	}
+	if _, ok := o.PerNodeLimit("prod"); ok {
+		t.Error("prod has no per-node limit")
+	}
+	if got := config.Default().QuotaFor("any"); got.MaxPriority != 0 || got.AllowPin || got.MaxBytes != nil {
+		t.Errorf("no quota: %+v, want none", got)
 	}
 	bad := config.Default()
-	bad.Eviction.Namespaces = []config.EvictionGrant{{DefaultPriority: 3}}
+	negative := resource.MustParse("-1")
+	bad.NamespaceQuotas = []config.NamespaceQuota{{DefaultPriority: 3, DefaultPinned: true, MaxBytes: &negative}}
 	err := bad.Validate()
-	if err == nil || !strings.Contains(err.Error(), "eviction.namespaces[0].namespaces") || !strings.Contains(err.Error(), "eviction.namespaces[0].defaultPriority") {
-		t.Errorf("a grant without namespaces, its default above its maximum: %v", err)
+	for _, want := range []string{"namespaceQuotas[0].namespaces", "namespaceQuotas[0].defaultPriority", "namespaceQuotas[0].defaultPinned", "namespaceQuotas[0].maxBytes"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("a quota without namespaces, its default above its maximum, pinned without allowPin, a negative size: %v; want %s named", err, want)
+		}
 	}
 }

@@ -17,14 +17,14 @@ import (
 )
 
 // A parent's eviction annotations reach its cache and then the nodes, bounded by what the
-// operator configuration grants its namespace: a priority above the grant is lowered to it, and a
+// operator configuration's quota grants its namespace: a priority above the grant is lowered to it, and a
 // pin the namespace may not ask for is dropped; a namespace granted pins gets them.
 func TestEvictionAnnotationsReachTheNodesWithinTheGrant(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "evict-operator", "evict-a", "evict-b").with(func(cfg *controller.Config) {
-		cfg.Eviction.Namespaces = []config.EvictionGrant{
+		cfg.NamespaceQuotas = []config.NamespaceQuota{
 			{Namespaces: []string{"evict-a"}, MaxPriority: 20, AllowPin: true},
 			{Namespaces: []string{"*"}, MaxPriority: 5},
 		}

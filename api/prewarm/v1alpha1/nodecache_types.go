@@ -54,6 +54,24 @@ type CacheRequest struct {
 	// pinned caches are never evicted to make room for others.
 	// +optional
 	Pinned bool `json:"pinned,omitempty"`
+	// refused, when set, says why the node must keep no copy of the cache (its namespace's
+	// quota in the cluster is used up): the agent writes nothing under the root and reports
+	// the reason, and a pod of the cache on the node reads the model from the source into a
+	// copy that goes with it.
+	// +optional
+	Refused *CacheRefusal `json:"refused,omitempty"`
+}
+
+// CacheRefusal is why a node keeps no copy of a cache it is asked about.
+type CacheRefusal struct {
+	// reason is a CamelCase word (BudgetExceeded).
+	// +required
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason"`
+	// message says why, for people.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
 }
 
 // CachePeer is another node whose agent shares a cache's parts with this node's.
@@ -398,6 +416,11 @@ const (
 	// back under its high watermark). It is fetched again when there is room without evicting
 	// anything, or at once when a pod on the node asks for it.
 	ReasonEvicted = "Evicted"
+	// ReasonBudgetExceeded: the cache would take its namespace past what its quota lets it hold
+	// on the node (namespaceQuotas[].maxBytesPerNode), or, in the controller's report, in the
+	// cluster (maxBytes). The node keeps no copy; its pods read the model from the source into
+	// a copy that goes with them.
+	ReasonBudgetExceeded = "BudgetExceeded"
 )
 
 // Terminal reports whether a failure reason is one that waiting will not fix: a node whose
@@ -405,7 +428,7 @@ const (
 func Terminal(reason string) bool {
 	switch reason {
 	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied,
-		ReasonInvalidSource, ReasonNodeCacheFull, ReasonSourceChanged, ReasonNoLocalDisk:
+		ReasonInvalidSource, ReasonNodeCacheFull, ReasonSourceChanged, ReasonNoLocalDisk, ReasonBudgetExceeded:
 		return true
 	}
 	return false

@@ -20,7 +20,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // phases are the steps of a parent's reconcile, in order: what the API server would refuse,
@@ -166,8 +168,48 @@ func (r *Reconciler) weightsPhase(ctx context.Context, s *state) error {
 	} else {
 		s.condition(inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the cache has not reported yet")
 	}
+	carryCapacity(s, cache)
+	if p := r.refuseShortfall(cache); p != nil {
+		return p
+	}
 	r.gateCache(s, cache)
 	return nil
+}
+
+// carryCapacity shows on the parent what its cache found of its target nodes' room and of its
+// namespace's quota (CapacityAvailable, WithinBudget), with a Warning event when either turns
+// false.
+func carryCapacity(s *state, cache *inferencev1.ModelDataCacheConfig) {
+	for _, typ := range []string{inferencev1.ConditionCapacityAvailable, inferencev1.ConditionWithinBudget} {
+		c := apimeta.FindStatusCondition(cache.Status.Conditions, typ)
+		if c == nil {
+			apimeta.RemoveStatusCondition(&s.status.Conditions, typ)
+			continue
+		}
+		if prev := apimeta.FindStatusCondition(s.status.Conditions, typ); c.Status == metav1.ConditionFalse && (prev == nil || prev.Status != metav1.ConditionFalse) {
+			s.events.Tell(corev1.EventTypeWarning, c.Reason, "Check", fmt.Sprintf("weights cache %s: %s", cache.Name, c.Message))
+		}
+		s.condition(typ, c.Status, c.Reason, c.Message)
+	}
+}
+
+// refuseShortfall stops the parent, when the configuration asks for it
+// (controller.capacityShortfall: Refuse), while no target node of its cache may hold the model:
+// every node that reported its disk is short of room or kept off by the namespace's quota. Its
+// pods would all read the model from the source.
+func (r *Reconciler) refuseShortfall(cache *inferencev1.ModelDataCacheConfig) *problem {
+	c := cache.Status.Capacity
+	if r.Config.Controller.CapacityShortfall != config.CapacityShortfallRefuse || c == nil || c.FitNodes > 0 || c.ShortNodes+c.OverBudgetNodes == 0 {
+		return nil
+	}
+	reason, why := inferencev1.ReasonCapacityShortfall, inferencev1.ConditionCapacityAvailable
+	if c.ShortNodes == 0 {
+		reason, why = inferencev1.ReasonBudgetExceeded, inferencev1.ConditionWithinBudget
+	}
+	msg := fmt.Sprintf("no target node of weights cache %s may hold the model (%s): %d short of room, %d kept off by the namespace's quota, %d not reported; "+
+		"the configuration refuses such parents (controller.capacityShortfall: Refuse): see the %s condition",
+		cache.Name, engine.HumanBytes(c.ModelBytes), c.ShortNodes, c.OverBudgetNodes, c.UnknownNodes, why)
+	return &problem{reason, msg}
 }
 
 // gateCache decides, through cache's gate, which cache the pods read and whether the Deployment

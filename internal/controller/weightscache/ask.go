@@ -47,13 +47,22 @@ func (r *Reconciler) requests(s *state) ([]requestWrite, map[string]bool, error)
 	f, p := s.fleet, &s.decision
 	var writes []requestWrite
 	full := map[string]bool{}
+	// The targets the namespace's quota keeps the cache off hold no copy: they are no one's
+	// peers, and only those whose pods ask for the cache are asked, to tell them why.
+	held := slices.DeleteFunc(slices.Clone(p.targets), func(n *corev1.Node) bool { _, no := p.quota.refused[n.Name]; return no })
 	var peers map[string][]prewarmv1alpha1.CachePeer
 	if !r.Config.Peers.Disabled {
-		peers = assignPeers(f, p.targets, p.peerAddrs, r.Config.Peers.GroupSize)
+		peers = assignPeers(f, held, p.peerAddrs, r.Config.Peers.GroupSize)
 	}
 	for _, n := range slices.Concat(p.targets, p.retainedNodes) {
 		want := p.entry
 		asked := f.request(n.Name)
+		if no, ok := p.quota.refused[n.Name]; ok {
+			if no.reason != prewarmv1alpha1.ReasonBudgetExceeded || !demanded(f.nodeCache(n.Name), s.m) {
+				continue
+			}
+			want.Refused = &prewarmv1alpha1.CacheRefusal{Reason: no.reason, Message: clip(no.message, 1024)}
+		}
 		if keep, ok := p.retained[n.Name]; ok {
 			want.RetainedSince = keep.since
 			if asked != nil {

@@ -31,9 +31,13 @@ type decision struct {
 	// peerAddrs are the targets' peer addresses that other agents may be sent (peerAddrsOf).
 	peerAddrs map[string]string
 	requeue   time.Duration
-	// policyProblem says what of the cache's eviction annotations its namespace's grant did not
+	// policyProblem says what of the cache's eviction annotations its namespace's quota did not
 	// allow ("": nothing).
 	policyProblem string
+	// size is what is known of the model's size.
+	size estimate
+	// quota is what the namespace's quota decides (applyQuota, in the ask phase).
+	quota quotaDecision
 }
 
 // excluded counts nodes left out of a cache's targets, by why.
@@ -91,7 +95,7 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 		src.Revision = m.Status.ResolvedRevision
 	}
 	p.entry = prewarmv1alpha1.CacheRequest{UID: string(m.UID), Namespace: m.Namespace, Name: m.Name, Root: m.Spec.HostPath, Source: src}
-	p.entry.Priority, p.entry.Pinned, p.policyProblem = r.Config.Eviction.CachePolicy(m.Namespace, m.Annotations)
+	p.entry.Priority, p.entry.Pinned, p.policyProblem = r.Config.CachePolicy(m.Namespace, m.Annotations)
 	if !m.DeletionTimestamp.IsZero() {
 		return p, nil
 	}
@@ -127,8 +131,11 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 	case p.access.tokenProblem != "":
 		p.verdict = &verdict{reason: inferencev1.ReasonTokenSecretProblem, message: p.access.tokenProblem} // the nodes try without it
 	}
-	err = r.chooseTargets(ctx, m, f, &p)
-	return p, err
+	if err = r.chooseTargets(ctx, m, f, &p); err != nil {
+		return p, err
+	}
+	p.size = r.sizeOf(ctx, m, src, p.access, f)
+	return p, nil
 }
 
 // chooseTargets picks the cache's targets: the nodes the parent's pods may run on. A node the

@@ -69,9 +69,14 @@ type Reconciler struct {
 	Recorder events.EventRecorder
 	// Metrics records the caches' counts; nil records none.
 	Metrics *controller.Metrics
-	Now     func() time.Time
+	// Sizer lists a cache's source to learn the model's size before any node downloads it;
+	// nil: the size is known once a node lists it.
+	Sizer Sizer
+	Now   func() time.Time
 
 	podIPs podIPs
+	sizes  sizes
+	quota  quotaLocks
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
@@ -171,16 +176,36 @@ func (r *Reconciler) decidePhase(ctx context.Context, s *state) (err error) {
 	return s.fleet.readTargets(ctx, r.Client, s.decision.targets)
 }
 
-// askPhase asks the nodes for the cache (ask).
+// askPhase asks the nodes for the cache (ask), as many of them as the namespace's quota in the
+// cluster leaves room for (applyQuota): the caches of one namespace with such a limit are
+// decided and asked one at a time.
 func (r *Reconciler) askPhase(ctx context.Context, s *state) (err error) {
+	if _, limited := r.Config.ClusterLimit(s.m.Namespace); limited && !s.deleting {
+		defer r.quota.lock(s.m.Namespace)()
+		if err := r.applyQuota(ctx, s); err != nil {
+			return err
+		}
+		if len(s.decision.quota.refused) > 0 && (s.decision.requeue == 0 || s.decision.requeue > quotaRecheck) {
+			s.decision.requeue = quotaRecheck // room may come as other caches of the namespace go
+		}
+	}
 	s.full, err = r.ask(ctx, s)
+	if err == nil && s.decision.quota.cluster != nil {
+		r.quota.remember(s.fleet.uid, s.decision.quota.cluster.copies, r.Now())
+	}
 	return err
 }
+
+// quotaRecheck is how often a cache that its namespace's quota keeps off some of its targets
+// is looked at again.
+const quotaRecheck = 30 * time.Second
 
 // gatherPhase builds the cache's status from the nodes' reports, and the events that tell of
 // each node's transitions.
 func (r *Reconciler) gatherPhase(_ context.Context, s *state) error {
 	r.gather(s)
+	r.capacityPhase(s)
+	r.budgetPhase(s)
 	noteExcluded(&s.status, s.decision.excluded)
 	r.nodeEvents(s)
 	if p := s.decision.policyProblem; p != "" {
@@ -247,6 +272,8 @@ func (r *Reconciler) finishDeletion(ctx context.Context, s *state) (ctrl.Result,
 	if err := r.deleteLegacyToken(ctx, m); err != nil {
 		return ctrl.Result{}, err
 	}
+	r.sizes.forget(string(m.UID))
+	r.quota.forget(string(m.UID))
 	if err := controller.RemoveFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
 		return ctrl.Result{}, err
 	}

@@ -31,7 +31,7 @@ func (r *Reconciler) gather(s *state) {
 	if st.ResolvedRevision == "" {
 		st.ResolvedRevision = agreedRevision(s.fleet, targets)
 	}
-	b := nodeEntries{fleet: s.fleet, full: s.full, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now()}
+	b := nodeEntries{fleet: s.fleet, full: s.full, refused: s.decision.quota.refused, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now()}
 	for _, ns := range m.Status.Nodes {
 		b.previous[ns.Name] = ns
 	}
@@ -46,6 +46,8 @@ func (r *Reconciler) gather(s *state) {
 		keep := retained[name]
 		nodes = append(nodes, b.entry(name, &keep))
 	}
+	// No node reports the size yet: the controller's listing says it.
+	st.TotalBytes = max(st.TotalBytes, s.decision.size.bytes)
 	summarize(&st, m, t)
 	ready := map[string]bool{}
 	for _, ns := range nodes {
@@ -96,8 +98,10 @@ func agreedRevision(f *fleet, targets []*corev1.Node) string {
 
 // nodeEntries builds the status's per-node entries.
 type nodeEntries struct {
-	fleet    *fleet
-	full     map[string]bool
+	fleet *fleet
+	full  map[string]bool
+	// refused are the targets the namespace's quota keeps the cache off.
+	refused  map[string]refusal
 	previous map[string]inferencev1.NodeCacheStatus
 	now      time.Time
 	// st takes the cache's size; its revision is pinned beforehand (agreedRevision).
@@ -114,6 +118,9 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 	case b.full[name]:
 		ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull
 		ns.Message = fmt.Sprintf("the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement", prewarmv1alpha1.MaxCachesPerNode)
+	case !reported && b.refused[name].reason != "":
+		no := b.refused[name]
+		ns.State, ns.Reason, ns.Message = no.state, no.reason, no.message
 	case !reported:
 		ns.Reason, ns.Message = rep.Reason, rep.Message
 	default:
@@ -153,6 +160,10 @@ type tally struct {
 	// cache is Ready when every other target holds it.
 	evicted      int
 	evictedNodes []string
+	// overBudget are the nodes the namespace's quota keeps the cache off (BudgetExceeded):
+	// settled, and the cache is Ready when every other target holds it.
+	overBudget      int
+	overBudgetNodes []string
 	// failures are the first maxFailures failed nodes, for the Ready condition's message.
 	failures     []string
 	firstFailure string // reason
@@ -169,6 +180,14 @@ func (t *tally) count(ns inferencev1.NodeCacheStatus) {
 		t.noDisk++
 		if len(t.noDiskNodes) < maxFailures {
 			t.noDiskNodes = append(t.noDiskNodes, ns.Name)
+		}
+		return
+	}
+	if ns.State == inferencev1.CacheFailed && ns.Reason == prewarmv1alpha1.ReasonBudgetExceeded {
+		t.overBudget++
+		t.settled++
+		if len(t.overBudgetNodes) < maxFailures {
+			t.overBudgetNodes = append(t.overBudgetNodes, ns.Name)
 		}
 		return
 	}
@@ -216,6 +235,10 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 			appendCondition(st, fmt.Sprintf("%d node(s) evicted the cache to make room for others (%s: %s); they fetch it again when it fits, or when a pod there asks for it",
 				t.evicted, prewarmv1alpha1.ReasonEvicted, controller.SummarizeOf(t.evictedNodes, t.evicted, maxFailures, ", ")))
 		}
+		if t.overBudget > 0 {
+			appendCondition(st, fmt.Sprintf("%d node(s) keep no copy for the namespace's quota (%s: %s); their pods read the model from the source",
+				t.overBudget, prewarmv1alpha1.ReasonBudgetExceeded, controller.SummarizeOf(t.overBudgetNodes, t.overBudget, maxFailures, ", ")))
+		}
 		if t.noDisk > 0 {
 			appendCondition(st, fmt.Sprintf("%d node(s) have no local disk for caches (%s: %s); their pods read the model from the source",
 				t.noDisk, prewarmv1alpha1.ReasonNoLocalDisk, controller.SummarizeOf(t.noDiskNodes, t.noDisk, maxFailures, ", ")))
@@ -225,14 +248,19 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 	case st.TargetNodes == 0:
 		st.State = inferencev1.CachePending
 		setCondition(st, m, metav1.ConditionFalse, inferencev1.ReasonNoTargetNodes, "no node matches the placement")
-	case st.ReadyNodes == st.TargetNodes, st.ReadyNodes > 0 && int(st.ReadyNodes)+t.evicted == int(st.TargetNodes):
-		// Evicted nodes hold it no longer, for want of room, but every other target does.
+	case st.ReadyNodes == st.TargetNodes, st.ReadyNodes > 0 && int(st.ReadyNodes)+t.evicted+t.overBudget == int(st.TargetNodes):
+		// Evicted nodes hold it no longer, for want of room, and the namespace's quota keeps it
+		// off others, but every other target holds it.
 		st.State = inferencev1.CacheReady
 		held := fmt.Sprintf("all %d target nodes hold the cache (%s), verified", st.TargetNodes, engine.HumanBytes(st.TotalBytes))
-		if t.evicted > 0 {
+		if t.evicted+t.overBudget > 0 {
 			held = fmt.Sprintf("%d of %d target nodes hold the cache (%s), verified", st.ReadyNodes, st.TargetNodes, engine.HumanBytes(st.TotalBytes))
 		}
 		setCondition(st, m, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, held)
+	case t.overBudget > 0 && t.overBudget+t.evicted == int(st.TargetNodes):
+		st.State = inferencev1.CacheFailed
+		setCondition(st, m, metav1.ConditionFalse, prewarmv1alpha1.ReasonBudgetExceeded,
+			fmt.Sprintf("none of the %d target nodes may hold the cache within its namespace's quota (WithinBudget)", st.TargetNodes))
 	case t.failed > 0 && t.downloading == 0 && t.pending == 0:
 		st.State = inferencev1.CacheFailed
 		setCondition(st, m, metav1.ConditionFalse, t.firstFailure,

@@ -1,0 +1,140 @@
+package agent_test
+
+import (
+	"errors"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/testutil/gen"
+)
+
+// A namespace's quota caps what its caches hold together on one node: the cache that would take
+// it past the limit writes nothing and fails BudgetExceeded with the figures, though the disk has
+// room; another namespace's cache on the same disk is unaffected; a pod of the namespace on the
+// node still gets its model, a copy read from the source, its event saying it runs cold and why;
+// and once another cache of the namespace leaves the node, the refused one is kept after all
+// (woken then, long before its retry).
+func TestNamespaceQuotaCapsWhatANodeHolds(t *testing.T) {
+	ctx, api := startAPI(t)
+	host, kubelet := t.TempDir(), t.TempDir()
+	root := "/opt/dlami/nvme"
+	disk := filepath.Join(host, root)
+	smallDisk(t, disk, 200<<20)
+	if err := os.MkdirAll(filepath.Join(kubelet, "pods"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cacheRoot := filepath.Join(disk, prewarmv1alpha1.Directory)
+	const (
+		uidX = "bbbbbbbb-0000-4000-8000-00000000000a" // a's first
+		uidY = "bbbbbbbb-0000-4000-8000-00000000000b" // a's second: past a's limit
+		uidZ = "bbbbbbbb-0000-4000-8000-00000000000c" // b's
+	)
+	for i, name := range []string{"x", "y", "z"} {
+		writeFiles(t, filepath.Join(host, "fsx", name), map[string][]byte{"config.json": []byte(`{}`), "w.bin": gen.Bytes(uint64(60+i), 25<<20)})
+	}
+	req := func(uid, ns, name string) prewarmv1alpha1.CacheRequest {
+		return prewarmv1alpha1.CacheRequest{UID: uid, Namespace: ns, Name: name, Root: root, Source: fsxSource(name)}
+	}
+	askNode(t, ctx, api, "node-q", req(uidX, "a", "x"))
+
+	cfg := testConfig(root)
+	limit := resource.MustParse("40Mi")
+	cfg.NamespaceQuotas = []config.NamespaceQuota{{Namespaces: []string{"a"}, MaxBytesPerNode: &limit}}
+	a := runAgent(t, ctx, api, "node-q", agent.Options{
+		Config: cfg, HostPrefix: host, KubeletDir: kubelet, MountWait: 300 * time.Millisecond,
+		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
+		// Far beyond the test: the refused cache is kept only because it is woken.
+		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Hour, EventInterval: time.Hour,
+	})
+	status_, wait := watchStatus(t, ctx, api, "node-q", uidX, uidY, uidZ)
+	// What namespace a's caches take on the node stays within its limit throughout.
+	var over atomic.Int64
+	sample := func() {
+		if n := dirBytes(filepath.Join(cacheRoot, uidX)) + dirBytes(filepath.Join(cacheRoot, uidY)); n > limit.Value() && over.Load() == 0 {
+			over.Store(n)
+		}
+	}
+	state := func(uid string, s inferencev1.CacheState, reason string) func() bool {
+		return func() bool {
+			sample()
+			st := status_(uid)
+			return st.State == s && (reason == "" || st.Reason == reason)
+		}
+	}
+	wait("a/x Ready", state(uidX, inferencev1.CacheReady, ""))
+
+	addRequests(t, ctx, api, "node-q", req(uidY, "a", "y"), req(uidZ, "b", "z"))
+	wait("a/y BudgetExceeded", state(uidY, inferencev1.CacheFailed, prewarmv1alpha1.ReasonBudgetExceeded))
+	wait("b/z Ready", state(uidZ, inferencev1.CacheReady, ""))
+	msg := status_(uidY).Message
+	for _, want := range []string{"namespace a may hold 41.9 MB of caches on this node (namespaceQuotas[0].maxBytesPerNode)",
+		"its other caches here hold 26.2 MB (a/x 26.2 MB)", "this cache needs 26.2 MB more"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("a/y's status %q does not say %q", msg, want)
+		}
+	}
+	_ = filepath.WalkDir(filepath.Join(cacheRoot, uidY), func(p string, d iofs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			t.Errorf("a cache refused for its namespace's limit left %s", p)
+		}
+		return nil
+	})
+
+	// A pod of namespace a asks for y on the node: it gets a copy read from the source.
+	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	mountsColdCopy(t, ctx, api, a, kubelet, "a", "node-q", uidY, wait, "BudgetExceeded: namespace a may hold")
+
+	// x leaves the node: y fits a's limit now, and is kept.
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := api.Client.Get(ctx, client.ObjectKey{Name: "node-q"}, nc); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(nc.DeepCopy())
+	nc.Spec.Caches = slices.DeleteFunc(nc.Spec.Caches, func(r prewarmv1alpha1.CacheRequest) bool { return r.UID == uidX })
+	if err := api.Client.Patch(ctx, nc, patch); err != nil {
+		t.Fatal(err)
+	}
+	wait("a/x removed", func() bool {
+		_, err := os.Stat(filepath.Join(cacheRoot, uidX))
+		return errors.Is(err, os.ErrNotExist)
+	})
+	wait("a/y Ready once a/x left", state(uidY, inferencev1.CacheReady, ""))
+	if st := status_(uidZ); st.State != inferencev1.CacheReady {
+		t.Errorf("b/z is %s %s: %s", st.State, st.Reason, st.Message)
+	}
+	if n := over.Load(); n > 0 {
+		t.Errorf("namespace a's caches were seen taking %d bytes on the node, past its %d-byte limit", n, limit.Value())
+	}
+}
+
+// dirBytes is what the files under dir take on disk (0 when it is not there).
+func dirBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d iofs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		if info, err := d.Info(); err == nil {
+			n += info.Size()
+		}
+		return nil
+	})
+	return n
+}
