@@ -123,12 +123,14 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 	values := docValues(t, file)
 	// This machine's stand-ins for the cloud: the release's images from the cluster's registry
 	// (the air-gapped install), S3 is versitygw and the Hub a fixture (their endpoints), the
-	// agents' IAM role is static keys (agent.envFrom), and the JumpStart catalog is the test's
+	// agents' and the controller's IAM roles are static keys (agent.envFrom,
+	// controller.envFrom), and the JumpStart catalog is the test's
 	// (it points at the Hub fixture's commit).
 	merge(values, map[string]any{
-		"image":   map[string]any{"registry": e.Registry()},
-		"agent":   map[string]any{"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}}},
-		"catalog": map[string]any{"enabled": false},
+		"image":      map[string]any{"registry": e.Registry()},
+		"agent":      map[string]any{"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}}},
+		"controller": map[string]any{"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}}},
+		"catalog":    map[string]any{"enabled": false},
 		"config": map[string]any{
 			"s3":          map[string]any{"endpoint": e.S3.Endpoint, "pathStyle": true},
 			"huggingFace": map[string]any{"endpoint": e.Hub.URL},

@@ -426,12 +426,15 @@ func (e *Env) serverLayer(server []byte, model []FileSpec) (v1.Layer, error) {
 }
 
 // values are the chart values of the run: prewarm's images from the loopback registry, the
-// agents' S3 credentials, and the sources' endpoints.
+// agents' and the controller's S3 credentials, and the sources' endpoints.
 func (e *Env) values() map[string]any {
 	return map[string]any{
 		"image":   map[string]any{"registry": e.C.Registry + "/prewarm", "tag": Version},
 		"catalog": map[string]any{"enabled": false},
 		"agent": map[string]any{
+			"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}},
+		},
+		"controller": map[string]any{
 			"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}},
 		},
 		"config": config.OperatorConfiguration{
