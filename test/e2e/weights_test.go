@@ -61,6 +61,8 @@ type weightsEnv struct {
 	fsx []config.FSxMount
 	// agentEnv is added to the environment of a node's agent.
 	agentEnv map[string][]string
+	// configure, when set, changes the operator configuration the controller and agents read.
+	configure func(*config.OperatorConfiguration)
 }
 
 func (e *weightsEnv) nodeRoot(node string) string { return filepath.Join(e.nodes, node, root) }
@@ -279,6 +281,9 @@ func (e *weightsEnv) config(s3Endpoint string) string {
 		op.S3 = config.S3{Endpoint: s3Endpoint, PathStyle: true, CredentialsSecret: "prewarm-s3"}
 	}
 	op.HuggingFace.Endpoint = e.hfEndpoint
+	if e.configure != nil {
+		e.configure(&op)
+	}
 	return testutil.OperatorConfig(e.t, op)
 }
 
