@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,22 +73,56 @@ func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 	if got := m.Status.OriginBytes + m.Status.PeerBytes; got < int64(len(nodes))*total {
 		t.Errorf("origin + peer bytes %d, want at least %d (each node holds the model)", got, int64(len(nodes))*total)
 	}
-	// Every node ends up sharing with the three others. Not at once on a busy machine: a node
-	// whose peer address the controller could not yet bear out (its informer behind the
-	// harness's address patch) is looked at again every few seconds.
-	e.eventually(30*time.Second, "every node asked to share with the 3 others", func() (bool, string) {
+	// The four are one swarm: each node is asked to share with other targets only, at the
+	// addresses their agents report, and every node is linked to every other through the
+	// swarm's links, whichever way each was listed. (Usually each lists the three others; a node
+	// whose peer address the controller could not yet bear out when the swarm formed, its
+	// informer behind the harness's address patch, is no one's peer at first and takes its
+	// parts from the others as their upstream, and a swarm once formed is not rewritten.)
+	e.eventually(30*time.Second, "the four nodes are one swarm", func() (bool, string) {
+		links := map[string][]string{}
+		addrs := map[string]string{}
+		layout := []string{}
+		for _, n := range nodes {
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := e.c.Get(ctx, types.NamespacedName{Name: n}, nc); err != nil {
+				return false, err.Error()
+			}
+			addrs[n] = nc.Status.PeerAddress
+			for _, r := range nc.Spec.Caches {
+				if r.UID != uid {
+					continue
+				}
+				layout = append(layout, fmt.Sprintf("%s: %v", n, r.Peers))
+				for _, p := range r.Peers {
+					links[n] = append(links[n], p.Node)
+					links[p.Node] = append(links[p.Node], n)
+				}
+			}
+		}
 		for _, n := range nodes {
 			nc := &prewarmv1alpha1.NodeCache{}
 			if err := e.c.Get(ctx, types.NamespacedName{Name: n}, nc); err != nil {
 				return false, err.Error()
 			}
 			for _, r := range nc.Spec.Caches {
-				if r.UID == uid && len(r.Peers) != len(nodes)-1 {
-					return false, fmt.Sprintf("%s is asked to share with %v", n, r.Peers)
+				for _, p := range r.Peers {
+					if r.UID == uid && (!slices.Contains(nodes, p.Node) || p.Address != addrs[p.Node]) {
+						return false, fmt.Sprintf("%s is asked to share with %s at %s, which is no target at its reported address %q", n, p.Node, p.Address, addrs[p.Node])
+					}
 				}
 			}
 		}
-		return true, ""
+		seen := map[string]bool{nodes[0]: true}
+		for queue := []string{nodes[0]}; len(queue) > 0; queue = queue[1:] {
+			for _, next := range links[queue[0]] {
+				if !seen[next] {
+					seen[next] = true
+					queue = append(queue, next)
+				}
+			}
+		}
+		return len(seen) == len(nodes), fmt.Sprintf("linked %d of %d: %s", len(seen), len(nodes), strings.Join(layout, "; "))
 	})
 	e.eventually(30*time.Second, "the origin bytes metric", func() (bool, string) {
 		body, err := httpGet("http://" + metricsAddr + "/metrics")
