@@ -16,7 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -74,6 +76,7 @@ func capacityReconcilers(t *testing.T, ctx context.Context, counted *shaper.Prox
 		}
 	})
 	rc.wc.Sizer = weightscache.SourceSizer{Config: rc.cfg.OperatorConfiguration}
+	rc.wc.Recorder = events.NewFakeRecorder(100)
 	for _, ns := range namespaces {
 		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "prewarm-s3"}, StringData: map[string]string{
 			"AWS_ACCESS_KEY_ID": s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY": s3fixture.SecretKey,
@@ -165,6 +168,12 @@ func TestCapacityShortfallIsReportedBeforeAnyDownload(t *testing.T) {
 	if pc := condition(parent.Status.Conditions, inferencev1.ConditionCapacityAvailable); pc.Reason != inferencev1.ReasonCapacityShortfall || pc.Message != got.Message {
 		t.Errorf("the parent's CapacityAvailable: %+v; want the cache's", pc)
 	}
+	// The shortfall is told once, as a Warning with the same figures, however often the cache
+	// is reconciled.
+	rc.wc.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(m)})
+	if told := drainEvents(rc, inferencev1.ReasonCapacityShortfall); len(told) != 1 || !strings.HasPrefix(told[0], "Warning CapacityShortfall 2 of 3 target nodes cannot hold the model") {
+		t.Errorf("CapacityShortfall events %q; want one Warning with the figures", told)
+	}
 	if served := counted.Served.Load(); served >= modelBytes/10 {
 		t.Errorf("S3 sent %d bytes; want the listing only, before any node downloads", served)
 	}
@@ -238,6 +247,9 @@ func TestNamespaceQuotaInTheCluster(t *testing.T) {
 	if pc := condition(parent.Status.Conditions, inferencev1.ConditionWithinBudget); pc.Reason != inferencev1.ReasonBudgetExceeded {
 		t.Errorf("the parent's WithinBudget: %+v; want BudgetExceeded", pc)
 	}
+	if told := drainEvents(rc, inferencev1.ReasonBudgetExceeded); len(told) != 1 || !strings.HasPrefix(told[0], "Warning BudgetExceeded namespace quota-a may hold 15.7 MB") {
+		t.Errorf("BudgetExceeded events %q; want one Warning with the figures", told)
+	}
 	refusedNodes := 0
 	for _, ns := range m.Status.Nodes {
 		if ns.State == inferencev1.CacheFailed && ns.Reason == prewarmv1alpha1.ReasonBudgetExceeded && strings.Contains(ns.Message, "no room for another copy") {
@@ -277,6 +289,18 @@ func TestNamespaceQuotaInTheCluster(t *testing.T) {
 	if c := apimeta.FindStatusCondition(other.Status.Conditions, inferencev1.ConditionWithinBudget); c != nil {
 		t.Errorf("quota-b has no quota, yet its cache says %+v", c)
 	}
+}
+
+// drainEvents takes the events the weights cache reconciler has recorded so far and returns
+// those of reason.
+func drainEvents(rc *reconcilers, reason string) []string {
+	var told []string
+	for rec := rc.wc.Recorder.(*events.FakeRecorder); len(rec.Events) > 0; {
+		if e := <-rec.Events; strings.Contains(e, " "+reason+" ") {
+			told = append(told, e)
+		}
+	}
+	return told
 }
 
 // askedOf lists the nodes asked to hold cache uid (requests not refused).
