@@ -170,7 +170,9 @@ func TestCapacityShortfallIsReportedBeforeAnyDownload(t *testing.T) {
 	}
 	// The shortfall is told once, as a Warning with the same figures, however often the cache
 	// is reconciled.
-	rc.wc.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(m)})
+	if _, err := rc.wc.Reconcile(ctx, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(m)}); err != nil {
+		t.Fatal(err)
+	}
 	if told := drainEvents(rc, inferencev1.ReasonCapacityShortfall); len(told) != 1 || !strings.HasPrefix(told[0], "Warning CapacityShortfall 2 of 3 target nodes cannot hold the model") {
 		t.Errorf("CapacityShortfall events %q; want one Warning with the figures", told)
 	}
