@@ -89,6 +89,9 @@ const (
 	// ReasonSizeUnknown: the model's size is not known yet (the controller could not list the
 	// source; a node will).
 	ReasonSizeUnknown = "SizeUnknown"
+	// ReasonDisksNotReported: no target node's agent has reported its disk yet (a new node, or
+	// one whose agent is not running); the forecast waits for them.
+	ReasonDisksNotReported = "DisksNotReported"
 	// ReasonWithinBudget: the cache keeps its namespace within its quota's byte limits.
 	ReasonWithinBudget = "WithinBudget"
 	// ReasonBudgetExceeded: the cache would take its namespace past its quota's byte limits on

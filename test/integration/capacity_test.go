@@ -146,6 +146,11 @@ func TestCapacityShortfallIsReportedBeforeAnyDownload(t *testing.T) {
 	rc := capacityReconcilers(t, ctx, counted, "cap-operator", []string{"cap-a", "cap-b"}, nil)
 	for _, n := range []string{"cap-n1", "cap-n2", "cap-n3"} {
 		upNode(t, ctx, n, "ml.p5.48xlarge")
+		// Gone with the test: other tests' parents of that instance type target no node.
+		t.Cleanup(func() {
+			_ = server.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+			_ = server.Client.Delete(context.Background(), &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		})
 	}
 	reportDisk(t, ctx, "cap-n1", 100<<20)
 	reportDisk(t, ctx, "cap-n2", 1<<20)

@@ -225,7 +225,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		}
 		dep := &appsv1.Deployment{}
 		if err := c.Get(ctx, client.ObjectKeyFromObject(parent), dep); err != nil {
-			t.Fatalf("the image cache holds the Deployment back: %v", err)
+			t.Fatalf("the image cache holds the Deployment back: %v; parent conditions %+v", err, parent.Status.Conditions)
 		}
 		for _, ctr := range append(dep.Spec.Template.Spec.InitContainers, dep.Spec.Template.Spec.Containers...) {
 			if ctr.Image == squat.Spec.Image {

@@ -59,6 +59,10 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	ready := func(reason, msg string, st metav1.ConditionStatus) []metav1.Condition {
 		return []metav1.Condition{{Type: inferencev1.ConditionReady, Status: st, Reason: reason, Message: msg, ObservedGeneration: 1}}
 	}
+	// The capacity forecast beside Ready (the figures are checked by capacity_test.go).
+	withCapacity := func(conds []metav1.Condition, st metav1.ConditionStatus, reason, msg string) []metav1.Condition {
+		return append(conds, metav1.Condition{Type: inferencev1.ConditionCapacityAvailable, Status: st, Reason: reason, Message: msg, ObservedGeneration: 1})
+	}
 	report := func(node string, cs ...prewarmv1alpha1.CacheStatus) {
 		t.Helper()
 		reportCaches(t, ctx, node, stamp, cs...)
@@ -100,8 +104,10 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	}
 	wantStatus("no agent reports", got, inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: 1, State: inferencev1.CachePending, TargetNodes: 2,
-		Nodes:      []inferencev1.NodeCacheStatus{silent("wc-a"), silent("wc-b")},
-		Conditions: ready(inferencev1.ReasonWaitingForCache, "0 of 2 target nodes hold the cache; 2 waiting, 0 failed", metav1.ConditionFalse),
+		Nodes:    []inferencev1.NodeCacheStatus{silent("wc-a"), silent("wc-b")},
+		Capacity: &inferencev1.CapacityStatus{UnknownNodes: 2},
+		Conditions: withCapacity(ready(inferencev1.ReasonWaitingForCache, "0 of 2 target nodes hold the cache; 2 waiting, 0 failed", metav1.ConditionFalse),
+			metav1.ConditionUnknown, inferencev1.ReasonSizeUnknown, "the model's size is not known yet: the controller does not list sources; the size is known once a node lists it"),
 	})
 
 	// One node holds it; the other has no room (a failure waiting will not fix).
@@ -118,7 +124,10 @@ func TestWeightsCacheReconcile(t *testing.T) {
 		Nodes: []inferencev1.NodeCacheStatus{
 			{Name: "wc-b", State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom, LastTransitionTime: stamp},
 			holds},
-		Conditions: ready(prewarmv1alpha1.ReasonInsufficientCapacity, "1 of 2 target nodes hold the cache; 1 failed: wc-b: "+noRoom, metav1.ConditionFalse),
+		Capacity: &inferencev1.CapacityStatus{ModelBytes: size, FitNodes: 1, ShortNodes: 1},
+		Conditions: withCapacity(ready(prewarmv1alpha1.ReasonInsufficientCapacity, "1 of 2 target nodes hold the cache; 1 failed: wc-b: "+noRoom, metav1.ConditionFalse),
+			metav1.ConditionFalse, inferencev1.ReasonCapacityShortfall, "1 of 2 target nodes cannot hold the model, even after evicting what the policy lets go: wc-b (its agent: "+noRoom+
+				"); the model is 3.2 GB (as the nodes listed it); pods there read the model from the source"),
 	})
 	if diff := cmp.Diff(map[string]bool{"wc-a": true}, labelled()); diff != "" {
 		t.Errorf("labelled nodes (-want +got):\n%s", diff)
@@ -145,7 +154,9 @@ func TestWeightsCacheReconcile(t *testing.T) {
 			{Name: "wc-b", State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading, BytesDone: 1 << 30, BytesTotal: size,
 				BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB", LastTransitionTime: &metav1.Time{Time: later}},
 			holds},
-		Conditions: ready(inferencev1.ReasonDownloading, "1 of 2 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed", metav1.ConditionFalse),
+		Capacity: &inferencev1.CapacityStatus{ModelBytes: size, FitNodes: 1, UnknownNodes: 1},
+		Conditions: withCapacity(ready(inferencev1.ReasonDownloading, "1 of 2 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed", metav1.ConditionFalse),
+			metav1.ConditionTrue, inferencev1.ReasonFits, "the 1 target nodes that reported their disks can hold the model (3.2 GB, as the nodes listed it); 1 have not reported their disks yet"),
 	})
 
 	// Deleted: withdrawn from both nodes and unlabelled at once; kept until the agents have

@@ -168,6 +168,10 @@ func (v capacityView) condition() (metav1.ConditionStatus, string, string) {
 	if !v.size.known() {
 		return metav1.ConditionUnknown, inferencev1.ReasonSizeUnknown, "the model's size is not known yet: " + v.size.problem
 	}
+	if v.unknown > 0 && v.fit+v.overBudget == 0 {
+		return metav1.ConditionUnknown, inferencev1.ReasonDisksNotReported, fmt.Sprintf("none of the %d target nodes has reported its disk yet; the model is %s (%s)",
+			v.unknown, human(v.size.bytes), v.size.from)
+	}
 	msg := fmt.Sprintf("the %d target nodes that reported their disks can hold the model (%s, %s)", v.fit, human(v.size.bytes), v.size.from)
 	if v.byEvicting > 0 {
 		msg += fmt.Sprintf("; %d of them by evicting caches no pod uses", v.byEvicting)

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -204,8 +205,15 @@ const quotaRecheck = 30 * time.Second
 // each node's transitions.
 func (r *Reconciler) gatherPhase(_ context.Context, s *state) error {
 	r.gather(s)
-	r.capacityPhase(s)
-	r.budgetPhase(s)
+	if s.deleting {
+		// A cache being deleted asks no node for room: no forecast, no quota.
+		apimeta.RemoveStatusCondition(&s.status.Conditions, inferencev1.ConditionCapacityAvailable)
+		apimeta.RemoveStatusCondition(&s.status.Conditions, inferencev1.ConditionWithinBudget)
+		s.status.Capacity = nil
+	} else {
+		r.capacityPhase(s)
+		r.budgetPhase(s)
+	}
 	noteExcluded(&s.status, s.decision.excluded)
 	r.nodeEvents(s)
 	if p := s.decision.policyProblem; p != "" {
