@@ -100,22 +100,6 @@ const (
 	ReasonBudgetExceeded = "BudgetExceeded"
 )
 
-// WeightsCacheRollup is a parent's view of its weights cache.
-type WeightsCacheRollup struct {
-	// name is the ModelDataCacheConfig's name.
-	// +optional
-	Name string `json:"name,omitempty"`
-	// state is the cache's state.
-	// +optional
-	State CacheState `json:"state,omitempty"`
-	// targetNodes is the number of nodes that should hold the cache.
-	// +optional
-	TargetNodes int32 `json:"targetNodes,omitempty"`
-	// readyNodes is the number of nodes that hold it, verified.
-	// +optional
-	ReadyNodes int32 `json:"readyNodes,omitempty"`
-}
-
 // ImageCacheState is HyperPod's summary of a parent's image cache.
 // +kubebuilder:validation:Enum=Pending;Downloading;Ready;Failed;PartiallyReady
 type ImageCacheState string
@@ -128,8 +112,10 @@ const (
 	ImageCacheStatePartiallyReady ImageCacheState = "PartiallyReady"
 )
 
-// ImageCacheRollup is a parent's view of its image cache, in HyperPod's shape; name and
-// namespace are prewarm's, and name the InferenceImageCache.
+// ImageCacheRollup is HyperPod's summary of a parent's image cache. prewarm does not set it:
+// HyperPod's SDK and `hyp` CLI, whose status models do not declare it, would read no status at
+// all. The parent's ImageCacheReady condition carries the same, and the InferenceImageCache the
+// rest.
 type ImageCacheRollup struct {
 	// state is Pending, Downloading (nodes are pulling), Ready (every target node holds the
 	// image), PartiallyReady (some do, others cannot pull it) or Failed (none can).
@@ -144,12 +130,6 @@ type ImageCacheRollup struct {
 	// message says why the cache is in its state.
 	// +optional
 	Message string `json:"message,omitempty"`
-	// name is the InferenceImageCache's name.
-	// +optional
-	Name string `json:"name,omitempty"`
-	// namespace is the InferenceImageCache's namespace.
-	// +optional
-	Namespace string `json:"namespace,omitempty"`
 }
 
 // DeploymentStatus is the Deployment that serves a model, in HyperPod's shape.
@@ -215,7 +195,9 @@ type DeploymentObjectCondition struct {
 }
 
 // ParentStatus is what prewarm observed of a parent's deployment: an InferenceEndpointConfig's
-// or a JumpStartModel's.
+// or a JumpStartModel's. It holds only what HyperPod's published status has and HyperPod's SDK
+// reads (its status models refuse anything else, and then show no status at all): what prewarm
+// adds is in conditions (types and reasons of its own), and in the cache objects.
 type ParentStatus struct {
 	// observedGeneration is the generation this status describes.
 	// +optional
@@ -234,11 +216,8 @@ type ParentStatus struct {
 	// +optional
 	Selector string `json:"selector,omitempty"`
 
-	// weightsCacheStatus rolls up the weights cache.
-	// +optional
-	WeightsCacheStatus *WeightsCacheRollup `json:"weightsCacheStatus,omitempty"`
-
-	// imageCacheStatus rolls up the image cache.
+	// imageCacheStatus is HyperPod's; prewarm does not set it (see ImageCacheRollup): the
+	// ImageCacheReady condition says how the image cache stands.
 	// +optional
 	ImageCacheStatus *ImageCacheRollup `json:"imageCacheStatus,omitempty"`
 

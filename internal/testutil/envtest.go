@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -220,7 +219,7 @@ func TableHeaders(tab *metav1.Table) []string {
 
 // RunWithAPIServer runs a package's tests (from its TestMain) against one API server, started
 // first and stored in *server, and stopped after them; it returns the exit code.
-func RunWithAPIServer(m *testing.M, server **APIServer) int {
+func RunWithAPIServer(m interface{ Run() int }, server **APIServer) int {
 	if SkipPackageIfShort() {
 		return 0
 	}

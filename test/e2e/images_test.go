@@ -123,7 +123,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 	pullWith(t, e, "default", "regcred")
 
 	applySeed(t, c)
-	var seedCache string
+	var seedCache, cacheNS string
 	t.Run("the seed gets an image cache named in the seed's style; the Deployment does not wait for it", func(t *testing.T) {
 		dep := &appsv1.Deployment{}
 		e.eventually(60*time.Second, "Deployment created", func() (bool, string) {
@@ -137,7 +137,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		if caches[0].Status.Phase == inferencev1.ImageComplete {
 			t.Errorf("the image cache was already Complete when the Deployment appeared: the test shows nothing")
 		}
-		seedCache = caches[0].Name
+		seedCache, cacheNS = caches[0].Name, caches[0].Namespace
 		ic := e.waitImageCache(seedCache, inferencev1.ImageComplete, 3, 3)
 		if got := e.podNodes(seedCache); !slices.Equal(got, []string{"g5-a", "g5-b", "g5-c"}) {
 			t.Errorf("image cache pods on %v, want the three ml.g5.24xlarge nodes", got)
@@ -202,13 +202,15 @@ func TestImageCacheEndToEnd(t *testing.T) {
 			return false, fmt.Sprintf("%+v", dep.Spec.Template.Spec.Affinity)
 		})
 		iec := &inferencev1.InferenceEndpointConfig{}
-		e.eventually(30*time.Second, "parent's imageCacheStatus", func() (bool, string) {
+		// The parent's ImageCacheReady condition names the image cache with its counts (the
+		// status holds only HyperPod's fields).
+		e.eventually(30*time.Second, "parent's ImageCacheReady", func() (bool, string) {
 			if err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model"}, iec); err != nil {
 				return false, err.Error()
 			}
-			r := iec.Status.ImageCacheStatus
-			return r != nil && r.Name == seedCache && r.State == inferencev1.ImageCacheStateReady && r.ReadyNodes == 3 && r.TargetNodes == 3 &&
-				condition(iec.Status.Conditions, inferencev1.ConditionImageCacheReady).Status == metav1.ConditionTrue, fmt.Sprintf("%+v", r)
+			r := condition(iec.Status.Conditions, inferencev1.ConditionImageCacheReady)
+			want := fmt.Sprintf("image cache %s/%s %s: all 3 target nodes hold", cacheNS, seedCache, inferencev1.ImageComplete)
+			return r.Status == metav1.ConditionTrue && strings.HasPrefix(r.Message, want), fmt.Sprintf("%+v; want it to begin %q", r, want)
 		})
 	})
 	if t.Failed() {

@@ -168,8 +168,9 @@ func TestJumpStartEndToEnd(t *testing.T) {
 			}
 		}
 		j := e.jumpStart("default", "example-jumpstart-model")
-		if j.Status.WeightsCacheStatus == nil || j.Status.WeightsCacheStatus.ReadyNodes != 3 || j.Status.ImageCacheStatus == nil ||
-			j.Status.ImageCacheStatus.State != inferencev1.ImageCacheStateReady || j.Status.ObservedGeneration != j.Generation {
+		ws, is := condition(j.Status.Conditions, inferencev1.ConditionWeightsCacheReady), condition(j.Status.Conditions, inferencev1.ConditionImageCacheReady)
+		if ws.Status != metav1.ConditionTrue || !strings.Contains(ws.Message, "all 3 target nodes hold the cache") ||
+			is.Status != metav1.ConditionTrue || !strings.Contains(is.Message, "all 3 target nodes hold") || j.Status.ObservedGeneration != j.Generation {
 			t.Errorf("status %+v", j.Status)
 		}
 		e.eventually(30*time.Second, "events", func() (bool, string) {

@@ -425,8 +425,9 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 				return false, err.Error()
 			}
 			g := condition(iec.Status.Conditions, inferencev1.ConditionGated)
-			ws := iec.Status.WeightsCacheStatus
-			return g.Status == metav1.ConditionFalse && g.Reason == inferencev1.ReasonGateOpen && ws != nil && ws.ReadyNodes == 3,
+			ws := condition(iec.Status.Conditions, inferencev1.ConditionWeightsCacheReady)
+			return g.Status == metav1.ConditionFalse && g.Reason == inferencev1.ReasonGateOpen && ws.Status == metav1.ConditionTrue &&
+					strings.HasPrefix(ws.Message, fmt.Sprintf("weights cache %s %s: all 3 target nodes hold the cache", "example-model-cache", inferencev1.CacheReady)),
 				fmt.Sprintf("%+v", iec.Status)
 		})
 		// An HPA (or kubectl scale) scales the parent through /scale; the Deployment follows and

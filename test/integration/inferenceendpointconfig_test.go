@@ -110,10 +110,10 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 		t.Fatalf("image caches %+v; want one, referencing the parent", images.Items)
 	}
 	image := &images.Items[0]
-	imageRollup := &inferencev1.ImageCacheRollup{Name: image.Name, Namespace: image.Namespace, State: inferencev1.ImageCacheStatePending}
+	imageNamed := "image cache " + image.Namespace + "/" + image.Name + " Pending: "
 	selector := controller.EndpointLabel + "=" + string(parent.UID)
 	unsupported := cond(1, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect")
-	imagePulling := cond(1, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet")
+	imagePulling := cond(1, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", imageNamed+"it has not reported yet")
 	reportCaches(t, ctx, node, stamp, downloading(first))
 	got = reconcile()
 	if dep := deployment(); dep != nil {
@@ -121,13 +121,12 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	}
 	wantStatus("the node downloads", got, inferencev1.ParentStatus{
 		ObservedGeneration: 1, State: inferencev1.DeploymentPending, Selector: selector,
-		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "llama-cache", State: inferencev1.CacheDownloading, TargetNodes: 1},
-		ImageCacheStatus:   imageRollup,
 		Conditions: []metav1.Condition{unsupported, imagePulling,
-			cond(1, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonDownloading, "0 of 1 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed"),
+			cond(1, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonDownloading, "weights cache llama-cache Downloading: 0 of 1 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed"),
 			cond(1, inferencev1.ConditionGated, metav1.ConditionTrue, inferencev1.ReasonWaitingForCache,
 				"waiting for the weights cache on 1 of 1 target nodes: iec-node Downloading 50% (opens at the latest in …)"),
 			cond(1, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the Deployment is created once the weights cache settles"),
+			cond(1, inferencev1.ConditionCapacityAvailable, metav1.ConditionUnknown, inferencev1.ReasonDisksNotReported, "none of the 1 target nodes has reported its disk yet; the model is 2.0 GB (as the nodes listed it)"),
 		},
 	})
 
@@ -141,16 +140,15 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	if name := dep.Spec.Template.Annotations[controller.WeightsCacheAnnotation]; name != "llama-cache" {
 		t.Errorf("the pods read weights cache %q; want llama-cache", name)
 	}
-	weightsReady := cond(1, inferencev1.ConditionWeightsCacheReady, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, "all 1 target nodes hold the cache (2.0 GB), verified")
+	weightsReady := cond(1, inferencev1.ConditionWeightsCacheReady, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, "weights cache llama-cache Ready: all 1 target nodes hold the cache (2.0 GB), verified")
 	wantStatus("the node holds the cache", got, inferencev1.ParentStatus{
 		ObservedGeneration: 1, State: inferencev1.DeploymentInProgress, Selector: selector,
-		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "llama-cache", State: inferencev1.CacheReady, TargetNodes: 1, ReadyNodes: 1},
-		ImageCacheStatus:   imageRollup,
 		DeploymentStatus: &inferencev1.DeploymentStatus{Name: "llama", Status: &inferencev1.DeploymentObjectStatus{},
 			DeploymentObjectOverallState: string(inferencev1.DeploymentInProgress)},
 		Conditions: []metav1.Condition{unsupported, imagePulling, weightsReady,
 			cond(1, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonGateOpen, "all 1 target nodes hold the weights cache"),
 			cond(1, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated, "Deployment llama is rolling out: 0 of 1 pods updated, 0 available"),
+			cond(1, inferencev1.ConditionCapacityAvailable, metav1.ConditionTrue, inferencev1.ReasonFits, "the 1 target nodes that reported their disks can hold the model (2.0 GB, as the nodes listed it)"),
 		},
 	})
 
@@ -172,17 +170,16 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	}
 	wantStatus("the new cache downloads", got, inferencev1.ParentStatus{
 		ObservedGeneration: 2, State: inferencev1.DeploymentInProgress, Selector: selector,
-		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: second.Name, State: inferencev1.CacheDownloading, TargetNodes: 1},
-		ImageCacheStatus:   imageRollup,
 		DeploymentStatus: &inferencev1.DeploymentStatus{Name: "llama", Status: &inferencev1.DeploymentObjectStatus{},
 			DeploymentObjectOverallState: string(inferencev1.DeploymentInProgress)},
 		Conditions: []metav1.Condition{
 			cond(2, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect"),
-			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet"),
-			cond(2, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonDownloading, "0 of 1 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed"),
+			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", imageNamed+"it has not reported yet"),
+			cond(2, inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonDownloading, "weights cache "+second.Name+" Downloading: 0 of 1 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed"),
 			cond(2, inferencev1.ConditionGated, metav1.ConditionTrue, inferencev1.ReasonWaitingForCache,
 				"the pods stay on cache llama-cache until "+second.Name+" settles: waiting for the weights cache on 1 of 1 target nodes: iec-node Downloading 50% (opens at the latest in …)"),
 			cond(2, inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated, "Deployment llama is rolling out: 0 of 1 pods updated, 0 available"),
+			cond(2, inferencev1.ConditionCapacityAvailable, metav1.ConditionUnknown, inferencev1.ReasonDisksNotReported, "none of the 1 target nodes has reported its disk yet; the model is 2.0 GB (as the nodes listed it)"),
 		},
 	})
 
@@ -207,16 +204,15 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	}
 	wantStatus("rolled to the new cache", got, inferencev1.ParentStatus{
 		ObservedGeneration: 2, State: inferencev1.DeploymentComplete, Replicas: 1, Selector: selector,
-		WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: second.Name, State: inferencev1.CacheReady, TargetNodes: 1, ReadyNodes: 1},
-		ImageCacheStatus:   imageRollup,
 		DeploymentStatus: &inferencev1.DeploymentStatus{Name: "llama", DeploymentObjectOverallState: string(inferencev1.DeploymentComplete),
 			Status: &inferencev1.DeploymentObjectStatus{ObservedGeneration: dep.Generation, Replicas: 1, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1}},
 		Conditions: []metav1.Condition{
 			cond(2, inferencev1.ConditionUnsupported, metav1.ConditionFalse, "FieldsWithoutEffect", "every field set has its effect"),
-			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", "the image cache has not reported yet"),
-			cond(2, inferencev1.ConditionWeightsCacheReady, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, "all 1 target nodes hold the cache (2.0 GB), verified"),
+			cond(2, inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, "Pulling", imageNamed+"it has not reported yet"),
+			cond(2, inferencev1.ConditionWeightsCacheReady, metav1.ConditionTrue, inferencev1.ReasonAllNodesReady, "weights cache "+second.Name+" Ready: all 1 target nodes hold the cache (2.0 GB), verified"),
 			cond(2, inferencev1.ConditionGated, metav1.ConditionFalse, inferencev1.ReasonGateOpen, "all 1 target nodes hold the weights cache"),
 			cond(2, inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated, "Deployment llama has 1 of 1 pods available"),
+			cond(2, inferencev1.ConditionCapacityAvailable, metav1.ConditionTrue, inferencev1.ReasonFits, "the 1 target nodes that reported their disks can hold the model (2.0 GB, as the nodes listed it)"),
 		},
 	})
 

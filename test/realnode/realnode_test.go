@@ -109,7 +109,7 @@ func TestSeedOnRealNodes(t *testing.T) {
 	if err := e.C.Client.Get(ctx, key, iec); err != nil {
 		t.Fatal(err)
 	}
-	image := e.imageCacheName(t, iec)
+	image := e.imageCacheName(t, ctx, iec)
 	t.Run("pod created to Ready on a warm node against a cold one", func(t *testing.T) {
 		if err := e.MeasureWeights(ctx, key, rep); err != nil {
 			t.Fatal(err)
@@ -514,12 +514,21 @@ func (e *env) parentPods(t *testing.T, ctx context.Context, parent client.Object
 	return ready
 }
 
-func (e *env) imageCacheName(t *testing.T, iec *inferencev1.InferenceEndpointConfig) string {
+func (e *env) imageCacheName(t *testing.T, ctx context.Context, iec *inferencev1.InferenceEndpointConfig) string {
 	t.Helper()
-	if iec.Status.ImageCacheStatus == nil || iec.Status.ImageCacheStatus.Name == "" {
-		t.Fatalf("%s has no image cache in its status: %+v", iec.Name, iec.Status)
+	list := &inferencev1.InferenceImageCacheList{}
+	if err := e.C.Client.List(ctx, list); err != nil {
+		t.Fatal(err)
 	}
-	return iec.Status.ImageCacheStatus.Name
+	for _, ic := range list.Items {
+		for _, r := range ic.Spec.ParentReferences {
+			if r.UID == string(iec.UID) {
+				return ic.Name
+			}
+		}
+	}
+	t.Fatalf("no image cache names %s (%s) among its parents", iec.Name, iec.UID)
+	return ""
 }
 
 // deleteParent deletes the InferenceEndpointConfig and checks that its cache's files leave the

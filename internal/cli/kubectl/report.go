@@ -7,9 +7,9 @@ import (
 	"slices"
 	"strings"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -124,6 +124,39 @@ func condition(conds []metav1.Condition, typ string) *ConditionReport {
 	return &ConditionReport{Status: string(c.Status), Reason: c.Reason, Message: c.Message}
 }
 
+// parentCache is the weights cache parent's pods read: of the caches made for it (whose parent
+// reference names its UID) and not being deleted, the newest. nil when it has none.
+func parentCache(ctx context.Context, c client.Client, parent client.Object) (*inferencev1.ModelDataCacheConfig, error) {
+	list := &inferencev1.ModelDataCacheConfigList{}
+	if err := c.List(ctx, list, client.InNamespace(parent.GetNamespace())); err != nil {
+		return nil, err
+	}
+	var newest *inferencev1.ModelDataCacheConfig
+	for i := range list.Items {
+		m := &list.Items[i]
+		if m.Spec.ParentReference.UID != string(parent.GetUID()) || m.DeletionTimestamp != nil {
+			continue
+		}
+		if newest == nil || newest.CreationTimestamp.Before(&m.CreationTimestamp) {
+			newest = m
+		}
+	}
+	return newest, nil
+}
+
+// listImageCaches lists the image caches, wherever the operator keeps them; none when the
+// caller may not list them (the report then has no image section).
+func listImageCaches(ctx context.Context, c client.Client) ([]inferencev1.InferenceImageCache, error) {
+	list := &inferencev1.InferenceImageCacheList{}
+	if err := c.List(ctx, list); err != nil {
+		if apierrors.IsForbidden(err) {
+			return []inferencev1.InferenceImageCache{}, nil
+		}
+		return nil, err
+	}
+	return list.Items, nil
+}
+
 // nodeView is how many nodes of a cache the status lists: the first limit by attention, or
 // every node (read from the nodes' own NodeCaches) when all.
 type nodeView struct {
@@ -163,6 +196,8 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 	rep := &StatusReport{Parents: []ParentReport{}}
 	var nodeCaches []prewarmv1alpha1.NodeCache // read once, for --all-nodes
 	read := false
+	var images []inferencev1.InferenceImageCache // read once
+	var err error
 	for _, p := range parents {
 		if name != "" && p.obj.GetName() != name {
 			continue
@@ -176,28 +211,27 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 				pr.ReadyReplicas = d.Status.ReadyReplicas
 			}
 		}
-		if w := p.st.WeightsCacheStatus; w != nil && w.Name != "" {
-			m := &inferencev1.ModelDataCacheConfig{}
-			if err := c.Get(ctx, types.NamespacedName{Namespace: pr.Namespace, Name: w.Name}, m); err == nil {
-				if view.all && !read {
-					list := &prewarmv1alpha1.NodeCacheList{}
-					if err := c.List(ctx, list); err != nil {
-						return nil, err
-					}
-					nodeCaches, read = list.Items, true
+		if m, err := parentCache(ctx, c, p.obj); err != nil {
+			return nil, err
+		} else if m != nil {
+			if view.all && !read {
+				list := &prewarmv1alpha1.NodeCacheList{}
+				if err := c.List(ctx, list); err != nil {
+					return nil, err
 				}
-				pr.Weights = weightsReport(m, nodeCaches, view)
-			} else if client.IgnoreNotFound(err) != nil {
+				nodeCaches, read = list.Items, true
+			}
+			pr.Weights = weightsReport(m, nodeCaches, view)
+		}
+		if images == nil {
+			if images, err = listImageCaches(ctx, c); err != nil {
 				return nil, err
 			}
 		}
-		if ic := p.st.ImageCacheStatus; ic != nil && ic.Name != "" {
-			x := &inferencev1.InferenceImageCache{}
-			if err := c.Get(ctx, types.NamespacedName{Namespace: ic.Namespace, Name: ic.Name}, x); err == nil {
-				pr.Image = imageReport(x, view)
-			} else if client.IgnoreNotFound(err) != nil {
-				return nil, err
-			}
+		if i := slices.IndexFunc(images, func(x inferencev1.InferenceImageCache) bool {
+			return slices.ContainsFunc(x.Spec.ParentReferences, func(r inferencev1.ParentReference) bool { return r.UID == string(p.obj.GetUID()) })
+		}); i >= 0 {
+			pr.Image = imageReport(&images[i], view)
 		}
 		rep.Parents = append(rep.Parents, pr)
 	}

@@ -80,9 +80,7 @@ func fixture(t *testing.T, c client.Client) {
 	mustCreate(t, c, iec)
 	setStatus(t, c, iec, func() {
 		iec.Status = inferencev1.ParentStatus{State: inferencev1.DeploymentInProgress, Replicas: 1,
-			WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "example-model-cache"},
-			ImageCacheStatus:   &inferencev1.ImageCacheRollup{Name: "iic-vllm-openai-ml-g5-24xlarge-a1b2", Namespace: "hyperpod-inference-system"},
-			DeploymentStatus:   &inferencev1.DeploymentStatus{Name: "example-model", LastUpdated: metav1.Now(), Status: &inferencev1.DeploymentObjectStatus{}},
+			DeploymentStatus: &inferencev1.DeploymentStatus{Name: "example-model", LastUpdated: metav1.Now(), Status: &inferencev1.DeploymentObjectStatus{}},
 			Conditions: []metav1.Condition{
 				cond(inferencev1.ConditionReady, "False", inferencev1.ReasonWaitingForCache, "the Deployment is created once the weights cache settles"),
 				cond(inferencev1.ConditionGated, "True", inferencev1.ReasonWaitingForCache, "waiting for the weights cache on 1 of 2 target nodes: g5-b Downloading 40% (opens at the latest in 29m0s)"),
@@ -104,7 +102,8 @@ func fixture(t *testing.T, c client.Client) {
 			}}
 	})
 	ic := &inferencev1.InferenceImageCache{ObjectMeta: metav1.ObjectMeta{Namespace: "hyperpod-inference-system", Name: "iic-vllm-openai-ml-g5-24xlarge-a1b2"},
-		Spec: inferencev1.InferenceImageCacheSpec{Image: "vllm/vllm-openai:latest", Placement: placement.FromParent("ml.g5.24xlarge", nil, nil, nil)}}
+		Spec: inferencev1.InferenceImageCacheSpec{Image: "vllm/vllm-openai:latest", Placement: placement.FromParent("ml.g5.24xlarge", nil, nil, nil),
+			ParentReferences: []inferencev1.ParentReference{{Kind: "InferenceEndpointConfig", Namespace: "default", Name: "example-model", UID: string(iec.UID)}}}}
 	mustCreate(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "hyperpod-inference-system"}})
 	mustCreate(t, c, shippedConfig(t))
 	mustCreate(t, c, ic)
@@ -248,7 +247,7 @@ func TestStatusOnAFleet(t *testing.T) {
 	iec := testutil.MakeInferenceEndpointConfig("fleet", "big").Obj()
 	mustCreate(t, c, iec)
 	setStatus(t, c, iec, func() {
-		iec.Status = inferencev1.ParentStatus{State: inferencev1.DeploymentInProgress, WeightsCacheStatus: &inferencev1.WeightsCacheRollup{Name: "big-cache"}}
+		iec.Status = inferencev1.ParentStatus{State: inferencev1.DeploymentInProgress}
 	})
 	mdcc := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "fleet", Name: "big-cache"},
 		Spec: inferencev1.ModelDataCacheConfigSpec{

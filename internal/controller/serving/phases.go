@@ -82,21 +82,18 @@ func (r *Reconciler) imagePhase(ctx context.Context, s *state) error {
 		switch {
 		case errors.As(err, &p):
 			// Not this parent's image cache: the parent does without one, and says why.
-			s.status.ImageCacheStatus = nil
 			s.condition(inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, p.reason, p.message)
 		case err != nil:
 			return err
 		default:
 			s.image, keep = ic, ic.Name
-			s.status.ImageCacheStatus = imageRollup(ic)
+			status, reason, msg := metav1.ConditionFalse, inferencev1.ReasonPulling, "it has not reported yet"
 			if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
-				s.condition(inferencev1.ConditionImageCacheReady, c.Status, c.Reason, c.Message)
-			} else {
-				s.condition(inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonPulling, "the image cache has not reported yet")
+				status, reason, msg = c.Status, c.Reason, c.Message
 			}
+			s.condition(inferencev1.ConditionImageCacheReady, status, reason, imageSummary(ic)+": "+msg)
 		}
 	} else {
-		s.status.ImageCacheStatus = nil
 		s.condition(inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled,
 			"modelCacheConfig.imageCache is not enabled; nodes pull the image when a pod lands")
 	}
@@ -133,7 +130,6 @@ func (r *Reconciler) pinPhase(ctx context.Context, s *state) error {
 func (r *Reconciler) weightsPhase(ctx context.Context, s *state) error {
 	m := s.m
 	if m.weights == nil {
-		s.status.WeightsCacheStatus = nil
 		why := "modelCacheConfig.weightsCache is not enabled; pods download the model"
 		if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume {
 			why = "the model is the parent's own volume (modelSourceType kubernetesVolume), mounted as it is: there is nothing to cache"
@@ -143,7 +139,6 @@ func (r *Reconciler) weightsPhase(ctx context.Context, s *state) error {
 		return nil
 	}
 	if ok, why := r.Config.CacheRootAllowed(m.weights.HostPath); !ok {
-		s.status.WeightsCacheStatus = nil
 		s.condition(inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonHostPathNotAllowed, why)
 		return &problem{inferencev1.ReasonHostPathNotAllowed,
 			why + "; nothing is cached or deployed until modelCacheConfig.weightsCache.hostPath is an allowed root"}
@@ -156,17 +151,14 @@ func (r *Reconciler) weightsPhase(ctx context.Context, s *state) error {
 		s.record(controller.EventCacheCreated, "Create",
 			fmt.Sprintf("weights cache %s: %s under %s on every target node", cache.Name, sourceName(cache), cache.Spec.HostPath))
 	}
-	s.status.WeightsCacheStatus = &inferencev1.WeightsCacheRollup{
-		Name: cache.Name, State: cache.Status.State, TargetNodes: cache.Status.TargetNodes, ReadyNodes: cache.Status.ReadyNodes,
-	}
 	if ready := apimeta.FindStatusCondition(cache.Status.Conditions, inferencev1.ConditionReady); ready != nil {
 		status := metav1.ConditionFalse
 		if cache.Status.State == inferencev1.CacheReady {
 			status = metav1.ConditionTrue
 		}
-		s.condition(inferencev1.ConditionWeightsCacheReady, status, ready.Reason, ready.Message)
+		s.condition(inferencev1.ConditionWeightsCacheReady, status, ready.Reason, weightsSummary(cache)+": "+ready.Message)
 	} else {
-		s.condition(inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, "the cache has not reported yet")
+		s.condition(inferencev1.ConditionWeightsCacheReady, metav1.ConditionFalse, inferencev1.ReasonWaitingForCache, weightsSummary(cache)+": it has not reported yet")
 	}
 	carryCapacity(s, cache)
 	if p := r.refuseShortfall(cache); p != nil {
@@ -400,27 +392,25 @@ func deploymentRollup(dep *appsv1.Deployment, state inferencev1.DeploymentState,
 	return ds
 }
 
-// imageRollup is the image cache in HyperPod's imageCacheStatus shape.
-func imageRollup(ic *inferencev1.InferenceImageCache) *inferencev1.ImageCacheRollup {
-	r := &inferencev1.ImageCacheRollup{Name: ic.Name, Namespace: ic.Namespace,
-		ReadyNodes: ic.Status.CachedNodes, TargetNodes: ic.Status.TargetNodes}
-	switch ic.Status.Phase {
-	case inferencev1.ImageComplete:
-		r.State = inferencev1.ImageCacheStateReady
-	case inferencev1.ImagePulling:
-		r.State = inferencev1.ImageCacheStateDownloading
-	case inferencev1.ImageFailed:
-		r.State = inferencev1.ImageCacheStateFailed
-		if ic.Status.CachedNodes > 0 {
-			r.State = inferencev1.ImageCacheStatePartiallyReady
-		}
-	default:
-		r.State = inferencev1.ImageCacheStatePending
+// weightsSummary names the parent's weights cache with its state, as the WeightsCacheReady
+// condition's message begins; the cache's own message, with the counts, follows. (HyperPod's
+// clients read conditions; a status field of prewarm's own would make them read no status.)
+func weightsSummary(c *inferencev1.ModelDataCacheConfig) string {
+	state := c.Status.State
+	if state == "" {
+		state = inferencev1.CachePending
 	}
-	if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
-		r.Message = c.Message
+	return fmt.Sprintf("weights cache %s %s", c.Name, state)
+}
+
+// imageSummary names the parent's image cache with its phase, as the
+// ImageCacheReady condition's message begins.
+func imageSummary(ic *inferencev1.InferenceImageCache) string {
+	phase := ic.Status.Phase
+	if phase == "" {
+		phase = inferencev1.ImagePending
 	}
-	return r
+	return fmt.Sprintf("image cache %s/%s %s", ic.Namespace, ic.Name, phase)
 }
 
 // activeCache is the cache the Deployment's pod template reads, if it is one of owned.
