@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -576,4 +577,30 @@ func (n *Node) CountFrom(port int) (read func() (int64, error), stop func() erro
 	}
 	stop = func() error { return run(append([]string{"iptables", "-w", "-D"}, rule...)...) }
 	return read, stop, nil
+}
+
+// Fill takes the free space of the node's filesystem at p down to leave bytes with a file of
+// its own (allocated, not written, so it costs the machine nothing), as a disk full of other
+// things is; undo removes the file.
+func (n *Node) Fill(p string, leave int64) (undo func() error, err error) {
+	dir := n.HostPath(p)
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return nil, err
+	}
+	size := int64(st.Bavail)*st.Bsize - leave
+	if size <= 0 {
+		return func() error { return nil }, nil
+	}
+	f, err := os.CreateTemp(dir, ".fill-")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	undo = func() error { return os.Remove(f.Name()) }
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+		_ = undo()
+		return nil, fmt.Errorf("fill %s with %d bytes: %w", dir, size, err)
+	}
+	return undo, nil
 }

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -162,35 +163,46 @@ func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Rep
 		return err
 	}
 	probe := func(name, node string) *corev1.Pod { return ProbePod(dep, name, node) }
-	var results [3]time.Duration
+	var results [4]time.Duration
 	for i, x := range []struct {
 		name, node, what string
 		rate             int64
+		// full: the node's disk is full of other things, the cache cannot be kept there and
+		// the pod reads a copy from the source (runs cold).
+		full bool
 	}{
-		{"weights-warm", Warm1, "the seed's pod, weights cached on the node", 0},
-		{"weights-cold", Cold, "the seed's pod, no cache on the node", 0},
+		{"weights-warm", Warm1, "the seed's pod, weights cached on the node", 0, false},
+		{"weights-cold", Cold, "the seed's pod, no cache on the node", 0, false},
 		// The seed's own figure, 145 GB from S3 in 20+ minutes, is about 120 MB/s.
-		{"weights-cold-120mbs", Cold, "the seed's pod, no cache on the node, S3 at 120 MB/s", 120_000_000},
+		{"weights-cold-120mbs", Cold, "the seed's pod, no cache on the node, S3 at 120 MB/s", 120_000_000, false},
+		{"weights-no-room", Cold, "the seed's pod, no room for the cache on the node (a copy from the source)", 0, true},
 	} {
 		if err := e.C.Node(x.node).Throttle(x.rate); err != nil {
 			return err
 		}
+		unfill := func() error { return nil }
+		if x.full {
+			// Beside the agent's reserve, room for half the model.
+			reserve := resource.MustParse(AgentReserve)
+			var err error
+			if unfill, err = e.C.Node(x.node).Fill(CacheRoot, reserve.Value()+ModelBytes(e.Model)/2); err != nil {
+				return err
+			}
+		}
 		p := probe(x.name, x.node)
-		ready, err := e.TimePod(ctx, p, PodReady)
+		ready, answer, err := e.timeServed(ctx, p)
+		if uerr := unfill(); err == nil {
+			err = uerr
+		}
 		if err != nil {
 			return err
 		}
-		start := time.Now()
-		body, err := e.Health(ctx, p)
-		if err != nil {
-			return err
+		mounted := e.MountEvent(ctx, p)
+		if x.full && !strings.Contains(mounted, "running cold") {
+			return fmt.Errorf("%s on a full disk: %s; want a copy from the source, running cold", x.name, mounted)
 		}
-		if !strings.Contains(body, "verified") {
-			return fmt.Errorf("%s: /health %q", x.name, body)
-		}
-		served := ready + time.Since(start)
-		rep.Rows = append(rep.Rows, Row{x.what, x.node, "Ready", ready, e.MountEvent(ctx, p)},
-			Row{x.what, x.node, "model verified by the server", served, strings.TrimSpace(strings.TrimPrefix(body, "ok: "))})
+		rep.Rows = append(rep.Rows, Row{x.what, x.node, "Ready", ready, mounted},
+			Row{x.what, x.node, "model verified by the server", answer.took, answer.body})
 		results[i] = ready
 		if x.node == Cold {
 			if err := e.DeletePods(ctx, key.Namespace, x.name); err != nil {
@@ -206,8 +218,33 @@ func (e *Env) MeasureWeights(ctx context.Context, key client.ObjectKey, rep *Rep
 	}
 	rep.ratio("pod created → Ready, cold node against warm node", results[1], results[0])
 	rep.ratio("pod created → Ready, cold node with S3 at 120 MB/s against warm node", results[2], results[0])
+	rep.ratio("pod created → Ready, node with no room for the cache (reading a copy from the source) against warm node", results[3], results[0])
 	rep.Model = fmt.Sprintf("%s in %d files", engine.HumanBytes(ModelBytes(e.Model)), len(e.Model))
 	return e.DeletePods(ctx, key.Namespace, "weights-warm")
+}
+
+// served is a model server's answer to /health and the time from its pod's creation to it.
+type served struct {
+	took time.Duration
+	body string
+}
+
+// timeServed creates p and times it to Ready, then to its server's /health, which answers once
+// the server has verified the whole model.
+func (e *Env) timeServed(ctx context.Context, p *corev1.Pod) (time.Duration, served, error) {
+	ready, err := e.TimePod(ctx, p, PodReady)
+	if err != nil {
+		return 0, served{}, err
+	}
+	start := time.Now()
+	body, err := e.Health(ctx, p)
+	if err != nil {
+		return 0, served{}, err
+	}
+	if !strings.Contains(body, "verified") {
+		return 0, served{}, fmt.Errorf("%s: /health %q", p.Name, body)
+	}
+	return ready, served{ready + time.Since(start), strings.TrimSpace(strings.TrimPrefix(body, "ok: "))}, nil
 }
 
 // MeasureSharedFill starts n copies of the parent's pod together on the cold node, which does

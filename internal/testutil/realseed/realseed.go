@@ -85,6 +85,9 @@ type Options struct {
 	Release bool
 }
 
+// AgentReserve is the room the agents of a run keep free on their disks (agent.reserve).
+const AgentReserve = "1Gi"
+
 // DiskSize is the size of the nodes' disks for a model of size bytes: room for the caches a run
 // makes of it and of the JumpStart model, beside the agents' reserve (the chart's 20 GiB). The
 // disks are sparse: only what is written takes room on this machine.
@@ -445,7 +448,7 @@ func (e *Env) values() map[string]any {
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: Bucket}}},
 			Controller:   config.Controller{GateTimeout: metav1.Duration{Duration: 10 * time.Minute}},
 			// Progress every second: the tests act at points of a download.
-			Agent: config.Agent{Reserve: ptr.To(resource.MustParse("1Gi")), MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: ptr.To(resource.MustParse("16Mi")), ProgressInterval: metav1.Duration{Duration: time.Second}},
+			Agent: config.Agent{Reserve: ptr.To(resource.MustParse(AgentReserve)), MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: ptr.To(resource.MustParse("16Mi")), ProgressInterval: metav1.Duration{Duration: time.Second}},
 			// Sharing off: these runs time a cold node reading S3 (at S3's pace, 120 MB/s in
 			// one of them) and count what S3 sends it; with sharing, the cold node would take the
 			// model from the warm one. Sharing is measured by make bench-fanout and the e2e tests.
