@@ -126,7 +126,10 @@ func TestImageCacheEndToEnd(t *testing.T) {
 	var seedCache, cacheNS string
 	t.Run("the seed gets an image cache named in the seed's style; the Deployment does not wait for it", func(t *testing.T) {
 		dep := &appsv1.Deployment{}
-		e.eventually(60*time.Second, "Deployment created", func() (bool, string) {
+		// The Deployment waits for the weights cache (not the image's): its nodes download the
+		// model first, which on a loaded machine has taken over a minute (a part waiting out
+		// the peer wait, 30 s, twice).
+		e.eventually(3*time.Minute, "Deployment created", func() (bool, string) {
 			err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model"}, dep)
 			return err == nil, fmt.Sprint(err)
 		})
