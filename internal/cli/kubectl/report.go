@@ -124,24 +124,21 @@ func condition(conds []metav1.Condition, typ string) *ConditionReport {
 	return &ConditionReport{Status: string(c.Status), Reason: c.Reason, Message: c.Message}
 }
 
-// parentCache is the weights cache parent's pods read: of the caches made for it (whose parent
-// reference names its UID) and not being deleted, the newest. nil when it has none.
-func parentCache(ctx context.Context, c client.Client, parent client.Object) (*inferencev1.ModelDataCacheConfig, error) {
-	list := &inferencev1.ModelDataCacheConfigList{}
-	if err := c.List(ctx, list, client.InNamespace(parent.GetNamespace())); err != nil {
-		return nil, err
-	}
-	var newest *inferencev1.ModelDataCacheConfig
-	for i := range list.Items {
-		m := &list.Items[i]
-		if m.Spec.ParentReference.UID != string(parent.GetUID()) || m.DeletionTimestamp != nil {
+// newestCaches maps each parent's UID to the weights cache its pods read: of the caches made
+// for it (whose parent reference names its UID) and not being deleted, the newest.
+func newestCaches(caches []inferencev1.ModelDataCacheConfig) map[string]*inferencev1.ModelDataCacheConfig {
+	newest := map[string]*inferencev1.ModelDataCacheConfig{}
+	for i := range caches {
+		m := &caches[i]
+		if m.DeletionTimestamp != nil {
 			continue
 		}
-		if newest == nil || newest.CreationTimestamp.Before(&m.CreationTimestamp) {
-			newest = m
+		uid := m.Spec.ParentReference.UID
+		if n := newest[uid]; n == nil || n.CreationTimestamp.Before(&m.CreationTimestamp) {
+			newest[uid] = m
 		}
 	}
-	return newest, nil
+	return newest
 }
 
 // listImageCaches lists the image caches, wherever the operator keeps them; none when the
@@ -196,8 +193,15 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 	rep := &StatusReport{Parents: []ParentReport{}}
 	var nodeCaches []prewarmv1alpha1.NodeCache // read once, for --all-nodes
 	read := false
-	var images []inferencev1.InferenceImageCache // read once
-	var err error
+	caches := &inferencev1.ModelDataCacheConfigList{}
+	if err := c.List(ctx, caches, opts...); err != nil {
+		return nil, err
+	}
+	weights := newestCaches(caches.Items)
+	images, err := listImageCaches(ctx, c)
+	if err != nil {
+		return nil, err
+	}
 	for _, p := range parents {
 		if name != "" && p.obj.GetName() != name {
 			continue
@@ -211,9 +215,7 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 				pr.ReadyReplicas = d.Status.ReadyReplicas
 			}
 		}
-		if m, err := parentCache(ctx, c, p.obj); err != nil {
-			return nil, err
-		} else if m != nil {
+		if m := weights[string(p.obj.GetUID())]; m != nil {
 			if view.all && !read {
 				list := &prewarmv1alpha1.NodeCacheList{}
 				if err := c.List(ctx, list); err != nil {
@@ -222,11 +224,6 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 				nodeCaches, read = list.Items, true
 			}
 			pr.Weights = weightsReport(m, nodeCaches, view)
-		}
-		if images == nil {
-			if images, err = listImageCaches(ctx, c); err != nil {
-				return nil, err
-			}
 		}
 		if i := slices.IndexFunc(images, func(x inferencev1.InferenceImageCache) bool {
 			return slices.ContainsFunc(x.Spec.ParentReferences, func(r inferencev1.ParentReference) bool { return r.UID == string(p.obj.GetUID()) })
