@@ -30,7 +30,7 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRDs into config/crd/bases and the RBAC roles into config/rbac.
 	$(CONTROLLER_GEN) crd:allowDangerousTypes=true paths=./api/... output:crd:artifacts:config=config/crd/bases
-	go run ./hack/crdversions config/crd/bases/inference.sagemaker.aws.amazon.com_inferenceendpointconfigs.yaml config/crd/bases/inference.sagemaker.aws.amazon.com_jumpstartmodels.yaml
+	go run ./hack/crdversions $(addprefix config/crd/bases/inference.sagemaker.aws.amazon.com_,inferenceendpointconfigs.yaml jumpstartmodels.yaml sagemakerendpointregistrations.yaml)
 	$(CONTROLLER_GEN) rbac:roleName=prewarm-controller paths=./internal/controller/... output:rbac:artifacts:config=config/rbac/controller
 	$(CONTROLLER_GEN) rbac:roleName=prewarm-agent paths=./internal/agent/... output:rbac:artifacts:config=config/rbac/agent
 	go run ./hack/chart charts/prewarm

@@ -4,11 +4,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// ParentReference names an InferenceEndpointConfig or JumpStartModel that uses a cache.
+// ParentReference names the object that uses a cache: an InferenceEndpointConfig or
+// JumpStartModel, or a ModelWeightsCacheConfig or ModelImageCache a user wrote.
 type ParentReference struct {
-	// kind is InferenceEndpointConfig or JumpStartModel.
+	// kind is InferenceEndpointConfig or JumpStartModel; ModelWeightsCacheConfig for a weights
+	// cache a user asked for, ModelImageCache for an image cache.
 	// +required
-	// +kubebuilder:validation:Enum=InferenceEndpointConfig;JumpStartModel
+	// +kubebuilder:validation:Enum=InferenceEndpointConfig;JumpStartModel;ModelWeightsCacheConfig;ModelImageCache
 	Kind string `json:"kind"`
 	// namespace is the parent's namespace.
 	// +required

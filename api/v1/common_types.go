@@ -20,11 +20,8 @@ const (
 	ModelSourceKubernetesVolume ModelSourceType = "kubernetesVolume"
 )
 
-// ModelSourceConfig says where the model's files are.
-// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 's3' || has(self.s3Storage)",message="modelSourceType s3 needs s3Storage with bucketName"
-// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || has(self.fsxStorage)",message="modelSourceType fsx needs fsxStorage with fileSystemId"
-// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'huggingface' || has(self.huggingFaceModel)",message="modelSourceType huggingface needs huggingFaceModel with modelId"
-// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || !has(self.modelLocation) || !self.modelLocation.matches('(^|/)[.][.](/|$)')",message="modelLocation of an fsx source must not contain '..': it would leave the file system"
+// ModelSourceConfig says where the model's files are. The fields that hold one check that its
+// storage block is there.
 type ModelSourceConfig struct {
 	// modelSourceType is where the model comes from: s3, fsx, huggingface or kubernetesVolume.
 	// The storage block of the same name must be set, and no other.

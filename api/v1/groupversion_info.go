@@ -28,6 +28,9 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 		&JumpStartModel{}, &JumpStartModelList{},
 		&ModelDataCacheConfig{}, &ModelDataCacheConfigList{},
 		&InferenceImageCache{}, &InferenceImageCacheList{},
+		&ModelWeightsCacheConfig{}, &ModelWeightsCacheConfigList{},
+		&ModelImageCache{}, &ModelImageCacheList{},
+		&SageMakerEndpointRegistration{}, &SageMakerEndpointRegistrationList{},
 	)
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil

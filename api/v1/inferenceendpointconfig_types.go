@@ -22,6 +22,10 @@ type InferenceEndpointConfigSpec struct {
 
 	// modelSourceConfig says where the model's files are.
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 's3' || has(self.s3Storage)",message="modelSourceType s3 needs s3Storage with bucketName"
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || has(self.fsxStorage)",message="modelSourceType fsx needs fsxStorage with fileSystemId"
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'huggingface' || has(self.huggingFaceModel)",message="modelSourceType huggingface needs huggingFaceModel with modelId"
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || !has(self.modelLocation) || !self.modelLocation.matches('(^|/)[.][.](/|$)')",message="modelLocation of an fsx source must not contain '..': it would leave the file system"
 	ModelSourceConfig ModelSourceConfig `json:"modelSourceConfig"`
 
 	// modelCacheConfig turns node-local caching of the weights and the image on or off.

@@ -98,7 +98,7 @@ type InferenceImageCacheStatus struct {
 
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Namespaced,shortName=iic;mic;modelimagecache,categories=prewarm
+// +kubebuilder:resource:scope=Namespaced,shortName=iic,categories=prewarm
 // +kubebuilder:metadata:labels="prewarm.io/api=true"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
 // +kubebuilder:printcolumn:name="Cached",type=integer,JSONPath=`.status.cachedNodes`

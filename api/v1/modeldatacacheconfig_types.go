@@ -17,6 +17,10 @@ type ModelDataCacheConfigSpec struct {
 	// modelSourceConfig is where the weights come from, resolved (a JumpStart model id is
 	// already turned into its concrete source).
 	// +required
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 's3' || has(self.s3Storage)",message="modelSourceType s3 needs s3Storage with bucketName"
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || has(self.fsxStorage)",message="modelSourceType fsx needs fsxStorage with fileSystemId"
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'huggingface' || has(self.huggingFaceModel)",message="modelSourceType huggingface needs huggingFaceModel with modelId"
+	// +kubebuilder:validation:XValidation:rule="self.modelSourceType != 'fsx' || !has(self.modelLocation) || !self.modelLocation.matches('(^|/)[.][.](/|$)')",message="modelLocation of an fsx source must not contain '..': it would leave the file system"
 	ModelSourceConfig ModelSourceConfig `json:"modelSourceConfig"`
 
 	// hostPath is the node directory that holds the cache.
@@ -155,7 +159,7 @@ type CapacityStatus struct {
 
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Namespaced,shortName=mdcc;modelweightscacheconfig,categories=prewarm
+// +kubebuilder:resource:scope=Namespaced,shortName=mdcc,categories=prewarm
 // +kubebuilder:metadata:labels="prewarm.io/api=true"
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Target",type=integer,JSONPath=`.status.targetNodes`

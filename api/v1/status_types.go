@@ -39,6 +39,9 @@ const (
 	// lets it hold, per node and in the cluster (namespaceQuotas); absent when the namespace has
 	// no byte limits.
 	ConditionWithinBudget = "WithinBudget"
+	// ConditionRegistered: a SageMakerEndpointRegistration is registered with SageMaker (never,
+	// off SageMaker).
+	ConditionRegistered = "Registered"
 )
 
 // Condition reasons (CamelCase, stable: scripts may match on them).
@@ -98,6 +101,9 @@ const (
 	// some nodes or in the cluster; those nodes keep no copy, and their pods read the model from
 	// the source.
 	ReasonBudgetExceeded = "BudgetExceeded"
+	// ReasonNotAvailableOffSageMaker: a SageMakerEndpointRegistration asks for what only
+	// SageMaker does; prewarm creates nothing for it.
+	ReasonNotAvailableOffSageMaker = "NotAvailableOffSageMaker"
 )
 
 // ImageCacheState is HyperPod's summary of a parent's image cache.

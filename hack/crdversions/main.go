@@ -1,5 +1,6 @@
 // Command crdversions adds to the CRDs controller-gen wrote the v1alpha1 version HyperPod also
-// serves. HyperPod's v1alpha1 schema is its v1 schema with fewer source types, so the API server
+// serves. HyperPod's v1alpha1 schema is its v1 schema with fewer source types (and, for a
+// SageMakerEndpointRegistration, without data capture), so the API server
 // converts between them on its own (conversion strategy None): no webhook, no certificate. (It
 // also requires instanceType.) It runs after controller-gen in `make manifests`.
 package main
@@ -18,6 +19,9 @@ var alphaSourceTypes = []string{"fsx", "s3"}
 
 // alphaRequired are the spec fields HyperPod's v1alpha1 requires beyond v1's, by kind.
 var alphaRequired = map[string][]string{"InferenceEndpointConfig": {"instanceType"}}
+
+// alphaDropped are the spec fields of v1 that HyperPod's v1alpha1 does not have, by kind.
+var alphaDropped = map[string][]string{"SageMakerEndpointRegistration": {"sageMakerEndpointDataCaptureConfig"}}
 
 func main() {
 	if len(os.Args) < 2 {
@@ -63,6 +67,9 @@ func addAlpha(path string) error {
 	}
 	spec := alpha.Schema.OpenAPIV3Schema.Properties["spec"]
 	spec.Required = append(spec.Required, alphaRequired[crd.Spec.Names.Kind]...)
+	for _, f := range alphaDropped[crd.Spec.Names.Kind] {
+		delete(spec.Properties, f)
+	}
 	alpha.Schema.OpenAPIV3Schema.Properties["spec"] = spec
 	versions = append(versions, alpha)
 	crd.Spec.Versions = versions

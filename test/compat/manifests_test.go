@@ -41,7 +41,7 @@ func TestMain(m *testing.M) { os.Exit(testutil.RunWithAPIServer(m, &server)) }
 func TestPublishedManifestsAreAcceptedAndDefaultedAlike(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for _, plural := range []string{"inferenceendpointconfigs", "jumpstartmodels"} {
+	for _, plural := range publishedKinds {
 		published := readCRD(t, filepath.Join("testdata", "hyperpod", "inference.sagemaker.aws.amazon.com_"+plural+".yaml"))
 		installPublished(t, ctx, published)
 		for _, v := range published.Spec.Versions {
@@ -52,7 +52,7 @@ func TestPublishedManifestsAreAcceptedAndDefaultedAlike(t *testing.T) {
 						t.Fatal(err)
 					}
 					if shape == "required fields" {
-						withDeliberateMinimum(spec.(map[string]any))
+						withDeliberateMinimum(published.Spec.Names.Kind, spec.(map[string]any))
 					}
 					name := strings.ReplaceAll(v.Name+"-"+strings.Fields(shape)[0], " ", "-")
 					create(t, ctx, publishedGroup, v.Name, published.Spec.Names.Kind, name, spec)
@@ -71,12 +71,14 @@ func TestPublishedManifestsAreAcceptedAndDefaultedAlike(t *testing.T) {
 
 // withDeliberateMinimum adds to a manifest of only the required fields what prewarm's deliberate
 // checks need (schema_test.go): a place to run, and the storage block of the source type.
-func withDeliberateMinimum(spec map[string]any) {
+func withDeliberateMinimum(kind string, spec map[string]any) {
 	src, ok := spec["modelSourceConfig"].(map[string]any)
 	if !ok {
-		return // a JumpStartModel: its required fields are enough
+		return // a JumpStartModel, an image cache, a registration: their required fields are enough
 	}
-	spec["instanceType"] = "ml.g5.24xlarge"
+	if kind == "InferenceEndpointConfig" {
+		spec["instanceType"] = "ml.g5.24xlarge"
+	}
 	if src["modelSourceType"] == "fsx" {
 		src["fsxStorage"] = map[string]any{"fileSystemId": "fs-0123456789abcdef0"}
 	}
@@ -88,7 +90,7 @@ func withDeliberateMinimum(spec map[string]any) {
 func TestHyperPodSamplesAreAcceptedAlike(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for _, plural := range []string{"inferenceendpointconfigs", "jumpstartmodels"} {
+	for _, plural := range publishedKinds {
 		installPublished(t, ctx, readCRD(t, filepath.Join("testdata", "hyperpod", "inference.sagemaker.aws.amazon.com_"+plural+".yaml")))
 	}
 	paths, err := filepath.Glob(filepath.Join("testdata", "samples", "*.yaml"))
@@ -204,7 +206,8 @@ var samples = []string{
 // a real value (prewarm checks them; HyperPod takes any string).
 var fixed = map[string]any{
 	".spec.modelCacheConfig.weightsCache.hostPath": "/opt/dlami/nvme",
-	".spec.modelSourceConfig.modelLocation":        "models/llama",
+	".spec.hostPath":                        "/opt/dlami/nvme",
+	".spec.modelSourceConfig.modelLocation": "models/llama",
 }
 
 // example builds a value the schema accepts: with every property (all), or only the required

@@ -26,18 +26,24 @@ import (
 var deliberate = map[string]string{
 	// Stricter, where the value could never work, with a message that says why.
 	". required": "an object without a spec describes nothing to serve",
-	".spec x-kubernetes-validations": "a model needs a place to run: instanceType, instanceTypes or nodeAffinity " +
-		"(without one, a weights cache would be asked of every node of the cluster)",
+	".spec x-kubernetes-validations": "an InferenceEndpointConfig needs a place to run: instanceType, instanceTypes or " +
+		"nodeAffinity (without one, a weights cache would be asked of every node of the cluster); a ModelWeightsCacheConfig " +
+		"needs the storage block of its source type unless jumpStartModel names the model, and cannot cache a kubernetesVolume",
 	".spec.modelSourceConfig x-kubernetes-validations": "a source type needs its storage block (s3Storage, fsxStorage, " +
 		"huggingFaceModel); an fsx modelLocation must not climb out of the file system with '..'",
 	".spec.modelCacheConfig.weightsCache.hostPath x-kubernetes-validations": "a node directory must be an absolute path " +
 		"other than /, without '..' or control characters",
+	".spec.hostPath x-kubernetes-validations": "a ModelWeightsCacheConfig's node directory must be an absolute path other " +
+		"than /, without '..' or control characters",
 	".spec.modelSourceConfig.huggingFaceModel.modelId x-kubernetes-validations": "a Hub repository id never contains '..'",
 	".spec.replicas minimum": "a negative number of pods cannot be run",
 
 	// Status is written by prewarm alone: its extra constraints keep it within the API's limits.
 	".status* validation": "status is written by prewarm alone; its extra limits keep it within the API's",
 }
+
+// publishedKinds are the plurals of every CRD in HyperPod's published chart (testdata/hyperpod).
+var publishedKinds = []string{"inferenceendpointconfigs", "jumpstartmodels", "modelweightscacheconfigs", "modelimagecaches", "sagemakerendpointregistrations"}
 
 // compared are the schema keywords that must agree.
 var compared = []string{
@@ -50,7 +56,7 @@ var compared = []string{
 // every deliberate difference still exists (an entry that no longer matches anything goes).
 func TestSchemasAreSupersetsOfTheirPublishedOnes(t *testing.T) {
 	used := map[string]bool{}
-	for _, kind := range []string{"inferenceendpointconfigs", "jumpstartmodels"} {
+	for _, kind := range publishedKinds {
 		published := readCRD(t, filepath.Join("testdata", "hyperpod", "inference.sagemaker.aws.amazon.com_"+kind+".yaml"))
 		ours := readCRD(t, filepath.Join("..", "..", "config", "crd", "bases", "inference.sagemaker.aws.amazon.com_"+kind+".yaml"))
 		for _, pv := range published.Spec.Versions {

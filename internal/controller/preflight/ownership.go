@@ -31,6 +31,9 @@ var prewarmCRDs = []string{
 	"jumpstartmodels.inference.sagemaker.aws.amazon.com",
 	"modeldatacacheconfigs.inference.sagemaker.aws.amazon.com",
 	"inferenceimagecaches.inference.sagemaker.aws.amazon.com",
+	"modelweightscacheconfigs.inference.sagemaker.aws.amazon.com",
+	"modelimagecaches.inference.sagemaker.aws.amazon.com",
+	"sagemakerendpointregistrations.inference.sagemaker.aws.amazon.com",
 }
 
 // The controller checks, at start, who installed the API it serves and who else runs.
