@@ -34,6 +34,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/hub"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/controller/preflight"
+	"github.com/prewarm/prewarm/internal/controller/registration"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/scheme"
@@ -224,6 +225,15 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 		return err
 	}
 	if err := (&serving.JumpStartReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&serving.WeightsCacheReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&serving.ImageCacheReconciler{Reconciler: parents}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&registration.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr)

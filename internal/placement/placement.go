@@ -34,6 +34,36 @@ func FromParent(instanceType string, instanceTypes []string, affinity *corev1.No
 	return p
 }
 
+// FromSelector builds the placement of a cache that selects its nodes itself (HyperPod's
+// ModelWeightsCacheConfig and ModelImageCache): every nodeSelector pair must match, on top of
+// the affinity's required terms. A node.kubernetes.io/instance-type pair is an instance type, so
+// that the operator configuration's instance-type mapping applies to it as to a parent's.
+func FromSelector(selector map[string]string, affinity *corev1.NodeAffinity, tolerations []corev1.Toleration) inferencev1.Placement {
+	p := inferencev1.Placement{Tolerations: slices.Clone(tolerations)}
+	var exprs []corev1.NodeSelectorRequirement
+	for _, k := range slices.Sorted(maps.Keys(selector)) {
+		if k == corev1.LabelInstanceTypeStable {
+			p.InstanceTypes = []string{selector[k]}
+			continue
+		}
+		exprs = append(exprs, corev1.NodeSelectorRequirement{Key: k, Operator: corev1.NodeSelectorOpIn, Values: []string{selector[k]}})
+	}
+	var terms []corev1.NodeSelectorTerm
+	if affinity != nil && affinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		terms = slices.Clone(affinity.DeepCopy().RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms)
+	}
+	if len(terms) == 0 && len(exprs) > 0 {
+		terms = []corev1.NodeSelectorTerm{{}}
+	}
+	for i := range terms {
+		terms[i].MatchExpressions = append(terms[i].MatchExpressions, exprs...)
+	}
+	if len(terms) > 0 {
+		p.NodeAffinity = &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms}}
+	}
+	return p
+}
+
 // Rules are how a placement finds this cluster's nodes: the operator configuration's mapping of
 // instance types to nodes, and the tolerations prewarm's pods carry besides the parent's. The
 // zero value holds the defaults: an instance type selects the nodes whose

@@ -37,6 +37,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches/status;inferenceimagecaches/finalizers,verbs=get;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=jumpstartmodels,verbs=get;list;watch
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelimagecaches,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
@@ -196,6 +197,8 @@ func (r *Reconciler) liveReferences(ctx context.Context, c *inferencev1.Inferenc
 		switch ref.Kind {
 		case "JumpStartModel":
 			obj = &inferencev1.JumpStartModel{}
+		case "ModelImageCache":
+			obj = &inferencev1.ModelImageCache{}
 		default:
 			obj = &inferencev1.InferenceEndpointConfig{}
 		}

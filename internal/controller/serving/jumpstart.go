@@ -79,7 +79,7 @@ func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		name: "jumpstart", kind: "JumpStartModel",
 		status: func(j *inferencev1.JumpStartModel) *inferencev1.ParentStatus { return &j.Status },
 		model: func(ctx context.Context, j *inferencev1.JumpStartModel) (*model, *problem, error) {
-			entry, p, err := r.lookup(ctx, j)
+			entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, j.Spec.Model)
 			if err != nil || p != nil {
 				return nil, p, err
 			}
@@ -88,11 +88,15 @@ func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	})
 }
 
-// lookup finds the JumpStartModel's catalog entry; a problem says why it cannot be used.
-func (r *JumpStartReconciler) lookup(ctx context.Context, j *inferencev1.JumpStartModel) (*catalog.Entry, *problem, error) {
-	where := fmt.Sprintf("ConfigMap %s/%s (key %s)", r.Config.OperatorNamespace, r.CatalogName, catalog.Key)
+// lookupJumpStart finds a JumpStart model's entry in the catalog ConfigMap catalogName; a problem
+// says why it cannot be used.
+func (r *Reconciler) lookupJumpStart(ctx context.Context, catalogName string, m inferencev1.JumpStartModelRef) (*catalog.Entry, *problem, error) {
+	if catalogName == "" {
+		catalogName = catalog.DefaultConfigMap
+	}
+	where := fmt.Sprintf("ConfigMap %s/%s (key %s)", r.Config.OperatorNamespace, catalogName, catalog.Key)
 	cm := &corev1.ConfigMap{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Config.OperatorNamespace, Name: r.CatalogName}, cm); err != nil {
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Config.OperatorNamespace, Name: catalogName}, cm); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, &problem{inferencev1.ReasonModelNotInCatalog,
 				fmt.Sprintf("the JumpStart catalog, %s, does not exist; install it: kubectl apply -f config/catalog/catalog.yaml", where)}, nil
@@ -103,7 +107,6 @@ func (r *JumpStartReconciler) lookup(ctx context.Context, j *inferencev1.JumpSta
 	if err != nil {
 		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf("the JumpStart catalog, %s, cannot be read: %v", where, err)}, nil
 	}
-	m := j.Spec.Model
 	e, err := cat.Lookup(m.ModelID, m.ModelVersion, m.ModelHubName)
 	if errors.Is(err, catalog.ErrNotInCatalog) {
 		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf(

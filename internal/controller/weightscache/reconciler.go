@@ -82,6 +82,7 @@ type Reconciler struct {
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs/status;modeldatacacheconfigs/finalizers,verbs=get;update;patch
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelweightscacheconfigs,verbs=get;list;watch
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches,verbs=get;list;watch;create;patch;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
@@ -302,8 +303,10 @@ func (r *Reconciler) parentWants(ctx context.Context, m *inferencev1.ModelDataCa
 		parent = &inferencev1.InferenceEndpointConfig{}
 	case "JumpStartModel":
 		parent = &inferencev1.JumpStartModel{}
+	case "ModelWeightsCacheConfig":
+		parent = &inferencev1.ModelWeightsCacheConfig{}
 	default:
-		return false, fmt.Sprintf("spec.parentReference.kind %q: prewarm serves caches of InferenceEndpointConfigs and JumpStartModels only", ref.Kind), nil
+		return false, fmt.Sprintf("spec.parentReference.kind %q: prewarm serves caches of InferenceEndpointConfigs, JumpStartModels and ModelWeightsCacheConfigs only", ref.Kind), nil
 	}
 	if ref.Namespace != "" && ref.Namespace != m.Namespace {
 		return false, fmt.Sprintf("spec.parentReference names namespace %s; a cache serves a parent of its own namespace (%s)", ref.Namespace, m.Namespace), nil

@@ -1,0 +1,234 @@
+package serving
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/placement"
+)
+
+// ImageCacheReconciler reconciles HyperPod's ModelImageCache. One a user writes (standalone) is a
+// parent of the shared InferenceImageCache of its image on its nodes, exactly as an
+// InferenceEndpointConfig is: the image is pulled with the pull secrets of its namespace's
+// default service account, and its status is that cache's under HyperPod's field names. For
+// every InferenceImageCache an InferenceEndpointConfig or JumpStartModel uses it writes a view: a
+// ModelImageCache of the same name in the operator namespace, owned by the cache.
+type ImageCacheReconciler struct {
+	*Reconciler
+}
+
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelimagecaches,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelimagecaches/status;modelimagecaches/finalizers,verbs=get;update;patch
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *ImageCacheReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("modelimagecache").
+		// Not its own status writes: they change nothing the reconcile reads.
+		For(&inferencev1.ModelImageCache{}, builder.WithPredicates(ownChanges)).
+		Watches(&inferencev1.InferenceImageCache{}, controller.Coalesce(handler.EnqueueRequestsFromMapFunc(imageViewsOf), time.Second)).
+		Complete(r)
+}
+
+// imageViewsOf maps an InferenceImageCache to the ModelImageCaches that show it: the standalone
+// ones among its parents, and its view of the same name.
+func imageViewsOf(_ context.Context, o client.Object) []reconcile.Request {
+	c, ok := o.(*inferencev1.InferenceImageCache)
+	if !ok {
+		return nil
+	}
+	reqs := []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(c)}}
+	for _, p := range c.Spec.ParentReferences {
+		if p.Kind == KindModelImageCache {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: p.Namespace, Name: p.Name}})
+		}
+	}
+	return reqs
+}
+
+// Reconcile brings one ModelImageCache, standalone or a view, to what it should be.
+func (r *ImageCacheReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	mic := &inferencev1.ModelImageCache{}
+	err := r.Client.Get(ctx, req.NamespacedName, mic)
+	switch {
+	case apierrors.IsNotFound(err):
+		return ctrl.Result{}, r.ensureImageView(ctx, req.NamespacedName)
+	case err != nil:
+		return ctrl.Result{}, err
+	}
+	if owner := metav1.GetControllerOf(mic); owner != nil && owner.Kind == "InferenceImageCache" {
+		return ctrl.Result{}, r.syncImageView(ctx, mic, owner)
+	}
+	return r.reconcileStandaloneImage(ctx, mic)
+}
+
+// servesParents reports whether an image cache is used by an InferenceEndpointConfig or a
+// JumpStartModel: those are the caches that get a view.
+func servesParents(c *inferencev1.InferenceImageCache) bool {
+	return slices.ContainsFunc(c.Spec.ParentReferences, func(p inferencev1.ParentReference) bool { return p.Kind != KindModelImageCache })
+}
+
+// ensureImageView creates the view of the image cache named key, if a parent uses one.
+func (r *ImageCacheReconciler) ensureImageView(ctx context.Context, key types.NamespacedName) error {
+	c := &inferencev1.InferenceImageCache{}
+	if err := r.Client.Get(ctx, key, c); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !servesParents(c) || !c.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	mic := &inferencev1.ModelImageCache{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name},
+		Spec:       imageViewSpec(c),
+	}
+	if made, err := r.createView(ctx, c, mic); !made || err != nil {
+		return err
+	}
+	return r.syncImageView(ctx, mic, metav1.GetControllerOf(mic))
+}
+
+// imageViewSpec is what a view of cache c says in HyperPod's fields.
+func imageViewSpec(c *inferencev1.InferenceImageCache) inferencev1.ModelImageCacheSpec {
+	spec := inferencev1.ModelImageCacheSpec{Image: c.Spec.Image, Tolerations: slices.Clone(c.Spec.Placement.Tolerations)}
+	spec.NodeSelector, spec.NodeAffinity = viewSelection(c.Spec.Placement)
+	for _, p := range c.Spec.ParentReferences {
+		spec.ParentReferences = append(spec.ParentReferences, inferencev1.ImageCacheParentReference(p))
+	}
+	return spec
+}
+
+// syncImageView keeps a view's spec and status those of its cache.
+func (r *ImageCacheReconciler) syncImageView(ctx context.Context, mic *inferencev1.ModelImageCache, owner *metav1.OwnerReference) error {
+	c := &inferencev1.InferenceImageCache{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: mic.Namespace, Name: owner.Name}, c); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if c.UID != owner.UID {
+		return nil
+	}
+	if spec := imageViewSpec(c); !equality.Semantic.DeepEqual(mic.Spec, spec) {
+		mic.Spec = spec
+		if err := r.Client.Update(ctx, mic); err != nil {
+			return err
+		}
+	}
+	return r.writeImageStatus(ctx, mic, imageStatusOf(c, mic, r.Now()))
+}
+
+// reconcileStandaloneImage keeps a user's ModelImageCache among the parents of the image cache
+// of its image and nodes.
+func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic *inferencev1.ModelImageCache) (ctrl.Result, error) {
+	uid := string(mic.UID)
+	if !mic.DeletionTimestamp.IsZero() {
+		if err := r.releaseImageCaches(ctx, uid, ""); err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{}, controller.RemoveFinalizer(ctx, r.Client, mic, inferencev1.ParentFinalizer)
+	}
+	if err := controller.AddFinalizer(ctx, r.Client, mic, inferencev1.ParentFinalizer); err != nil {
+		return ctrl.Result{}, err
+	}
+	p := placement.FromSelector(mic.Spec.NodeSelector, mic.Spec.NodeAffinity, nil)
+	p.Tolerations = r.Config.Rules().Tolerations(mic.Spec.Tolerations)
+	m := &model{owner: mic, kind: KindModelImageCache, worker: inferencev1.Worker{Image: mic.Spec.Image}, placement: p, imageCache: true}
+	ic, err := r.ensureImageCache(ctx, m)
+	var named *problem
+	switch {
+	case errors.As(err, &named):
+		st := imageProblem(mic, named, r.Now())
+		return ctrl.Result{}, errors.Join(r.releaseImageCaches(ctx, uid, ""), r.writeImageStatus(ctx, mic, st))
+	case err != nil:
+		return ctrl.Result{}, err
+	}
+	// The image cache of an earlier image or placement lets this one go.
+	if err := r.releaseImageCaches(ctx, uid, ic.Name); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.writeImageStatus(ctx, mic, imageStatusOf(ic, mic, r.Now()))
+}
+
+// imageProblem is the status of a standalone image cache that has no cache to show.
+func imageProblem(mic *inferencev1.ModelImageCache, p *problem, now time.Time) inferencev1.ModelImageCacheStatus {
+	st := inferencev1.ModelImageCacheStatus{State: inferencev1.ModelImageFailed, Message: p.message, ObservedGeneration: mic.Generation,
+		LastTransitionTime: transitioned(mic.Status, inferencev1.ModelImageFailed, now), Conditions: slices.Clone(mic.Status.Conditions)}
+	apimeta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: inferencev1.ConditionReady, Status: metav1.ConditionFalse,
+		Reason: p.reason, Message: p.message, ObservedGeneration: mic.Generation})
+	return st
+}
+
+// imageState is an image cache's phase as HyperPod names its state: a cache that some nodes
+// hold and others cannot pull is PartiallyReady.
+func imageState(c *inferencev1.InferenceImageCache) inferencev1.ModelImageCacheState {
+	st := &c.Status
+	switch {
+	case !c.DeletionTimestamp.IsZero() || st.Phase == inferencev1.ImageDeleting:
+		return inferencev1.ModelImageDeleting
+	case st.FailedNodes > 0 && st.CachedNodes > 0:
+		return inferencev1.ModelImagePartiallyReady
+	case st.Phase == inferencev1.ImageComplete:
+		return inferencev1.ModelImageReady
+	case st.Phase == inferencev1.ImageFailed:
+		return inferencev1.ModelImageFailed
+	case st.Phase == inferencev1.ImagePulling:
+		return inferencev1.ModelImageDownloading
+	}
+	return inferencev1.ModelImagePending
+}
+
+// imageStatusOf is cache c's status under HyperPod's field names, for mic.
+func imageStatusOf(c *inferencev1.InferenceImageCache, mic *inferencev1.ModelImageCache, now time.Time) inferencev1.ModelImageCacheStatus {
+	state := imageState(c)
+	st := inferencev1.ModelImageCacheStatus{
+		State: state, TargetNodes: c.Status.TargetNodes, ReadyNodes: c.Status.CachedNodes, ResolvedDigest: c.Status.ImageDigest,
+		ObservedGeneration: mic.Generation, CacheName: c.Name, LastTransitionTime: transitioned(mic.Status, state, now),
+		Message: fmt.Sprintf("image cache %s/%s has not reported yet", c.Namespace, c.Name),
+	}
+	current := c.Status.ObservedGeneration == c.Generation
+	for _, cond := range c.Status.Conditions {
+		cond.ObservedGeneration = 0
+		if current {
+			cond.ObservedGeneration = mic.Generation
+		}
+		st.Conditions = append(st.Conditions, cond)
+	}
+	if ready := apimeta.FindStatusCondition(c.Status.Conditions, inferencev1.ConditionReady); ready != nil {
+		st.Message = ready.Message
+	}
+	return st
+}
+
+// transitioned is when the state became state: kept from the status while it stays.
+func transitioned(prev inferencev1.ModelImageCacheStatus, state inferencev1.ModelImageCacheState, now time.Time) *metav1.Time {
+	if prev.State == state && prev.LastTransitionTime != nil {
+		return prev.LastTransitionTime
+	}
+	return &metav1.Time{Time: now.Truncate(time.Second)}
+}
+
+func (r *ImageCacheReconciler) writeImageStatus(ctx context.Context, mic *inferencev1.ModelImageCache, st inferencev1.ModelImageCacheStatus) error {
+	if equality.Semantic.DeepEqual(mic.Status, st) {
+		return nil
+	}
+	patch := client.MergeFrom(mic.DeepCopy())
+	mic.Status = st
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, mic, patch))
+}
