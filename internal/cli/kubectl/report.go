@@ -161,6 +161,64 @@ type nodeView struct {
 	all   bool
 }
 
+// parent is what status shows of an object that asks for caches.
+type parent struct {
+	kind       string
+	obj        client.Object
+	state      string
+	conditions []metav1.Condition
+	st         *inferencev1.ParentStatus // nil for a standalone cache
+}
+
+// listParents lists the objects that ask for caches: the parents, and HyperPod's cache kinds a
+// user wrote.
+func listParents(ctx context.Context, c client.Client, opts []client.ListOption) ([]parent, error) {
+	var parents []parent
+	iecs := &inferencev1.InferenceEndpointConfigList{}
+	if err := c.List(ctx, iecs, opts...); err != nil {
+		return nil, err
+	}
+	for i := range iecs.Items {
+		st := &iecs.Items[i].Status
+		parents = append(parents, parent{"InferenceEndpointConfig", &iecs.Items[i], string(st.State), st.Conditions, st})
+	}
+	jsms := &inferencev1.JumpStartModelList{}
+	if err := c.List(ctx, jsms, opts...); err != nil {
+		return nil, err
+	}
+	for i := range jsms.Items {
+		st := &jsms.Items[i].Status
+		parents = append(parents, parent{"JumpStartModel", &jsms.Items[i], string(st.State), st.Conditions, st})
+	}
+	// HyperPod's cache kinds that a user wrote are parents too; the views prewarm writes of its
+	// own caches are not (their caches are listed under their parents).
+	mwccs := &inferencev1.ModelWeightsCacheConfigList{}
+	if err := c.List(ctx, mwccs, opts...); err != nil {
+		return nil, err
+	}
+	for i := range mwccs.Items {
+		if mw := &mwccs.Items[i]; !isView(mw) {
+			parents = append(parents, parent{"ModelWeightsCacheConfig", mw, mw.Status.State, mw.Status.Conditions, nil})
+		}
+	}
+	mics := &inferencev1.ModelImageCacheList{}
+	if err := c.List(ctx, mics, opts...); err != nil {
+		return nil, err
+	}
+	for i := range mics.Items {
+		if mic := &mics.Items[i]; !isView(mic) {
+			parents = append(parents, parent{"ModelImageCache", mic, string(mic.Status.State), mic.Status.Conditions, nil})
+		}
+	}
+	return parents, nil
+}
+
+// isView reports whether o is a view prewarm writes of one of its own caches (owned by it).
+func isView(o client.Object) bool {
+	owner := metav1.GetControllerOf(o)
+	return owner != nil && (owner.Kind == "ModelDataCacheConfig" || owner.Kind == "InferenceImageCache")
+}
+
 // defaultNodeLimit is how many nodes of each cache status lists unless told otherwise.
 const defaultNodeLimit = 20
 
@@ -170,25 +228,9 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 	if namespace != "" {
 		opts = append(opts, client.InNamespace(namespace))
 	}
-	type parent struct {
-		kind string
-		obj  client.Object
-		st   *inferencev1.ParentStatus
-	}
-	var parents []parent
-	iecs := &inferencev1.InferenceEndpointConfigList{}
-	if err := c.List(ctx, iecs, opts...); err != nil {
+	parents, err := listParents(ctx, c, opts)
+	if err != nil {
 		return nil, err
-	}
-	for i := range iecs.Items {
-		parents = append(parents, parent{"InferenceEndpointConfig", &iecs.Items[i], &iecs.Items[i].Status})
-	}
-	jsms := &inferencev1.JumpStartModelList{}
-	if err := c.List(ctx, jsms, opts...); err != nil {
-		return nil, err
-	}
-	for i := range jsms.Items {
-		parents = append(parents, parent{"JumpStartModel", &jsms.Items[i], &jsms.Items[i].Status})
 	}
 	rep := &StatusReport{Parents: []ParentReport{}}
 	var nodeCaches []prewarmv1alpha1.NodeCache // read once, for --all-nodes
@@ -206,13 +248,15 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 		if name != "" && p.obj.GetName() != name {
 			continue
 		}
-		pr := ParentReport{Kind: p.kind, Namespace: p.obj.GetNamespace(), Name: p.obj.GetName(), State: string(p.st.State),
-			Ready: condition(p.st.Conditions, inferencev1.ConditionReady), Gated: condition(p.st.Conditions, inferencev1.ConditionGated),
-			Replicas: p.st.Replicas}
-		if d := p.st.DeploymentStatus; d != nil {
-			pr.Deployment = d.Name
-			if d.Status != nil {
-				pr.ReadyReplicas = d.Status.ReadyReplicas
+		pr := ParentReport{Kind: p.kind, Namespace: p.obj.GetNamespace(), Name: p.obj.GetName(), State: p.state,
+			Ready: condition(p.conditions, inferencev1.ConditionReady)}
+		if p.st != nil {
+			pr.Gated, pr.Replicas = condition(p.conditions, inferencev1.ConditionGated), p.st.Replicas
+			if d := p.st.DeploymentStatus; d != nil {
+				pr.Deployment = d.Name
+				if d.Status != nil {
+					pr.ReadyReplicas = d.Status.ReadyReplicas
+				}
 			}
 		}
 		if m := weights[string(p.obj.GetUID())]; m != nil {
@@ -236,7 +280,7 @@ func buildStatus(ctx context.Context, c client.Client, namespace, name string, v
 		return strings.Compare(a.Namespace+"/"+a.Kind+"/"+a.Name, b.Namespace+"/"+b.Kind+"/"+b.Name)
 	})
 	if name != "" && len(rep.Parents) == 0 {
-		return nil, fmt.Errorf("no InferenceEndpointConfig or JumpStartModel named %s%s", name, inNamespace(namespace))
+		return nil, fmt.Errorf("no InferenceEndpointConfig, JumpStartModel, ModelWeightsCacheConfig or ModelImageCache named %s%s", name, inNamespace(namespace))
 	}
 	return rep, nil
 }

@@ -137,7 +137,7 @@ func (o *statusOptions) runStatus(ctx context.Context, name string) error {
 // renderStatus writes the report for people; bars draws progress bars.
 func renderStatus(w io.Writer, rep *StatusReport, bars bool) error {
 	if len(rep.Parents) == 0 {
-		_, err := fmt.Fprintln(w, "No InferenceEndpointConfig or JumpStartModel found.")
+		_, err := fmt.Fprintln(w, "No InferenceEndpointConfig, JumpStartModel, ModelWeightsCacheConfig or ModelImageCache found.")
 		return err
 	}
 	for i, p := range rep.Parents {

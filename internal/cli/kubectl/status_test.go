@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -354,4 +355,52 @@ func nodeRows(text string) []string {
 		}
 	}
 	return out
+}
+
+// A ModelWeightsCacheConfig a user wrote is listed with its cache, as a parent is; the views
+// prewarm writes of a parent's caches are not listed twice.
+func TestStatusListsStandaloneCaches(t *testing.T) {
+	api, path := startAPI(t)
+	c := api.Client
+	ctx := context.Background()
+	mustCreate(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "warm"}})
+	src := inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceS3,
+		S3Storage: &inferencev1.S3Storage{BucketName: "example-bucket", Region: "us-west-2"}, ModelLocation: "models/llama"}
+	mw := &inferencev1.ModelWeightsCacheConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "warm", Name: "llama-warm"},
+		Spec: inferencev1.ModelWeightsCacheConfigSpec{ModelSourceConfig: src}}
+	mustCreate(t, c, mw)
+	setStatus(t, c, mw, func() {
+		mw.Status = inferencev1.ModelWeightsCacheConfigStatus{State: "Downloading", TargetNodes: 2, CacheName: "llama-warm-cache"}
+	})
+	mdcc := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "warm", Name: "llama-warm-cache"},
+		Spec: inferencev1.ModelDataCacheConfigSpec{
+			ParentReference:   inferencev1.ParentReference{Kind: "ModelWeightsCacheConfig", Namespace: "warm", Name: "llama-warm", UID: string(mw.UID)},
+			ModelSourceConfig: src, HostPath: "/opt/dlami/nvme", Placement: placement.FromParent("ml.g5.24xlarge", nil, nil, nil),
+		}}
+	mustCreate(t, c, mdcc)
+	setStatus(t, c, mdcc, func() {
+		mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheDownloading, TargetNodes: 2, DownloadingNodes: 2}
+	})
+	// A view of that cache, as prewarm would write one of a parent's: not listed.
+	view := &inferencev1.ModelWeightsCacheConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "warm", Name: "view",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "inference.sagemaker.aws.amazon.com/v1", Kind: "ModelDataCacheConfig",
+			Name: mdcc.Name, UID: mdcc.UID, Controller: ptr.To(true)}}},
+		Spec: inferencev1.ModelWeightsCacheConfigSpec{ModelSourceConfig: src}}
+	mustCreate(t, c, view)
+
+	var out bytes.Buffer
+	root := newTestRoot(genericiooptions.IOStreams{Out: &out, ErrOut: &out})
+	root.SetArgs([]string{"status", "--kubeconfig", path, "-n", "warm"})
+	if err := root.ExecuteContext(ctx); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	text := out.String()
+	for _, want := range []string{"ModelWeightsCacheConfig warm/llama-warm: Downloading", "weights cache llama-warm-cache: Downloading, 0/2 nodes ready"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("status lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "warm/view") {
+		t.Errorf("status lists the view:\n%s", text)
+	}
 }
