@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, from the Go module proxy, the pinned binaries that prewarm's tests run for real:
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, kwok (with its "fast"
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, etcd, kwok (with its "fast"
 # stages), versitygw and helm; and, as root on Debian, the container runtime the real-node tests
 # run their kubelets on (containerd, runc and the CNI plugins, from Debian's packages). Everything lands in one cache folder outside the work tree, keyed by version,
 # so a second run (and every CI run on the same machine) only checks that the files are there.
@@ -55,12 +55,14 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 # --- Kubernetes control plane ------------------------------------------------------------------
-k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 need_k8s=()
 for b in "${k8s_bins[@]}"; do
   # Built without its version (older caches), a binary reports v0.0.0-master, which charts'
   # kubeVersion checks refuse: rebuild it.
-  [[ -x "$dir/$b" ]] && "$dir/$b" --version 2>/dev/null | grep -qF "$K8S_VERSION" || need_k8s+=("$b")
+  version=(--version)
+  [[ "$b" == kubectl ]] && version=(version --client)
+  [[ -x "$dir/$b" ]] && "$dir/$b" "${version[@]}" 2>/dev/null | grep -qF "$K8S_VERSION" || need_k8s+=("$b")
 done
 if want k8s && ((${#need_k8s[@]})); then
   m="$scratch/k8s"

@@ -39,6 +39,7 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
+	"github.com/prewarm/prewarm/test/compat/hyperpodstatus"
 )
 
 const root = "/opt/dlami/nvme"
@@ -309,6 +310,20 @@ func newEnv(t *testing.T, opts testutil.ClusterOptions) *weightsEnv {
 			for _, p := range e.procs {
 				t.Logf("--- %s (%s):\n%s", p.Name, p.LogPath, p.LogTail(2500))
 			}
+		}
+	})
+	// Every status the controller writes of every parent, while the test runs, must be one
+	// HyperPod's clients read; checked when the test ends, before the cluster stops.
+	statuses, err := hyperpodstatus.StartWatch(cluster.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, problems := statuses.Stop(ctx)
+		for _, p := range problems {
+			t.Errorf("a status HyperPod's clients would not read: %s", p)
 		}
 	})
 	for _, kv := range s3Env() {

@@ -84,6 +84,48 @@ func TestInferenceImageCacheTableMatchesSeed(t *testing.T) {
 	}
 }
 
+// HyperPod's own cache kinds print HyperPod's columns.
+func TestHyperPodCacheKindTables(t *testing.T) {
+	ctx := context.Background()
+	mw := &inferencev1.ModelWeightsCacheConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "llama-warm"},
+		Spec: inferencev1.ModelWeightsCacheConfigSpec{ModelSourceConfig: inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceS3,
+			S3Storage: &inferencev1.S3Storage{BucketName: "b", Region: "us-west-2"}}}}
+	mic := &inferencev1.ModelImageCache{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "vllm-image"},
+		Spec: inferencev1.ModelImageCacheSpec{Image: "vllm/vllm-openai:v0.6.3"}}
+	for _, o := range []client.Object{mw, mic} {
+		if err := server.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = server.Client.Delete(ctx, o) })
+	}
+	mw.Status = inferencev1.ModelWeightsCacheConfigStatus{State: "Ready", TargetNodes: 10, ReadyNodes: 9}
+	mic.Status = inferencev1.ModelImageCacheStatus{State: inferencev1.ModelImagePartiallyReady, TargetNodes: 10, ReadyNodes: 8}
+	for _, o := range []client.Object{mw, mic} {
+		if err := server.Client.Status().Update(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		plural string
+		want   []string
+		cells  []any
+	}{
+		{"modelweightscacheconfigs", []string{"NAME", "STATE", "READY", "TARGET", "AGE"}, []any{"llama-warm", "Ready", float64(9), float64(10)}},
+		{"modelimagecaches", []string{"NAME", "IMAGE", "STATE", "READY", "TARGET", "AGE"}, []any{"vllm-image", "vllm/vllm-openai:v0.6.3", "PartiallyReady", float64(8), float64(10)}},
+	} {
+		tab := table(t, "/apis/inference.sagemaker.aws.amazon.com/v1/namespaces/default/"+tc.plural)
+		if diff := cmp.Diff(tc.want, headers(tab)); diff != "" {
+			t.Errorf("%s columns (-want +got):\n%s", tc.plural, diff)
+		}
+		if len(tab.Rows) != 1 {
+			t.Fatalf("%s: %d rows, want 1", tc.plural, len(tab.Rows))
+		}
+		if diff := cmp.Diff(tc.cells, tab.Rows[0].Cells[:len(tc.cells)]); diff != "" {
+			t.Errorf("%s row (-want +got):\n%s", tc.plural, diff)
+		}
+	}
+}
+
 // Every short name resolves, through the same discovery and shortcut expansion kubectl uses.
 func TestShortNamesResolve(t *testing.T) {
 	dc, err := discovery.NewDiscoveryClientForConfig(server.Config)
@@ -93,15 +135,18 @@ func TestShortNamesResolve(t *testing.T) {
 	cached := memory.NewMemCacheClient(dc)
 	mapper := restmapper.NewShortcutExpander(restmapper.NewDeferredDiscoveryRESTMapper(cached), cached, func(string) {})
 	for short, want := range map[string]string{
-		"mdcc":                    "modeldatacacheconfigs",
-		"modelweightscacheconfig": "modeldatacacheconfigs",
-		"iic":                     "inferenceimagecaches",
-		"mic":                     "inferenceimagecaches",
-		"modelimagecache":         "inferenceimagecaches",
-		"modeldatacacheconfig":    "modeldatacacheconfigs",
-		"inferenceimagecache":     "inferenceimagecaches",
-		"inferenceendpointconfig": "inferenceendpointconfigs",
-		"jumpstartmodel":          "jumpstartmodels",
+		"mdcc":                          "modeldatacacheconfigs",
+		"iic":                           "inferenceimagecaches",
+		"modeldatacacheconfig":          "modeldatacacheconfigs",
+		"inferenceimagecache":           "inferenceimagecaches",
+		"inferenceendpointconfig":       "inferenceendpointconfigs",
+		"jumpstartmodel":                "jumpstartmodels",
+		"modelweightscacheconfig":       "modelweightscacheconfigs",
+		"modelweightscacheconfigs":      "modelweightscacheconfigs",
+		"mic":                           "modelimagecaches",
+		"modelimagecache":               "modelimagecaches",
+		"modelimagecaches":              "modelimagecaches",
+		"sagemakerendpointregistration": "sagemakerendpointregistrations",
 	} {
 		gvr, err := mapper.ResourceFor(schema.GroupVersionResource{Resource: short})
 		if err != nil {
@@ -118,11 +163,14 @@ func TestShortNamesResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range list.APIResources {
-		if r.Name == "modeldatacacheconfigs" && !slices.Equal(r.ShortNames, []string{"mdcc", "modelweightscacheconfig"}) {
+		if r.Name == "modeldatacacheconfigs" && !slices.Equal(r.ShortNames, []string{"mdcc"}) {
 			t.Errorf("modeldatacacheconfigs short names = %v", r.ShortNames)
 		}
-		if r.Name == "inferenceimagecaches" && !slices.Equal(r.ShortNames, []string{"iic", "mic", "modelimagecache"}) {
+		if r.Name == "inferenceimagecaches" && !slices.Equal(r.ShortNames, []string{"iic"}) {
 			t.Errorf("inferenceimagecaches short names = %v", r.ShortNames)
+		}
+		if r.Name == "modelimagecaches" && !slices.Equal(r.ShortNames, []string{"mic"}) {
+			t.Errorf("modelimagecaches short names = %v (HyperPod's: mic)", r.ShortNames)
 		}
 	}
 }
