@@ -195,6 +195,9 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 		t.Run("the node whose disk cannot hold the cache says InsufficientCapacity, and its pod starts from the source", func(t *testing.T) {
 			e.noRoom(t, ctx, cache, iecKey)
 		})
+		t.Run("HyperPod's ModelWeightsCacheConfig and ModelImageCache, with no endpoint, become Ready on the GPU nodes", func(t *testing.T) {
+			e.standaloneCaches(t, ctx, iecKey)
+		})
 	}
 	if t.Failed() {
 		t.FailNow()
@@ -342,8 +345,12 @@ func (e *env) uninstall(t *testing.T, ctx context.Context, disks []string) {
 	if err := e.C.Client.List(ctx, crds, client.MatchingLabels{inferencev1.APILabel: "true"}); err != nil {
 		t.Fatal(err)
 	}
-	if len(crds.Items) != 5 {
-		t.Errorf("%d CRDs carry %s; want prewarm's 5", len(crds.Items), inferencev1.APILabel)
+	shipped, err := filepath.Glob(filepath.Join(e.Root, "charts", "prewarm", "crds", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(crds.Items) != len(shipped) {
+		t.Errorf("%d CRDs carry %s; want the %d of the chart's crds/", len(crds.Items), inferencev1.APILabel, len(shipped))
 	}
 	for _, crd := range crds.Items {
 		u := &unstructured.Unstructured{}
