@@ -94,12 +94,13 @@ func Parse(data []byte) (*Catalog, error) {
 	return c, nil
 }
 
-// Lookup finds a model: the given version, or the newest when version is empty or "*".
+// Lookup finds a model's version as SelectVersion picks it: the newest when version is empty or
+// "*", the newest with a prefix ("2.*"), or exactly that version.
 func (c *Catalog) Lookup(modelID, version, hub string) (*Entry, error) {
 	if hub == "" {
 		hub = DefaultHub
 	}
-	var best *Entry
+	var matching []*Entry
 	var versions []string
 	for i := range c.Models {
 		e := &c.Models[i]
@@ -110,25 +111,88 @@ func (c *Catalog) Lookup(modelID, version, hub string) (*Entry, error) {
 		if e.ModelID != modelID || eh != hub {
 			continue
 		}
+		matching = append(matching, e)
 		versions = append(versions, e.Version)
-		if version != "" && version != "*" {
-			if e.Version == version {
-				return e, nil
-			}
-			continue
-		}
-		if best == nil || compareVersions(parseVersion(e.Version), parseVersion(best.Version)) > 0 {
-			best = e
-		}
 	}
-	switch {
-	case best != nil:
-		return best, nil
-	case len(versions) > 0:
-		slices.Sort(versions)
+	if len(versions) == 0 {
+		return nil, fmt.Errorf("model %s (hub %s) is %w", modelID, hub, ErrNotInCatalog)
+	}
+	picked, err := SelectVersion(versions, version)
+	if err != nil {
+		SortVersions(versions)
 		return nil, fmt.Errorf("model %s version %s is %w (it has %s)", modelID, version, ErrNotInCatalog, strings.Join(versions, ", "))
 	}
-	return nil, fmt.Errorf("model %s (hub %s) is %w", modelID, hub, ErrNotInCatalog)
+	return matching[slices.Index(versions, picked)], nil
+}
+
+// ErrVersionNotFound says no version of a model matches the one asked for.
+var ErrVersionNotFound = errors.New("no such version")
+
+// SelectVersion picks, among available, the version want names as the SageMaker SDK does: empty
+// or "*" is the latest; "2.*" or "2.1.*" the latest with that prefix; otherwise exactly that
+// version (1.0 and 1.0.0 are the same).
+func SelectVersion(available []string, want string) (string, error) {
+	var best []int
+	pick := ""
+	for _, v := range available {
+		parsed, ok := parseLoose(v)
+		if !ok || !matches(parsed, want) {
+			continue
+		}
+		if best == nil || slices.Compare(parsed, best) > 0 {
+			best, pick = parsed, v
+		}
+	}
+	if pick == "" {
+		return "", ErrVersionNotFound
+	}
+	return pick, nil
+}
+
+func matches(v []int, want string) bool {
+	want = strings.TrimSpace(want)
+	if want == "" || want == "*" {
+		return true
+	}
+	if prefix, ok := strings.CutSuffix(want, ".*"); ok {
+		p, ok := parseLoose(prefix)
+		return ok && len(p) <= len(v) && slices.Equal(v[:len(p)], p)
+	}
+	w, ok := parseLoose(want)
+	if !ok {
+		return false
+	}
+	n := max(len(v), len(w))
+	return slices.Equal(pad(v, n), pad(w, n))
+}
+
+func pad(v []int, n int) []int {
+	out := slices.Clone(v)
+	for len(out) < n {
+		out = append(out, 0)
+	}
+	return out
+}
+
+func parseLoose(v string) ([]int, bool) {
+	var out []int
+	for _, part := range strings.Split(v, ".") {
+		n, err := strconv.Atoi(part)
+		if err != nil || n < 0 {
+			return nil, false
+		}
+		out = append(out, n)
+	}
+	return out, len(out) > 0
+}
+
+// SortVersions sorts versions semantically (2.10 after 2.9).
+func SortVersions(versions []string) {
+	slices.SortFunc(versions, func(a, b string) int {
+		pa, _ := parseLoose(a)
+		pb, _ := parseLoose(b)
+		return slices.Compare(pa, pb)
+	})
 }
 
 func parseVersion(v string) []int {
@@ -146,5 +210,3 @@ func parseVersion(v string) []int {
 	}
 	return out
 }
-
-func compareVersions(a, b []int) int { return slices.Compare(a, b) }

@@ -43,7 +43,7 @@ func TestLookup(t *testing.T) {
 		{"m", "*", "SageMakerPublicHub", "img:2", ""},
 		{"m", "1.2.0", "", "img:1", ""},
 		{"m", "", "PrivateHub", "img:9", ""},
-		{"m", "3.0.0", "", "", "model m version 3.0.0 is not in the catalog (it has 1.10.0, 1.2.0)"},
+		{"m", "3.0.0", "", "", "model m version 3.0.0 is not in the catalog (it has 1.2.0, 1.10.0)"},
 		{"other", "", "", "", "model other (hub SageMakerPublicHub) is not in the catalog"},
 	}
 	for _, tt := range tests {
@@ -96,5 +96,32 @@ func TestDefaultCatalog(t *testing.T) {
 	}
 	if !e.Gated || !strings.Contains(e.Image, "vllm") {
 		t.Errorf("seed model entry %+v, want gated with a vLLM image", e)
+	}
+}
+
+func TestSelectVersionAsTheSDKDoes(t *testing.T) {
+	available := []string{"1.0.0", "2.0.4", "2.1.0", "2.10.1", "3.0"}
+	for _, tc := range []struct{ want, got string }{
+		{"", "3.0"},
+		{"*", "3.0"},
+		{"2.*", "2.10.1"}, // semantic, not lexical: 2.10 > 2.1
+		{"2.1.*", "2.1.0"},
+		{"2.0.4", "2.0.4"},
+		{"3.0.0", "3.0"}, // 3.0 and 3.0.0 are one version
+		{"1", "1.0.0"},
+		{"4.*", ""},
+		{"2.0.5", ""},
+		{"latest", ""},
+	} {
+		got, err := SelectVersion(available, tc.want)
+		if tc.got == "" {
+			if !errors.Is(err, ErrVersionNotFound) {
+				t.Errorf("%q: %q %v, want no version", tc.want, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.got {
+			t.Errorf("%q: %q %v, want %q", tc.want, got, err, tc.got)
+		}
 	}
 }
