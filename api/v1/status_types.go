@@ -104,6 +104,12 @@ const (
 	// ReasonNotAvailableOffSageMaker: a SageMakerEndpointRegistration asks for what only
 	// SageMaker does; prewarm creates nothing for it.
 	ReasonNotAvailableOffSageMaker = "NotAvailableOffSageMaker"
+	// ReasonModelVersionNotFound: JumpStart's manifest has the model, but no version matching
+	// modelVersion.
+	ReasonModelVersionNotFound = "ModelVersionNotFound"
+	// ReasonJumpStartUnavailable: JumpStart's manifest or a model's spec could not be read or
+	// used (S3 unreachable, a malformed file, no image for the region); retried every minute.
+	ReasonJumpStartUnavailable = "JumpStartUnavailable"
 )
 
 // ImageCacheState is HyperPod's summary of a parent's image cache.

@@ -4,11 +4,11 @@
 package main
 
 import (
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	// Root certificates for images without a system store (the images are built FROM scratch);
 	// the system's are used where there are some.
 	_ "golang.org/x/crypto/x509roots/fallback"
 
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -18,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -37,7 +38,9 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/registration"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
+	"github.com/prewarm/prewarm/internal/jumpstart"
 	"github.com/prewarm/prewarm/internal/scheme"
+	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
 func main() {
@@ -221,6 +224,17 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 		return err
 	}
 	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hubChecker, Recorder: recorder, Metrics: metrics}
+	if js := cfg.JumpStart; js.Region != "" {
+		endpoint := cmp.Or(js.Endpoint, cfg.S3.Endpoint)
+		resolver, err := jumpstart.New(ctx, jumpstart.Options{
+			Where:    jumpstart.Where{Region: js.Region, Bucket: js.Bucket, GatedBucket: js.GatedBucket, Images: js.Images},
+			Endpoint: endpoint, PathStyle: cfg.S3.PathStyle || sources.DefaultPathStyle(endpoint), Refresh: js.Refresh.Duration,
+		})
+		if err != nil {
+			return err
+		}
+		parents.JumpStart = resolver
+	}
 	if err := parents.SetupWithManager(mgr); err != nil {
 		return err
 	}

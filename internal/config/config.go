@@ -14,6 +14,7 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -196,6 +197,28 @@ type OperatorConfiguration struct {
 	// NamespaceQuotas say how many bytes of caches namespaces may hold, per node and in the
 	// cluster, and which may raise their caches' eviction priority or pin them.
 	NamespaceQuotas []NamespaceQuota `json:"namespaceQuotas,omitempty"`
+	// JumpStart says where JumpStart model ids the catalog ConfigMap does not list are
+	// resolved: JumpStart's public model manifest and spec files of a region.
+	JumpStart JumpStart `json:"jumpStart,omitempty"`
+}
+
+// JumpStart says where JumpStart's own metadata is read. With no region, JumpStart model ids
+// resolve through the catalog ConfigMap only (an air-gapped cluster).
+type JumpStart struct {
+	// Region is the AWS region whose JumpStart content the models come from (us-west-2).
+	Region string `json:"region,omitempty"`
+	// Bucket is the region's content bucket (default jumpstart-cache-prod-<region>), or a
+	// mirror of it; GatedBucket the gated models' (default jumpstart-private-cache-prod-<region>).
+	Bucket      string `json:"bucket,omitempty"`
+	GatedBucket string `json:"gatedBucket,omitempty"`
+	// Endpoint is an S3-compatible endpoint holding them (default: s3.endpoint, else AWS S3).
+	Endpoint string `json:"endpoint,omitempty"`
+	// Images maps a spec's framework and version ("djl-lmi:0.29.0", from its
+	// hosting_ecr_specs) to the image to run, for a model whose spec names no image for the
+	// region.
+	Images map[string]string `json:"images,omitempty"`
+	// Refresh is how long the manifest is used before it is revalidated (default 5m).
+	Refresh metav1.Duration `json:"refresh,omitempty"`
 }
 
 // Annotations on a ModelDataCacheConfig (or the parent it is made for, which passes them on)
@@ -753,6 +776,9 @@ func notNegative(path *field.Path, n int) field.ErrorList {
 	return nil
 }
 
+// regionPattern is an AWS region's name.
+var regionPattern = regexp.MustCompile(`^[a-z]{2}(-[a-z]+)+-[0-9]$`)
+
 // Validate says everything that is wrong with o, each problem with the field it is in.
 func (o OperatorConfiguration) Validate() error {
 	var errs field.ErrorList
@@ -763,6 +789,12 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, o.Placement.validate()...)
 	errs = append(errs, o.validateFSx()...)
 	errs = append(errs, o.validateQuotas()...)
+	if js := o.JumpStart; js.Region != "" && !regionPattern.MatchString(js.Region) {
+		errs = append(errs, field.Invalid(field.NewPath("jumpStart", "region"), js.Region, "want an AWS region such as us-west-2"))
+	}
+	if o.JumpStart.Refresh.Duration < 0 {
+		errs = append(errs, positive(field.NewPath("jumpStart", "refresh"), o.JumpStart.Refresh)...)
+	}
 	c, a := o.Controller, o.Agent
 	ctl, agent := field.NewPath("controller"), field.NewPath("agent")
 	errs = append(errs, positive(ctl.Child("gateTimeout"), c.GateTimeout)...)

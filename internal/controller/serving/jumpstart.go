@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/catalog"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/jumpstart"
 	"github.com/prewarm/prewarm/internal/placement"
 )
 
@@ -79,7 +81,7 @@ func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		name: "jumpstart", kind: "JumpStartModel",
 		status: func(j *inferencev1.JumpStartModel) *inferencev1.ParentStatus { return &j.Status },
 		model: func(ctx context.Context, j *inferencev1.JumpStartModel) (*model, *problem, error) {
-			entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, j.Spec.Model)
+			entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, j.Spec.Model, j.Spec.Server.InstanceType, true)
 			if err != nil || p != nil {
 				return nil, p, err
 			}
@@ -88,38 +90,74 @@ func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	})
 }
 
-// lookupJumpStart finds a JumpStart model's entry in the catalog ConfigMap catalogName; a problem
-// says why it cannot be used.
-func (r *Reconciler) lookupJumpStart(ctx context.Context, catalogName string, m inferencev1.JumpStartModelRef) (*catalog.Entry, *problem, error) {
+// lookupJumpStart finds a JumpStart model's entry: in the catalog ConfigMap catalogName (the
+// override, and all there is on an air-gapped cluster), else in JumpStart's own manifest of the
+// configured region. A problem says why it cannot be used.
+func (r *Reconciler) lookupJumpStart(ctx context.Context, catalogName string, m inferencev1.JumpStartModelRef, instanceType string, needImage bool) (*catalog.Entry, *problem, error) {
 	if catalogName == "" {
 		catalogName = catalog.DefaultConfigMap
 	}
 	where := fmt.Sprintf("ConfigMap %s/%s (key %s)", r.Config.OperatorNamespace, catalogName, catalog.Key)
+	var cat *catalog.Catalog
 	cm := &corev1.ConfigMap{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Config.OperatorNamespace, Name: catalogName}, cm); err != nil {
-		if apierrors.IsNotFound(err) {
+	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: r.Config.OperatorNamespace, Name: catalogName}, cm); {
+	case apierrors.IsNotFound(err):
+		if r.JumpStart == nil {
 			return nil, &problem{inferencev1.ReasonModelNotInCatalog,
 				fmt.Sprintf("the JumpStart catalog, %s, does not exist; install it: kubectl apply -f config/catalog/catalog.yaml", where)}, nil
 		}
+	case err != nil:
 		return nil, nil, err
+	default:
+		if cat, err = catalog.Parse([]byte(cm.Data[catalog.Key])); err != nil {
+			return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf("the JumpStart catalog, %s, cannot be read: %v", where, err)}, nil
+		}
 	}
-	cat, err := catalog.Parse([]byte(cm.Data[catalog.Key]))
-	if err != nil {
-		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf("the JumpStart catalog, %s, cannot be read: %v", where, err)}, nil
+	e, err := (*catalog.Entry)(nil), catalog.ErrNotInCatalog
+	if cat != nil {
+		e, err = cat.Lookup(m.ModelID, m.ModelVersion, m.ModelHubName)
 	}
-	e, err := cat.Lookup(m.ModelID, m.ModelVersion, m.ModelHubName)
-	if errors.Is(err, catalog.ErrNotInCatalog) {
-		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf(
-			"%v; add an entry (source, image, version) to the catalog, %s — see docs/operations.md, JumpStart catalog", err, where)}, nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, catalog.ErrNotInCatalog):
+		var p *problem
+		if e, p = r.resolveJumpStart(ctx, m, instanceType, where, needImage); p != nil {
+			return nil, p, nil
+		}
+	case err != nil:
 		return nil, nil, err
 	}
 	if e.Gated && !m.AcceptEula {
 		return nil, &problem{inferencev1.ReasonEULANotAccepted, fmt.Sprintf(
-			"%s is a gated model: accept its end-user licence by setting spec.model.acceptEula: true", m.ModelID)}, nil
+			"%s is a gated model: accept its end-user licence by setting acceptEula: true (spec.model of a JumpStartModel, spec.jumpStartModel of a ModelWeightsCacheConfig)", m.ModelID)}, nil
 	}
 	return e, nil, nil
+}
+
+// resolveJumpStart resolves a model the catalog does not list through JumpStart's manifest, when
+// a region is configured.
+func (r *Reconciler) resolveJumpStart(ctx context.Context, m inferencev1.JumpStartModelRef, instanceType, where string, needImage bool) (*catalog.Entry, *problem) {
+	hub := m.ModelHubName
+	if r.JumpStart == nil || (hub != "" && hub != catalog.DefaultHub) {
+		or := ""
+		if r.JumpStart == nil {
+			or = ", or set jumpStart.region to resolve public models from JumpStart's manifest"
+		}
+		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf(
+			"model %s (hub %s) is not in the catalog, %s; add an entry (source, image, version) — see docs/operations.md, JumpStart models%s",
+			m.ModelID, cmp.Or(hub, catalog.DefaultHub), where, or)}
+	}
+	// A weights cache alone (a ModelWeightsCacheConfig, which names no server) needs no image.
+	e, err := r.JumpStart.Resolve(ctx, m.ModelID, m.ModelVersion, instanceType, needImage)
+	var nf *jumpstart.NotFoundError
+	switch {
+	case errors.As(err, &nf) && len(nf.Versions) > 0:
+		return nil, &problem{inferencev1.ReasonModelVersionNotFound, nf.Error() + "; set spec.model.modelVersion to one of them, or leave it empty for the latest"}
+	case errors.As(err, &nf):
+		return nil, &problem{inferencev1.ReasonModelNotInCatalog, nf.Error() + fmt.Sprintf(", nor is it in the catalog, %s", where)}
+	case err != nil:
+		return nil, &problem{inferencev1.ReasonJumpStartUnavailable, err.Error()}
+	}
+	return e, nil
 }
 
 // fromJumpStart builds the model to serve from a JumpStartModel and its catalog entry.

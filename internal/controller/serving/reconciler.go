@@ -26,6 +26,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/hub"
+	"github.com/prewarm/prewarm/internal/jumpstart"
 )
 
 // Reconciler reconciles InferenceEndpointConfig objects.
@@ -37,6 +38,9 @@ type Reconciler struct {
 	Config    controller.Config
 	// Hub checks Hugging Face tokens and pins revisions; nil skips the checks.
 	Hub *hub.Checker
+	// JumpStart resolves JumpStart models the catalog does not list from JumpStart's own
+	// manifest; nil: the catalog only.
+	JumpStart *jumpstart.Resolver
 	// Recorder records Events on parents; nil records none.
 	Recorder events.EventRecorder
 	// Metrics records gate waits and errors; nil records none.

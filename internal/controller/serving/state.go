@@ -142,6 +142,14 @@ func reconcileParent[T any, P interface {
 	case p != nil:
 		s.m = &model{owner: obj, kind: k.kind}
 		s.fail(p) // a change of the spec or of what it names brings us back
+		switch p.reason {
+		case inferencev1.ReasonJumpStartUnavailable:
+			s.requeue(time.Minute)
+		case inferencev1.ReasonModelNotInCatalog, inferencev1.ReasonModelVersionNotFound:
+			if r.JumpStart != nil {
+				s.requeue(5 * time.Minute) // JumpStart may publish it
+			}
+		}
 	default:
 		s.m = m
 		err = r.run(ctx, s)

@@ -266,7 +266,7 @@ func (r *WeightsCacheReconciler) weightsModel(mw *inferencev1.ModelWeightsCacheC
 // Hugging Face source's revision (with the namespace's token), as for a parent.
 func (r *WeightsCacheReconciler) resolveWeights(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig, m *model, owned []inferencev1.ModelDataCacheConfig) (*problem, error) {
 	if js := mw.Spec.JumpStartModel; js != nil {
-		entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, *js)
+		entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, *js, instanceTypeOf(mw.Spec.NodeSelector), false)
 		if err != nil || p != nil {
 			return p, err
 		}
@@ -276,6 +276,12 @@ func (r *WeightsCacheReconciler) resolveWeights(ctx context.Context, mw *inferen
 		return &problem{inferencev1.ReasonHostPathNotAllowed, why + "; nothing is cached until spec.hostPath is an allowed root"}, nil
 	}
 	return r.resolveHF(ctx, m, owned), nil
+}
+
+// instanceTypeOf is the instance type a selector names, if it names one (a JumpStart spec's
+// image and environment may depend on it).
+func instanceTypeOf(selector map[string]string) string {
+	return selector[corev1.LabelInstanceTypeStable]
 }
 
 // failedWeights is the status of a standalone cache that has no cache object to show.
