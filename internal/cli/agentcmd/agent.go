@@ -92,6 +92,7 @@ the allowed roots.`,
 	f.StringVar(&af.peers.serviceAccount, "peer-service-account", "", "the service account whose tokens other agents present (default system:serviceaccount:$POD_NAMESPACE:$SERVICE_ACCOUNT)")
 	af.eng.Register(cmd)
 	cmd.AddCommand(newPrepareCommand())
+	cmd.AddCommand(newPrefetchCommand())
 	return cmd
 }
 
@@ -153,6 +154,34 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	}
 	log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.Roots(), "version", opts.Version)
 	return mgr.Start(cmd.Context())
+}
+
+func newPrefetchCommand() *cobra.Command {
+	var from, to string
+	cmd := &cobra.Command{
+		Use:   "prefetch",
+		Short: "Copy the model from the pod's model volume into memory (HyperPod's prefetchEnabled)",
+		Long: `prefetch is the init container of the pods of a parent with modelSourceConfig.prefetchEnabled:
+it copies every file of --from (the pod's model volume) into --to (the memory-backed volume
+model-weights-copy), from which the inference server reads the model.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			start := time.Now()
+			res, err := agent.Prefetch(from, to)
+			if err != nil {
+				return err
+			}
+			took := time.Since(start)
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "model copied into memory at %s in %s: %d files, %s (%s/s)\n",
+				to, took.Round(time.Millisecond), res.Files, engine.HumanBytes(res.Bytes), engine.HumanBytes(int64(float64(res.Bytes)/max(took.Seconds(), 1e-3))))
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "the pod's model volume (read-only)")
+	cmd.Flags().StringVar(&to, "to", "", "the memory-backed volume the inference server reads")
+	_ = cmd.MarkFlagRequired("from")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
 }
 
 func newPrepareCommand() *cobra.Command {
