@@ -47,8 +47,10 @@ type ModelSourceConfig struct {
 	// +optional
 	ModelLocation string `json:"modelLocation,omitempty"`
 
-	// prefetchEnabled is HyperPod's prefetch of the model into the pod; prewarm's weights cache
-	// does this on every target node, so it has no further effect here.
+	// prefetchEnabled makes the inference server read the model from memory: an init container
+	// copies it from the model volume (the node's cache) into a memory-backed volume,
+	// model-weights-copy, sized from the model, before the worker starts. The model must fit
+	// the worker's memory limit.
 	// +optional
 	// +kubebuilder:default=false
 	PrefetchEnabled *bool `json:"prefetchEnabled,omitempty"`

@@ -110,6 +110,9 @@ const (
 	// ReasonJumpStartUnavailable: JumpStart's manifest or a model's spec could not be read or
 	// used (S3 unreachable, a malformed file, no image for the region); retried every minute.
 	ReasonJumpStartUnavailable = "JumpStartUnavailable"
+	// ReasonPrefetchDoesNotFit: prefetchEnabled would copy a model larger than the worker's
+	// memory limit into the pod's memory; nothing is deployed.
+	ReasonPrefetchDoesNotFit = "PrefetchDoesNotFit"
 )
 
 // ImageCacheState is HyperPod's summary of a parent's image cache.

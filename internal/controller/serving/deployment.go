@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/placement"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // Paths inside inference pods.
@@ -37,6 +39,13 @@ const (
 	fsxVolumeName       = "prewarm-fsx"
 	// cacheVolumeName is reserved: the name of the cache volume of earlier pod templates.
 	cacheVolumeName = "prewarm-cache"
+	// PrefetchVolumeName is the memory-backed volume the worker reads the model from with
+	// prefetchEnabled, named as HyperPod names it.
+	PrefetchVolumeName = "model-weights-copy"
+	// PrefetchContainerName is the init container that fills it.
+	PrefetchContainerName = "prewarm-prefetch"
+	// prefetchFrom and prefetchTo are where that init container sees the two volumes.
+	prefetchFrom, prefetchTo = "/var/lib/prewarm/model-source", "/var/lib/prewarm/model-copy"
 )
 
 // selector is the label set that selects a parent's pods.
@@ -68,6 +77,11 @@ func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConf
 		cache = nil
 	} else if err := r.prepareModel(m, cache, &worker, &spec); err != nil {
 		return corev1.PodTemplateSpec{}, err
+	}
+	if m.prefetch {
+		if err := r.prefetchModel(m, cache, &worker, &spec); err != nil {
+			return corev1.PodTemplateSpec{}, err
+		}
 	}
 	if cache != nil {
 		annotations[controller.WeightsCacheAnnotation] = cache.Name
@@ -152,6 +166,60 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 	// The agent image may be in a private registry (controller.imagePullSecrets: Secrets of
 	// that name in the parent's namespace).
 	spec.ImagePullSecrets = append(spec.ImagePullSecrets, r.Config.PullSecrets()...)
+	return nil
+}
+
+// prefetchModel makes the worker read the model from memory (HyperPod's prefetchEnabled): a
+// memory-backed emptyDir, model-weights-copy, sized from the model, that an init container fills
+// from the model volume (the node's cache, or the download of a cold pod) before the worker
+// starts; the worker mounts it where it would have mounted the model. A model larger than the
+// worker's memory limit cannot be held there (the copy counts against the pod's memory): the
+// parent says so and nothing is deployed.
+func (r *Reconciler) prefetchModel(m *model, cache *inferencev1.ModelDataCacheConfig, worker *corev1.Container, spec *corev1.PodSpec) error {
+	i := slices.IndexFunc(worker.VolumeMounts, func(v corev1.VolumeMount) bool { return v.MountPath == m.mountPath() })
+	if i < 0 {
+		return fmt.Errorf("prefetch: the worker mounts no model at %s", m.mountPath())
+	}
+	model := worker.VolumeMounts[i]
+	var size int64
+	if cache != nil {
+		size = cache.Status.TotalBytes
+		if c := cache.Status.Capacity; size == 0 && c != nil {
+			size = c.ModelBytes
+		}
+	}
+	empty := &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}
+	if size > 0 {
+		if limit, ok := worker.Resources.Limits[corev1.ResourceMemory]; ok && size >= limit.Value() {
+			return &problem{inferencev1.ReasonPrefetchDoesNotFit, fmt.Sprintf(
+				"prefetchEnabled copies the model (%s) into the pod's memory, which the worker's memory limit (%s) cannot hold: raise worker.resources.limits.memory above the model's size, or turn prefetchEnabled off",
+				engine.HumanBytes(size), limit.String())}
+		}
+		// The files, and tmpfs's own bookkeeping.
+		empty.SizeLimit = resource.NewQuantity(size+size/100+16<<20, resource.BinarySI)
+	}
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: PrefetchVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: empty}})
+	prefetch := corev1.Container{
+		Name: PrefetchContainerName, Image: r.Config.AgentImage(),
+		Args: []string{"prefetch", "--from=" + prefetchFrom, "--to=" + prefetchTo},
+		Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+		},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: model.Name, MountPath: prefetchFrom, SubPath: model.SubPath, ReadOnly: true},
+			{Name: PrefetchVolumeName, MountPath: prefetchTo},
+		},
+	}
+	if m.restricted {
+		prefetch.SecurityContext = restrictedContainer()
+	}
+	spec.InitContainers = append(spec.InitContainers, prefetch)
+	for _, ps := range r.Config.PullSecrets() {
+		if !slices.Contains(spec.ImagePullSecrets, ps) {
+			spec.ImagePullSecrets = append(spec.ImagePullSecrets, ps)
+		}
+	}
+	worker.VolumeMounts[i] = corev1.VolumeMount{Name: PrefetchVolumeName, MountPath: m.mountPath(), ReadOnly: true}
 	return nil
 }
 

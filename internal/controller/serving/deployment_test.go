@@ -1,6 +1,7 @@
 package serving
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -352,5 +353,66 @@ func TestJumpStartPartitionAndConfigs(t *testing.T) {
 	}
 	if len(e.Resources.Limits) != 2 || e.Resources.Limits["nvidia.com/gpu"] == (resource.Quantity{}) {
 		t.Errorf("the catalog entry was changed: %v", e.Resources.Limits)
+	}
+}
+
+// With prefetchEnabled the worker reads the model from model-weights-copy, a memory-backed
+// volume sized from the model that an init container fills from the model volume; a model the
+// worker's memory limit cannot hold stops the parent with a reason.
+func TestPrefetchTemplate(t *testing.T) {
+	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}}}}
+	r.Config.Defaults()
+	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec.Spec.ModelSourceConfig.PrefetchEnabled = ptr.To(true)
+	iec.Spec.Worker.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("64Gi")
+	m := fromEndpoint(iec)
+	if len(m.unsupported) != 0 {
+		t.Errorf("unsupported %v: prefetchEnabled has its effect", m.unsupported)
+	}
+	cache := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Name: "m-cache", UID: "cafe-1"}}
+	cache.Status.TotalBytes = 16 << 30
+	tmpl, err := r.podTemplate(m, cache, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := tmpl.Spec
+	var copyVol *corev1.Volume
+	for i := range spec.Volumes {
+		if spec.Volumes[i].Name == PrefetchVolumeName {
+			copyVol = &spec.Volumes[i]
+		}
+	}
+	if copyVol == nil || copyVol.EmptyDir == nil || copyVol.EmptyDir.Medium != corev1.StorageMediumMemory || copyVol.EmptyDir.SizeLimit == nil ||
+		copyVol.EmptyDir.SizeLimit.Value() < 16<<30 || copyVol.EmptyDir.SizeLimit.Value() > 17<<30 {
+		t.Fatalf("volumes %+v: want model-weights-copy, in memory, sized from the 16 GiB model", spec.Volumes)
+	}
+	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != PrefetchContainerName ||
+		!slices.Equal(spec.InitContainers[0].Args, []string{"prefetch", "--from=" + prefetchFrom, "--to=" + prefetchTo}) {
+		t.Fatalf("init containers %+v", spec.InitContainers)
+	}
+	mounts := spec.InitContainers[0].VolumeMounts
+	if mounts[0].Name != "model-weights" || !mounts[0].ReadOnly || mounts[1].Name != PrefetchVolumeName {
+		t.Errorf("prefetch mounts %+v: the model volume read-only, the copy writable", mounts)
+	}
+	worker := spec.Containers[0]
+	if diff := cmp.Diff([]corev1.VolumeMount{{Name: PrefetchVolumeName, MountPath: "/opt/ml/model", ReadOnly: true}}, worker.VolumeMounts); diff != "" {
+		t.Errorf("worker mounts (-want +got):\n%s", diff)
+	}
+
+	// A cold pod (no cache): the copy is filled from the downloaded model, subPath and all.
+	tmpl, err = r.podTemplate(m, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ic := tmpl.Spec.InitContainers; len(ic) != 2 || ic[0].Name != PrepareContainerName || ic[1].Name != PrefetchContainerName || ic[1].VolumeMounts[0].SubPath != modelSubPath {
+		t.Errorf("cold pod init containers %+v: prepare, then prefetch from its model directory", ic)
+	}
+
+	// Too big for the worker's memory.
+	iec.Spec.Worker.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("8Gi")
+	_, err = r.podTemplate(fromEndpoint(iec), cache, nil)
+	var p *problem
+	if !errors.As(err, &p) || p.reason != inferencev1.ReasonPrefetchDoesNotFit || !strings.Contains(p.message, "17.2 GB") || !strings.Contains(p.message, "8Gi") {
+		t.Errorf("a model beyond the memory limit: %v", err)
 	}
 }

@@ -33,6 +33,8 @@ type model struct {
 	unsupported   []string
 	// restricted is true when the parent's namespace enforces the restricted Pod Security level.
 	restricted bool
+	// prefetch is HyperPod's prefetchEnabled: the worker reads the model from memory.
+	prefetch bool
 }
 
 func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
@@ -45,6 +47,7 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 		replicas:      ptr.Deref(s.Replicas, 1),
 		worker:        s.Worker,
 		maxDeployTime: deployTime(s.MaxDeployTimeInSeconds),
+		prefetch:      ptr.Deref(s.ModelSourceConfig.PrefetchEnabled, false),
 	}
 	if s.Kubernetes != nil {
 		m.kubernetes = *s.Kubernetes
@@ -64,10 +67,9 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 		"endpointName": s.EndpointName != "",
 		"tags":         len(s.Tags) > 0,
 		// Without autoscaling here, replicas is the count.
-		"InitialReplicaCount":               s.InitialReplicaCount != nil,
-		"modelSourceConfig.prefetchEnabled": ptr.Deref(s.ModelSourceConfig.PrefetchEnabled, false),
-		"worker.requestLimits":              s.Worker.RequestLimits != nil,
-		"pdSpec":                            s.PDSpec != nil,
+		"InitialReplicaCount":  s.InitialReplicaCount != nil,
+		"worker.requestLimits": s.Worker.RequestLimits != nil,
+		"pdSpec":               s.PDSpec != nil,
 		"modelCacheConfig.weightsCache (modelSourceType kubernetesVolume is mounted as it is)": cacheAsked && volume,
 	}, &s.HyperPodFeatures)
 	return m

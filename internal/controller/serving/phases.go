@@ -245,6 +245,10 @@ func (r *Reconciler) templatePhase(ctx context.Context, s *state) error {
 		return err
 	}
 	if s.tmpl, err = r.podTemplate(s.m, s.use, s.image); err != nil {
+		var p *problem
+		if errors.As(err, &p) {
+			return p
+		}
 		return &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
 	}
 	return nil
