@@ -198,6 +198,9 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 		t.Run("HyperPod's ModelWeightsCacheConfig and ModelImageCache, with no endpoint, become Ready on the GPU nodes", func(t *testing.T) {
 			e.standaloneCaches(t, ctx, iecKey)
 		})
+		t.Run("with prefetchEnabled the model server reads the model from memory", func(t *testing.T) {
+			e.prefetched(t, ctx)
+		})
 	}
 	if t.Failed() {
 		t.FailNow()

@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -104,4 +108,30 @@ func mustUID(t *testing.T, ctx context.Context, e *env, name string) string {
 		t.Fatal(err)
 	}
 	return string(m.UID)
+}
+
+// prefetched serves a copy of the seed with HyperPod's prefetchEnabled: its pod on a real
+// kubelet reads the model, every byte verified, from memory (model-weights-copy, a tmpfs the
+// prefetch init container filled from the node's cache), read-only.
+func (e *env) prefetched(t *testing.T, ctx context.Context) {
+	iec := e.seedCopy(t, ctx, "default", "prefetch-model")
+	iec.Spec.ModelSourceConfig.PrefetchEnabled = ptr.To(true)
+	// The copy counts against the pod's memory: a limit the model fits in.
+	iec.Spec.Worker.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("2Gi")
+	if err := e.C.Client.Create(ctx, iec); err != nil {
+		t.Fatal(err)
+	}
+	e.waitComplete(t, ctx, client.ObjectKeyFromObject(iec), iec, e.Model)
+	for _, p := range e.parentPods(t, ctx, iec) {
+		if body := e.health(t, ctx, &p); !strings.Contains(body, "read-only; on tmpfs") {
+			t.Errorf("%s on %s: /health says %q; want the model read from memory (tmpfs), read-only", p.Name, p.Spec.NodeName, body)
+		}
+		i := slices.IndexFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "model-weights-copy" })
+		if i < 0 || p.Spec.Volumes[i].EmptyDir == nil || p.Spec.Volumes[i].EmptyDir.Medium != corev1.StorageMediumMemory {
+			t.Errorf("%s: volumes %+v, want model-weights-copy in memory", p.Name, p.Spec.Volumes)
+		}
+	}
+	if err := e.C.Client.Delete(ctx, iec); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -483,7 +483,7 @@ func (e *env) waitComplete(t *testing.T, ctx context.Context, key client.ObjectK
 		}
 		// The pod sees its model (and prewarm's manifest of it) and nothing else of the node: no
 		// other cache, no partial download; and it cannot write there.
-		if !strings.Contains(body, onlyTheModel) || !strings.HasSuffix(strings.TrimSpace(body), "read-only") {
+		if !strings.Contains(body, onlyTheModel) || !strings.Contains(body, "; read-only; on ") {
 			t.Errorf("%s on %s: /health says %q; want no entry beside the model's files and %s, read-only", p.Name, p.Spec.NodeName, body, engine.ManifestName)
 		}
 		t.Logf("%s Ready on %s: %s", p.Name, p.Spec.NodeName, strings.TrimSpace(body))

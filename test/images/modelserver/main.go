@@ -51,6 +51,8 @@ type server struct {
 	// writable says whether a file could be made there.
 	others   []string
 	writable bool
+	// fs names the filesystem the model is read from (tmpfs: from memory).
+	fs string
 }
 
 func main() {
@@ -116,7 +118,7 @@ func (s *server) verify() {
 	}
 	s.mu.Lock()
 	s.done, s.err, s.files, s.bytes, s.took = true, err, files, total, time.Since(start)
-	s.others, s.writable = others, werr == nil
+	s.others, s.writable, s.fs = others, werr == nil, fsName(s.model)
 	s.mu.Unlock()
 	if err != nil {
 		log.Printf("the model does not match its source: %v", err)
@@ -162,6 +164,25 @@ func digest(path string) (int64, string, error) {
 	return n, hex.EncodeToString(h.Sum(nil)), err
 }
 
+// fsName names the filesystem dir is on, by its statfs magic.
+func fsName(dir string) string {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return "unknown filesystem (" + err.Error() + ")"
+	}
+	switch st.Type {
+	case 0x01021994:
+		return "tmpfs"
+	case 0x794c7630:
+		return "overlayfs"
+	case 0xef53:
+		return "ext4"
+	case 0x58465342:
+		return "xfs"
+	}
+	return fmt.Sprintf("filesystem 0x%x", st.Type)
+}
+
 func (s *server) health(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -175,8 +196,8 @@ func (s *server) health(w http.ResponseWriter, _ *http.Request) {
 		if s.writable {
 			access = "writable"
 		}
-		fmt.Fprintf(w, "ok: %d files, %d bytes verified in %s; %d other entries %v; %s\n",
-			s.files, s.bytes, s.took.Round(time.Millisecond), len(s.others), s.others, access)
+		fmt.Fprintf(w, "ok: %d files, %d bytes verified in %s; %d other entries %v; %s; on %s\n",
+			s.files, s.bytes, s.took.Round(time.Millisecond), len(s.others), s.others, access, s.fs)
 	}
 }
 
