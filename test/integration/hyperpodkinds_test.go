@@ -205,7 +205,7 @@ models:
   modelSourceConfig:
     modelSourceType: s3
   jumpStartModel:
-    modelId: gated-model`, inferencev1.ReasonEULANotAccepted, "acceptEula"},
+    modelId: gated-model`, inferencev1.ReasonEULANotAccepted, "spec.jumpStartModel.acceptEula: true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mw := &inferencev1.ModelWeightsCacheConfig{}

@@ -81,7 +81,7 @@ func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		name: "jumpstart", kind: "JumpStartModel",
 		status: func(j *inferencev1.JumpStartModel) *inferencev1.ParentStatus { return &j.Status },
 		model: func(ctx context.Context, j *inferencev1.JumpStartModel) (*model, *problem, error) {
-			entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, j.Spec.Model, j.Spec.Server.InstanceType, true)
+			entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, "spec.model", j.Spec.Model, j.Spec.Server.InstanceType, true)
 			if err != nil || p != nil {
 				return nil, p, err
 			}
@@ -93,7 +93,9 @@ func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 // lookupJumpStart finds a JumpStart model's entry: in the catalog ConfigMap catalogName (the
 // override, and all there is on an air-gapped cluster), else in JumpStart's own manifest of the
 // configured region. A problem says why it cannot be used.
-func (r *Reconciler) lookupJumpStart(ctx context.Context, catalogName string, m inferencev1.JumpStartModelRef, instanceType string, needImage bool) (*catalog.Entry, *problem, error) {
+//
+// field is where the object names the model (spec.model, spec.jumpStartModel), for messages.
+func (r *Reconciler) lookupJumpStart(ctx context.Context, catalogName, field string, m inferencev1.JumpStartModelRef, instanceType string, needImage bool) (*catalog.Entry, *problem, error) {
 	if catalogName == "" {
 		catalogName = catalog.DefaultConfigMap
 	}
@@ -113,14 +115,14 @@ func (r *Reconciler) lookupJumpStart(ctx context.Context, catalogName string, m 
 			return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf("the JumpStart catalog, %s, cannot be read: %v", where, err)}, nil
 		}
 	}
-	e, err := (*catalog.Entry)(nil), catalog.ErrNotInCatalog
+	e, err := (*catalog.Entry)(nil), fmt.Errorf("model %s (hub %s) is %w", m.ModelID, cmp.Or(m.ModelHubName, catalog.DefaultHub), catalog.ErrNotInCatalog)
 	if cat != nil {
 		e, err = cat.Lookup(m.ModelID, m.ModelVersion, m.ModelHubName)
 	}
 	switch {
 	case errors.Is(err, catalog.ErrNotInCatalog):
 		var p *problem
-		if e, p = r.resolveJumpStart(ctx, m, instanceType, where, needImage); p != nil {
+		if e, p = r.resolveJumpStart(ctx, m, field, instanceType, where, err, needImage); p != nil {
 			return nil, p, nil
 		}
 	case err != nil:
@@ -128,30 +130,29 @@ func (r *Reconciler) lookupJumpStart(ctx context.Context, catalogName string, m 
 	}
 	if e.Gated && !m.AcceptEula {
 		return nil, &problem{inferencev1.ReasonEULANotAccepted, fmt.Sprintf(
-			"%s is a gated model: accept its end-user licence by setting acceptEula: true (spec.model of a JumpStartModel, spec.jumpStartModel of a ModelWeightsCacheConfig)", m.ModelID)}, nil
+			"%s is a gated model: accept its end-user licence by setting %s.acceptEula: true", m.ModelID, field)}, nil
 	}
 	return e, nil, nil
 }
 
-// resolveJumpStart resolves a model the catalog does not list through JumpStart's manifest, when
-// a region is configured.
-func (r *Reconciler) resolveJumpStart(ctx context.Context, m inferencev1.JumpStartModelRef, instanceType, where string, needImage bool) (*catalog.Entry, *problem) {
+// resolveJumpStart resolves a model the catalog does not list (notInCatalog says how) through
+// JumpStart's manifest, when a region is configured.
+func (r *Reconciler) resolveJumpStart(ctx context.Context, m inferencev1.JumpStartModelRef, field, instanceType, where string, notInCatalog error, needImage bool) (*catalog.Entry, *problem) {
 	hub := m.ModelHubName
 	if r.JumpStart == nil || (hub != "" && hub != catalog.DefaultHub) {
 		or := ""
 		if r.JumpStart == nil {
-			or = ", or set jumpStart.region to resolve public models from JumpStart's manifest"
+			or = "; or set jumpStart.region to resolve public models from JumpStart's own manifest"
 		}
 		return nil, &problem{inferencev1.ReasonModelNotInCatalog, fmt.Sprintf(
-			"model %s (hub %s) is not in the catalog, %s; add an entry (source, image, version) — see docs/operations.md, JumpStart models%s",
-			m.ModelID, cmp.Or(hub, catalog.DefaultHub), where, or)}
+			"%v; add an entry (source, image, version) to the catalog, %s — see docs/operations.md, JumpStart models%s", notInCatalog, where, or)}
 	}
 	// A weights cache alone (a ModelWeightsCacheConfig, which names no server) needs no image.
 	e, err := r.JumpStart.Resolve(ctx, m.ModelID, m.ModelVersion, instanceType, needImage)
 	var nf *jumpstart.NotFoundError
 	switch {
 	case errors.As(err, &nf) && len(nf.Versions) > 0:
-		return nil, &problem{inferencev1.ReasonModelVersionNotFound, nf.Error() + "; set spec.model.modelVersion to one of them, or leave it empty for the latest"}
+		return nil, &problem{inferencev1.ReasonModelVersionNotFound, nf.Error() + "; set " + field + ".modelVersion to one of them, or leave it empty for the latest"}
 	case errors.As(err, &nf):
 		return nil, &problem{inferencev1.ReasonModelNotInCatalog, nf.Error() + fmt.Sprintf(", nor is it in the catalog, %s", where)}
 	case err != nil:

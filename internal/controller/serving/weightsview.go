@@ -266,7 +266,7 @@ func (r *WeightsCacheReconciler) weightsModel(mw *inferencev1.ModelWeightsCacheC
 // Hugging Face source's revision (with the namespace's token), as for a parent.
 func (r *WeightsCacheReconciler) resolveWeights(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig, m *model, owned []inferencev1.ModelDataCacheConfig) (*problem, error) {
 	if js := mw.Spec.JumpStartModel; js != nil {
-		entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, *js, instanceTypeOf(mw.Spec.NodeSelector), false)
+		entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, "spec.jumpStartModel", *js, instanceTypeOf(mw.Spec.NodeSelector), false)
 		if err != nil || p != nil {
 			return p, err
 		}
