@@ -195,18 +195,10 @@ func SortVersions(versions []string) {
 	})
 }
 
+// parseVersion is a catalog entry's version, which must have exactly three parts (1.2.3).
 func parseVersion(v string) []int {
-	parts := strings.Split(v, ".")
-	if len(parts) != 3 {
-		return nil
+	if p, ok := parseLoose(v); ok && len(p) == 3 {
+		return p
 	}
-	out := make([]int, 3)
-	for i, p := range parts {
-		n, err := strconv.Atoi(p)
-		if err != nil || n < 0 {
-			return nil
-		}
-		out[i] = n
-	}
-	return out
+	return nil
 }

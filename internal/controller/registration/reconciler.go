@@ -6,7 +6,6 @@ package registration
 import (
 	"context"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -15,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 )
 
 // Reconciler reconciles SageMakerEndpointRegistration objects.
@@ -52,10 +52,5 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		Type: inferencev1.ConditionRegistered, Status: metav1.ConditionFalse, ObservedGeneration: reg.Generation,
 		Reason: inferencev1.ReasonNotAvailableOffSageMaker, Message: Message,
 	})
-	if equality.Semantic.DeepEqual(reg.Status, *st) {
-		return ctrl.Result{}, nil
-	}
-	patch := client.MergeFrom(reg.DeepCopy())
-	reg.Status = *st
-	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Status().Patch(ctx, reg, patch))
+	return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, reg, &reg.Status, *st)
 }

@@ -131,7 +131,7 @@ func (r *ImageCacheReconciler) syncImageView(ctx context.Context, mic *inference
 			return err
 		}
 	}
-	return r.writeImageStatus(ctx, mic, imageStatusOf(c, mic, r.Now()))
+	return controller.WriteStatus(ctx, r.Client, mic, &mic.Status, imageStatusOf(c, mic, r.Now()))
 }
 
 // reconcileStandaloneImage keeps a user's ModelImageCache among the parents of the image cache
@@ -155,7 +155,7 @@ func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic
 	switch {
 	case errors.As(err, &named):
 		st := imageProblem(mic, named, r.Now())
-		return ctrl.Result{}, errors.Join(r.releaseImageCaches(ctx, uid, ""), r.writeImageStatus(ctx, mic, st))
+		return ctrl.Result{}, errors.Join(r.releaseImageCaches(ctx, uid, ""), controller.WriteStatus(ctx, r.Client, mic, &mic.Status, st))
 	case err != nil:
 		return ctrl.Result{}, err
 	}
@@ -163,7 +163,7 @@ func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic
 	if err := r.releaseImageCaches(ctx, uid, ic.Name); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, r.writeImageStatus(ctx, mic, imageStatusOf(ic, mic, r.Now()))
+	return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mic, &mic.Status, imageStatusOf(ic, mic, r.Now()))
 }
 
 // imageProblem is the status of a standalone image cache that has no cache to show.
@@ -202,14 +202,7 @@ func imageStatusOf(c *inferencev1.InferenceImageCache, mic *inferencev1.ModelIma
 		ObservedGeneration: mic.Generation, CacheName: c.Name, LastTransitionTime: transitioned(mic.Status, state, now),
 		Message: fmt.Sprintf("image cache %s/%s has not reported yet", c.Namespace, c.Name),
 	}
-	current := c.Status.ObservedGeneration == c.Generation
-	for _, cond := range c.Status.Conditions {
-		cond.ObservedGeneration = 0
-		if current {
-			cond.ObservedGeneration = mic.Generation
-		}
-		st.Conditions = append(st.Conditions, cond)
-	}
+	st.Conditions = observedAt(c.Status.Conditions, c.Status.ObservedGeneration == c.Generation, mic.Generation)
 	if ready := apimeta.FindStatusCondition(c.Status.Conditions, inferencev1.ConditionReady); ready != nil {
 		st.Message = ready.Message
 	}
@@ -222,13 +215,4 @@ func transitioned(prev inferencev1.ModelImageCacheStatus, state inferencev1.Mode
 		return prev.LastTransitionTime
 	}
 	return &metav1.Time{Time: now.Truncate(time.Second)}
-}
-
-func (r *ImageCacheReconciler) writeImageStatus(ctx context.Context, mic *inferencev1.ModelImageCache, st inferencev1.ModelImageCacheStatus) error {
-	if equality.Semantic.DeepEqual(mic.Status, st) {
-		return nil
-	}
-	patch := client.MergeFrom(mic.DeepCopy())
-	mic.Status = st
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, mic, patch))
 }

@@ -188,7 +188,7 @@ func (r *WeightsCacheReconciler) syncWeightsView(ctx context.Context, mw *infere
 			return err
 		}
 	}
-	return r.writeWeightsStatus(ctx, mw, weightsStatusOf(c, mw.Generation))
+	return controller.WriteStatus(ctx, r.Client, mw, &mw.Status, weightsStatusOf(c, mw.Generation))
 }
 
 // reconcileStandaloneWeights keeps a user's ModelWeightsCacheConfig's cache and status.
@@ -211,11 +211,11 @@ func (r *WeightsCacheReconciler) reconcileStandaloneWeights(ctx context.Context,
 				st := mw.Status.DeepCopy()
 				st.State = string(inferencev1.CacheDeleting)
 				st.Message = fmt.Sprintf("removing the cache from every node (%d cache objects left)", len(owned))
-				return ctrl.Result{RequeueAfter: 2 * time.Second}, r.writeWeightsStatus(ctx, mw, *st)
+				return ctrl.Result{RequeueAfter: 2 * time.Second}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, *st)
 			}
 			return ctrl.Result{}, controller.RemoveFinalizer(ctx, r.Client, mw, inferencev1.ParentFinalizer)
 		}
-		return ctrl.Result{}, r.writeWeightsStatus(ctx, mw, failedWeights(mw, inferencev1.CachePending, inferencev1.ReasonCacheDisabled,
+		return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, failedWeights(mw, inferencev1.CachePending, inferencev1.ReasonCacheDisabled,
 			"spec.enabled is false: the cache is on no node"))
 	}
 	if err := controller.AddFinalizer(ctx, r.Client, mw, inferencev1.ParentFinalizer); err != nil {
@@ -226,13 +226,13 @@ func (r *WeightsCacheReconciler) reconcileStandaloneWeights(ctx context.Context,
 		return ctrl.Result{}, err
 	}
 	if p != nil {
-		return ctrl.Result{RequeueAfter: time.Minute}, r.writeWeightsStatus(ctx, mw, failedWeights(mw, inferencev1.CacheFailed, p.reason, p.message))
+		return ctrl.Result{RequeueAfter: time.Minute}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, failedWeights(mw, inferencev1.CacheFailed, p.reason, p.message))
 	}
 	cache, err := r.ensureCache(ctx, m, owned)
 	var named *problem
 	switch {
 	case errors.As(err, &named):
-		return ctrl.Result{}, r.writeWeightsStatus(ctx, mw, failedWeights(mw, inferencev1.CacheFailed, named.reason, named.message))
+		return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, failedWeights(mw, inferencev1.CacheFailed, named.reason, named.message))
 	case err != nil:
 		return ctrl.Result{}, err
 	}
@@ -244,7 +244,7 @@ func (r *WeightsCacheReconciler) reconcileStandaloneWeights(ctx context.Context,
 			}
 		}
 	}
-	return ctrl.Result{}, r.writeWeightsStatus(ctx, mw, weightsStatusOf(cache, mw.Generation))
+	return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, weightsStatusOf(cache, mw.Generation))
 }
 
 // weightsModel is what a standalone ModelWeightsCacheConfig asks, as a parent's model: its
@@ -284,6 +284,20 @@ func instanceTypeOf(selector map[string]string) string {
 	return selector[corev1.LabelInstanceTypeStable]
 }
 
+// observedAt is a cache's conditions as a view of generation gen shows them: observed at gen
+// when the cache has observed its own spec (current), else at no generation.
+func observedAt(conds []metav1.Condition, current bool, gen int64) []metav1.Condition {
+	var out []metav1.Condition
+	for _, c := range conds {
+		c.ObservedGeneration = 0
+		if current {
+			c.ObservedGeneration = gen
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // failedWeights is the status of a standalone cache that has no cache object to show.
 func failedWeights(mw *inferencev1.ModelWeightsCacheConfig, state inferencev1.CacheState, reason, message string) inferencev1.ModelWeightsCacheConfigStatus {
 	st := inferencev1.ModelWeightsCacheConfigStatus{State: string(state), Message: message, ObservedGeneration: mw.Generation,
@@ -305,26 +319,9 @@ func weightsStatusOf(c *inferencev1.ModelDataCacheConfig, gen int64) inferencev1
 	if !c.DeletionTimestamp.IsZero() {
 		st.State = string(inferencev1.CacheDeleting)
 	}
-	current := c.Status.ObservedGeneration == c.Generation
-	for _, cond := range c.Status.Conditions {
-		if current {
-			cond.ObservedGeneration = gen
-		} else {
-			cond.ObservedGeneration = 0
-		}
-		st.Conditions = append(st.Conditions, cond)
-	}
+	st.Conditions = observedAt(c.Status.Conditions, c.Status.ObservedGeneration == c.Generation, gen)
 	if ready := apimeta.FindStatusCondition(c.Status.Conditions, inferencev1.ConditionReady); ready != nil {
 		st.Message = ready.Message
 	}
 	return st
-}
-
-func (r *WeightsCacheReconciler) writeWeightsStatus(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig, st inferencev1.ModelWeightsCacheConfigStatus) error {
-	if equality.Semantic.DeepEqual(mw.Status, st) {
-		return nil
-	}
-	patch := client.MergeFrom(mw.DeepCopy())
-	mw.Status = st
-	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, mw, patch))
 }
