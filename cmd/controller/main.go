@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -28,6 +29,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/catalog"
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/config"
@@ -144,6 +146,7 @@ func newManager(o *options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	agentLeases := labels.SelectorFromSet(labels.Set{prewarmv1alpha1.AgentLeaseLabel: "true"})
 	restCfg, err := cli.RestConfig(o.kubeconfig)
 	if err != nil {
 		return nil, err
@@ -161,6 +164,8 @@ func newManager(o *options) (ctrl.Manager, error) {
 			// ConfigMaps and Secrets: only the operator namespace (the catalog, prewarm's copies).
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
 			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
+			// Leases: only the agents' (controller.Liveness), not the cluster's node leases.
+			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}, Label: agentLeases},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:  o.probeAddr,
@@ -216,7 +221,9 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := controller.RegisterIndexes(ctx, mgr, append(weightscache.Indexes, controller.NodeIndexes...)...); err != nil {
 		return err
 	}
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics,
+	// Every cache's ready labels of a node go in one patch, weights and image caches alike.
+	labels := &controller.Labeller{}
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics, Labels: labels,
 		Sizer: weightscache.SourceSizer{Config: cfg.OperatorConfiguration}}).SetupWithManager(mgr); err != nil {
 		return err
 	}
@@ -250,5 +257,5 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := (&registration.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics}).SetupWithManager(mgr)
+	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics, Labels: labels}).SetupWithManager(mgr)
 }

@@ -120,6 +120,12 @@ func (a *Agent) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(statusWriter{a}); err != nil {
 		return err
 	}
+	if a.opts.Leases != nil {
+		keeper := NewLeaseKeeper(a.opts.Leases, a.opts.LeaseNamespace, a.opts.NodeName, a.opts.LeaseHolder, a.opts.Config.Agent.LeaseDuration.Duration)
+		if err := mgr.Add(leaseKeeper{keeper}); err != nil {
+			return err
+		}
+	}
 	if err := mgr.Add(lifetime{a}); err != nil {
 		return err
 	}

@@ -55,21 +55,35 @@ func NotTarget(st *prewarmv1alpha1.CacheStatus) {
 }
 
 // WritePolicy is when an agent writes its NodeCache status: a change of any cache's state, or
-// of the pods' demands, at the next tick (every Interval); progress alone at most every
-// ProgressInterval; and at least every HeartbeatInterval. The writes per node and cache of one
-// download are then bounded by its state changes plus its duration / ProgressInterval.
+// of the pods' demands, at the next tick (every Interval); progress alone, or a root's free
+// space moving by more than sameRoots allows, at most every ProgressInterval; nothing else. An
+// agent that downloads nothing and whose disks do not change writes nothing: that it is alive,
+// its Lease says. The writes per node and cache of one download are then bounded by its state
+// changes plus its duration / ProgressInterval.
 type WritePolicy struct {
-	Interval, ProgressInterval, HeartbeatInterval time.Duration
+	Interval, ProgressInterval time.Duration
 }
 
-// Due reports whether next must be written, the last status written being last, since ago.
-// A zero since (nothing written yet) is always due.
+// Due reports whether next must be written, the last status written being last, since ago;
+// written is false when nothing has been written yet (always due).
 func (p WritePolicy) Due(last, next prewarmv1alpha1.NodeCacheStatus, since time.Duration, written bool) bool {
 	switch {
-	case !written, since >= p.HeartbeatInterval, !sameState(last, next):
+	case !written, !sameState(last, next):
 		return true
 	}
-	return !sameStatus(last, next) && since >= p.ProgressInterval
+	return (!sameStatus(last, next) || !sameRoots(last.Roots, next.Roots)) && since >= p.ProgressInterval
+}
+
+// sameRoots reports whether two reports of the roots' filesystems say the same to the
+// controller's capacity check: the same roots, each one's free space within 1 GiB or 1 % of
+// its capacity. A disk that other files fill or empty is then reported within a
+// ProgressInterval of moving that far, and a still one is not written again.
+func sameRoots(x, y []prewarmv1alpha1.RootStatus) bool {
+	return slices.EqualFunc(x, y, func(p, q prewarmv1alpha1.RootStatus) bool {
+		d := max(p.FreeBytes, q.FreeBytes) - min(p.FreeBytes, q.FreeBytes)
+		p.FreeBytes, q.FreeBytes, p.CachedBytes, q.CachedBytes, p.UsedBytes, q.UsedBytes = 0, 0, 0, 0, 0, 0
+		return p == q && d <= max(1<<30, max(p.CapacityBytes, q.CapacityBytes)/100)
+	})
 }
 
 // sameState compares two statuses but for the caches' progress (bytes, rate, the progress

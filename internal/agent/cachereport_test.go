@@ -11,7 +11,7 @@ import (
 )
 
 func TestWritePolicy(t *testing.T) {
-	p := WritePolicy{Interval: 2 * time.Second, ProgressInterval: 10 * time.Second, HeartbeatInterval: time.Minute}
+	p := WritePolicy{Interval: 2 * time.Second, ProgressInterval: 10 * time.Second}
 	cache := Queued("u", nil)
 	Listing(&cache, prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "b", Prefix: "p"})
 	at := func(done int64) prewarmv1alpha1.NodeCacheStatus {
@@ -34,7 +34,10 @@ func TestWritePolicy(t *testing.T) {
 		{"progress only, a progress interval later", at(10), at(20), 10 * time.Second, true, true},
 		{"a change of state at once", at(90), ready, 2 * time.Second, true, true},
 		{"a demand at once", at(10), withDemand(at(10)), 2 * time.Second, true, true},
-		{"the heartbeat", at(10), at(10), time.Minute, true, true},
+		{"no heartbeat: a settled node an hour on", ready, ready, time.Hour, true, false},
+		{"a disk that others fill, a progress interval later", onRoot(ready, 500<<30), onRoot(ready, 480<<30), 10 * time.Second, true, true},
+		{"a disk that others fill, soon after", onRoot(ready, 500<<30), onRoot(ready, 480<<30), 3 * time.Second, true, false},
+		{"a disk's free space moves by less than 1 %", onRoot(ready, 500<<30), onRoot(ready, 500<<30-(5<<30)), time.Hour, true, false},
 		{"a settled copy's blocks move by a journal's", onDisk(ready, 50<<20), onDisk(ready, 50<<20+8<<10), 30 * time.Second, true, false},
 		{"a copy set aside, a progress interval later", onDisk(ready, 50<<20), onDisk(ready, 90<<20), 10 * time.Second, true, true},
 	}
@@ -53,5 +56,11 @@ func withDemand(st prewarmv1alpha1.NodeCacheStatus) prewarmv1alpha1.NodeCacheSta
 func onDisk(st prewarmv1alpha1.NodeCacheStatus, n int64) prewarmv1alpha1.NodeCacheStatus {
 	st.Caches = slices.Clone(st.Caches)
 	st.Caches[0].DiskBytes = n
+	return st
+}
+
+// onRoot reports a 1 TiB root with free bytes free (and that much moving in usedBytes).
+func onRoot(st prewarmv1alpha1.NodeCacheStatus, free int64) prewarmv1alpha1.NodeCacheStatus {
+	st.Roots = []prewarmv1alpha1.RootStatus{{Path: "/nvme", CapacityBytes: 1 << 40, FreeBytes: free, UsedBytes: 1<<40 - free}}
 	return st
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -38,8 +39,11 @@ type Options struct {
 	MaxParallel int
 	// StatusInterval is the least time between two status writes.
 	StatusInterval time.Duration
-	// HeartbeatInterval is the most time between two status writes.
-	HeartbeatInterval time.Duration
+	// Leases, when set, keeps the agent's Lease (NewLeaseKeeper) in LeaseNamespace (the
+	// operator namespace when empty), held by LeaseHolder (the node's name when empty): without
+	// it the controller counts none of the node's caches.
+	Leases                      kubernetes.Interface
+	LeaseNamespace, LeaseHolder string
 	// ProgressInterval is the least time between two status writes that change only the
 	// progress of downloads (10 s): a change of state is written at the next StatusInterval.
 	ProgressInterval time.Duration
@@ -89,8 +93,11 @@ func (o *Options) Defaults() {
 	if o.StatusInterval <= 0 {
 		o.StatusInterval = ac.StatusInterval.Duration
 	}
-	if o.HeartbeatInterval <= 0 {
-		o.HeartbeatInterval = time.Minute
+	if o.LeaseNamespace == "" {
+		o.LeaseNamespace = o.Config.OperatorNamespace
+	}
+	if o.LeaseHolder == "" {
+		o.LeaseHolder = o.NodeName
 	}
 	if o.RecheckInterval <= 0 {
 		o.RecheckInterval = ac.RecheckInterval.Duration
@@ -205,5 +212,5 @@ func (o *Options) sourceSpec(cs prewarmv1alpha1.CacheSource) (sources.Spec, sour
 
 // WritePolicy is when the agent writes its NodeCache status.
 func (o *Options) WritePolicy() WritePolicy {
-	return WritePolicy{Interval: o.StatusInterval, ProgressInterval: o.ProgressInterval, HeartbeatInterval: o.HeartbeatInterval}
+	return WritePolicy{Interval: o.StatusInterval, ProgressInterval: o.ProgressInterval}
 }

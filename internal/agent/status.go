@@ -68,8 +68,8 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 }
 
 // statusWriter writes the agent's status to its NodeCache as its WritePolicy says: a change of
-// state at the next StatusInterval tick, progress at most every ProgressInterval, at least
-// once per HeartbeatInterval.
+// state at the next StatusInterval tick, progress at most every ProgressInterval, nothing when
+// nothing changes (the agent's Lease says it is alive).
 type statusWriter struct{ a *Agent }
 
 // NeedLeaderElection is false: every node's agent writes its own status.

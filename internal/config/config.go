@@ -453,6 +453,11 @@ type Agent struct {
 	// StatusInterval is the least time between two NodeCache status writes of an agent (2s): a
 	// change of state waits at most this long.
 	StatusInterval metav1.Duration `json:"statusInterval,omitempty"`
+	// LeaseDuration is how long an agent counts as alive after it last renewed its Lease (3m);
+	// it renews it every third of that. A node whose agent's Lease has expired counts no cache
+	// Ready and loses the caches' ready labels until the agent renews it. The Lease is the
+	// agents' only periodic write: NodeCache status is written on a change only.
+	LeaseDuration metav1.Duration `json:"leaseDuration,omitempty"`
 	// RecheckInterval is how often a Ready cache is re-checked cheaply: its manifest, and every
 	// file there with its size (5m).
 	RecheckInterval metav1.Duration `json:"recheckInterval,omitempty"`
@@ -618,6 +623,7 @@ func (o *OperatorConfiguration) defaults() {
 	duration(&a.VerifyInterval, 24*time.Hour)
 	duration(&a.ProgressInterval, 10*time.Second)
 	duration(&a.StatusInterval, 2*time.Second)
+	duration(&a.LeaseDuration, 3*time.Minute)
 	duration(&a.RecheckInterval, 5*time.Minute)
 	duration(&a.RetryInterval, 10*time.Second)
 	duration(&a.MountWait, 90*time.Second)
@@ -803,6 +809,9 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, positive(agent.Child("verifyInterval"), a.VerifyInterval)...)
 	errs = append(errs, positive(agent.Child("progressInterval"), a.ProgressInterval)...)
 	errs = append(errs, positive(agent.Child("statusInterval"), a.StatusInterval)...)
+	if a.LeaseDuration.Duration < 15*time.Second {
+		errs = append(errs, field.Invalid(agent.Child("leaseDuration"), a.LeaseDuration.Duration.String(), "must be at least 15s: the agents renew their Lease every third of it"))
+	}
 	errs = append(errs, positive(agent.Child("recheckInterval"), a.RecheckInterval)...)
 	errs = append(errs, positive(agent.Child("retryInterval"), a.RetryInterval)...)
 	errs = append(errs, positive(agent.Child("mountWait"), a.MountWait)...)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/config"
@@ -33,6 +34,9 @@ func RunAgent(t *testing.T, ctx context.Context, api *APIServer, node string, o 
 		t.Fatal(err)
 	}
 	o.NodeName = node
+	if o.Leases == nil {
+		o.Leases = kubernetes.NewForConfigOrDie(api.Config)
+	}
 	a, err := agent.New(mgr.GetClient(), o)
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,37 @@ func (e *weightsEnv) kubectl(stdin string, args ...string) string {
 	return string(out)
 }
 
+// startTeamController starts the controller on the test's S3 and makes the namespace team-a.
+func (e *weightsEnv) startTeamController() {
+	e.t.Helper()
+	e.startController(
+		"--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect=false",
+		"--metrics-bind-address=0", "--health-probe-bind-address=0",
+		"--config="+e.config(s3srv.Endpoint), "--agent-image=prewarm/agent:e2e")
+	if err := e.c.Create(e.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// llamaWarm is a ModelWeightsCacheConfig of the test's model in team-a, on the ml.g5.24xlarge
+// nodes, as HyperPod's docs write one.
+const llamaWarm = `
+apiVersion: inference.sagemaker.aws.amazon.com/v1
+kind: ModelWeightsCacheConfig
+metadata:
+  name: llama-warm
+  namespace: team-a
+spec:
+  modelSourceConfig:
+    modelSourceType: s3
+    s3Storage:
+      bucketName: ` + bucket + `
+      region: us-west-2
+    modelLocation: ` + prefix + `
+  nodeSelector:
+    node.kubernetes.io/instance-type: ml.g5.24xlarge
+`
+
 // HyperPod's own cache kinds, written as HyperPod's docs write them, with no endpoint at all: a
 // ModelWeightsCacheConfig warms exactly the nodes its nodeSelector picks (HyperPod's ml. instance
 // type, on nodes labelled as EKS labels them), a ModelImageCache pins its image there, and
@@ -43,30 +74,8 @@ func TestHyperPodCacheKindsEndToEnd(t *testing.T) {
 		e.addNode(n, "g5.24xlarge", s3srv.Endpoint)
 	}
 	e.addNode("m5-a", "m5.xlarge", s3srv.Endpoint)
-	e.startController(
-		"--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect=false",
-		"--metrics-bind-address=0", "--health-probe-bind-address=0",
-		"--config="+e.config(s3srv.Endpoint), "--agent-image=prewarm/agent:e2e")
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}); err != nil {
-		t.Fatal(err)
-	}
-
-	e.kubectl(`
-apiVersion: inference.sagemaker.aws.amazon.com/v1
-kind: ModelWeightsCacheConfig
-metadata:
-  name: llama-warm
-  namespace: team-a
-spec:
-  modelSourceConfig:
-    modelSourceType: s3
-    s3Storage:
-      bucketName: `+bucket+`
-      region: us-west-2
-    modelLocation: `+prefix+`
-  nodeSelector:
-    node.kubernetes.io/instance-type: ml.g5.24xlarge
----
+	e.startTeamController()
+	e.kubectl(llamaWarm+`---
 apiVersion: inference.sagemaker.aws.amazon.com/v1
 kind: ModelImageCache
 metadata:

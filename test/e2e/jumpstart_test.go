@@ -281,7 +281,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 			t.Errorf("status of the refused model:\n%s", out)
 		}
 		out = run("explain", "node", "g5-a")
-		if !strings.Contains(out, "default/example-jumpstart-model-cache: WARM: Ready: 4 files") || !strings.Contains(out, "agent: reporting") {
+		if !strings.Contains(out, "default/example-jumpstart-model-cache: WARM: Ready: 4 files") || !strings.Contains(out, "agent: alive") {
 			t.Errorf("explain g5-a:\n%s", out)
 		}
 		out = run("explain", "node", "small-a")

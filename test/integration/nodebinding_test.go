@@ -10,6 +10,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -132,6 +133,20 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 	}
 	if err := writeStatus(unbound, "binding-a"); err == nil || !strings.Contains(err.Error(), "names no node") {
 		t.Errorf("a token bound to no pod wrote a status: %v; want it refused", err)
+	}
+	// Its Lease likewise: its own node's only, in prewarm's namespace only (RBAC).
+	lease := func(namespace, node string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: node},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("prewarm-agent-binding-a"), LeaseDurationSeconds: ptr.To[int32](180)}}
+	}
+	if err := onA.Create(ctx, lease(ns, "binding-a")); err != nil {
+		t.Errorf("the agent of binding-a could not create its own Lease: %v", err)
+	}
+	if err := onA.Create(ctx, lease(ns, "binding-b")); err == nil || !strings.Contains(err.Error(), "the prewarm agent of node binding-a may not write the Lease of node binding-b") {
+		t.Errorf("the agent of binding-a created binding-b's Lease: %v; want it refused, naming both nodes", err)
+	}
+	if err := onA.Create(ctx, lease("default", "binding-a")); !apierrors.IsForbidden(err) {
+		t.Errorf("the agent of binding-a created a Lease outside prewarm's namespace: %v; want forbidden", err)
 	}
 	// RBAC: the agents read no Secret, not even in prewarm's own namespace (credentials reach
 	// them sealed to each node's key, in the NodeCache).

@@ -317,7 +317,8 @@ type NodeCacheStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=261
 	PeerAddress string `json:"peerAddress,omitempty"`
-	// heartbeatTime is when the agent last wrote this status.
+	// heartbeatTime is when the agent last wrote this status. It writes on a change only; that
+	// it is alive, its Lease says (AgentLeaseLabel).
 	// +optional
 	HeartbeatTime *metav1.Time `json:"heartbeatTime,omitempty"`
 	// roots are the allowed roots' filesystems.
@@ -434,9 +435,15 @@ func Terminal(reason string) bool {
 	return false
 }
 
+// AgentLeaseLabel marks the Leases (coordination.k8s.io) the agents renew: one per node, named
+// after it, in the operator namespace. A node's agent is alive while its Lease is: renewed
+// within its leaseDurationSeconds.
+const AgentLeaseLabel = "prewarm.io/agent-lease"
+
 // Reasons for a cache the node's agent does not report on (yet).
 const (
-	// ReasonAgentNotReporting: no agent has written the NodeCache's status.
+	// ReasonAgentNotReporting: no agent has written the NodeCache's status, or the agent's Lease
+	// has expired (it stopped renewing it): what it last reported is not counted.
 	ReasonAgentNotReporting = "AgentNotReporting"
 	// ReasonRequested: the agent reports, but not on this cache yet.
 	ReasonRequested = "Requested"

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -130,6 +133,13 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	if opts.Peers, err = setupPeers(mgr, opts, af.peers); err != nil {
 		return err
 	}
+	// The Lease is renewed in protobuf, as the kubelet renews its node's.
+	leaseCfg := rest.CopyConfig(cfg)
+	leaseCfg.ContentType = runtime.ContentTypeProtobuf
+	if opts.Leases, err = kubernetes.NewForConfig(leaseCfg); err != nil {
+		return err
+	}
+	opts.LeaseHolder = os.Getenv("POD_NAME")
 	a, err := agent.New(mgr.GetClient(), *opts)
 	if err != nil {
 		return err

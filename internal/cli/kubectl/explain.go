@@ -18,6 +18,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -63,10 +64,6 @@ type CacheExplanation struct {
 	DiskBytes int64 `json:"diskBytes,omitempty"`
 }
 
-// agentStale is how old a heartbeat may be before the agent is taken for gone: the agent writes
-// one at least every minute.
-const agentStale = 3 * time.Minute
-
 // operatorRules reads the placement rules of the operator configuration (the prewarm-config
 // ConfigMap in namespace ns): how instance types find nodes. The caches' tolerations are the
 // pods' own already. When the configuration cannot be read, the defaults, and a note saying so.
@@ -103,11 +100,22 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS
 		ex.Agent = "no NodeCache: no weights cache has been asked of this node yet"
 	case nc.Status.HeartbeatTime == nil:
 		ex.Agent = "no agent reports on this node: is the prewarm-agent DaemonSet's pod running here?"
-	case now.Sub(nc.Status.HeartbeatTime.Time) > agentStale:
-		ex.Agent = fmt.Sprintf("the agent last reported at %s, more than %s ago: is it running?",
-			nc.Status.HeartbeatTime.UTC().Format(time.RFC3339), agentStale)
-	default:
-		ex.Agent = fmt.Sprintf("reporting (agent %s, last at %s)", nc.Status.AgentVersion, nc.Status.HeartbeatTime.UTC().Format(time.RFC3339))
+	}
+	agent := controller.Agent{Alive: true}
+	if nc != nil && nc.Status.HeartbeatTime != nil {
+		agent, err = controller.Liveness{Reader: c, Namespace: operatorNS, Now: func() time.Time { return now }}.Of(ctx, nodeName, nc)
+		switch {
+		case err != nil:
+			agent = controller.Agent{Alive: true}
+			ex.Agent = fmt.Sprintf("its Lease (%s/%s) could not be read (%v); it last wrote its NodeCache status at %s", operatorNS, nodeName, err, nc.Status.HeartbeatTime.UTC().Format(time.RFC3339))
+		case !agent.Alive:
+			ex.Agent = agent.Why
+		case agent.Renewed.IsZero():
+			ex.Agent = fmt.Sprintf("alive (agent %s, which keeps no Lease; status last written at %s)", nc.Status.AgentVersion, nc.Status.HeartbeatTime.UTC().Format(time.RFC3339))
+		default:
+			ex.Agent = fmt.Sprintf("alive (agent %s; Lease renewed at %s; status last written at %s)", nc.Status.AgentVersion,
+				agent.Renewed.UTC().Format(time.RFC3339), nc.Status.HeartbeatTime.UTC().Format(time.RFC3339))
+		}
 	}
 	if nc != nil {
 		for _, r := range nc.Status.Roots {
@@ -122,7 +130,11 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS
 		return nil, err
 	}
 	for _, m := range caches.Items {
-		ex.Weights = append(ex.Weights, explainWeights(rules, &m, node, nc))
+		e := explainWeights(rules, &m, node, nc)
+		if e.Warm && !agent.Alive {
+			e.Warm, e.Why = false, "the node's agent is not alive, so its pods cannot mount the cache: "+agent.Why
+		}
+		ex.Weights = append(ex.Weights, e)
 	}
 	images := &inferencev1.InferenceImageCacheList{}
 	if err := c.List(ctx, images); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -106,6 +107,12 @@ func fixture(t *testing.T, c client.Client) {
 		Spec: inferencev1.InferenceImageCacheSpec{Image: "vllm/vllm-openai:latest", Placement: placement.FromParent("ml.g5.24xlarge", nil, nil, nil),
 			ParentReferences: []inferencev1.ParentReference{{Kind: "InferenceEndpointConfig", Namespace: "default", Name: "example-model", UID: string(iec.UID)}}}}
 	mustCreate(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "hyperpod-inference-system"}})
+	// The agents' Leases: g5-a's renewed 20 s ago, g5-b's not for 10 minutes.
+	for name, renewed := range map[string]metav1.Time{"g5-a": hb, "g5-b": stale} {
+		mustCreate(t, c, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "hyperpod-inference-system", Name: name,
+			Labels: map[string]string{prewarmv1alpha1.AgentLeaseLabel: "true"}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("prewarm-agent-" + name), LeaseDurationSeconds: ptr.To(int32(180)), RenewTime: &metav1.MicroTime{Time: renewed.Time}}})
+	}
 	mustCreate(t, c, shippedConfig(t))
 	mustCreate(t, c, ic)
 	setStatus(t, c, ic, func() {

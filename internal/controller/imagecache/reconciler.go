@@ -31,7 +31,10 @@ type Reconciler struct {
 	Config controller.Config
 	// Metrics records the caches' counts; nil records none.
 	Metrics *controller.Metrics
-	Now     func() time.Time
+	// Labels writes the nodes' ready labels, one patch per node for the changes of every
+	// cache (nil: one patch per change).
+	Labels *controller.Labeller
+	Now    func() time.Time
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches,verbs=get;list;watch;create;update;patch;delete
@@ -186,7 +189,7 @@ func (r *Reconciler) labelPhase(ctx context.Context, s *state) error {
 	if err != nil {
 		return err
 	}
-	return controller.ApplyLabels(ctx, r.Client, label, controller.LabelChanges(append(s.targets, labelled...), label, s.cached))
+	return r.Labels.Apply(ctx, r.Client, label, controller.LabelChanges(append(s.targets, labelled...), label, s.cached))
 }
 
 // liveReferences returns the parent references whose parent still exists with that UID.
@@ -235,7 +238,7 @@ func (r *Reconciler) finalize(ctx context.Context, c *inferencev1.InferenceImage
 	if err != nil {
 		return err
 	}
-	if err := controller.ApplyLabels(ctx, r.Client, label, controller.LabelChanges(labelled, label, nil)); err != nil {
+	if err := r.Labels.Apply(ctx, r.Client, label, controller.LabelChanges(labelled, label, nil)); err != nil {
 		return err
 	}
 	ctrl.LoggerFrom(ctx).Info("image cache removed", "image", c.Spec.Image)

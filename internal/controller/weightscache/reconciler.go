@@ -4,6 +4,7 @@
 package weightscache
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -19,7 +20,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -74,6 +78,12 @@ type Reconciler struct {
 	// nil: the size is known once a node lists it.
 	Sizer Sizer
 	Now   func() time.Time
+	// Labels writes the nodes' ready labels, one patch per node for the changes of every
+	// cache (nil: one patch per change).
+	Labels *controller.Labeller
+	// LivenessScan is how often the agents' Leases are checked for ones that expired or came
+	// back (15 s when zero): the nodes' caches are reconciled then.
+	LivenessScan time.Duration
 
 	podIPs podIPs
 	sizes  sizes
@@ -89,11 +99,21 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=secrets,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
+// liveness tells whether nodes' agents are alive, from the Leases in the informer.
+func (r *Reconciler) liveness() controller.Liveness {
+	return controller.Liveness{Reader: r.Client, Namespace: r.Config.OperatorNamespace, Now: r.Now}
+}
+
 // SetupWithManager registers the reconciler with mgr, whose cache must have Indexes and
 // controller.NodeIndexes (controller.RegisterIndexes).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
+	}
+	// A node's agent whose Lease expires (or comes back) changes what its reports count for.
+	flips := make(chan event.GenericEvent)
+	if err := mgr.Add(&livenessScan{r: r, flips: flips, every: cmp.Or(r.LivenessScan, 15*time.Second)}); err != nil {
+		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("weightscache").
@@ -101,6 +121,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Node{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.ModelDataCacheConfigList{} }, nil),
 			builder.WithPredicates(predicate.Or(controller.NodePlacementChanged, controller.NodeAddressesChanged))).
 		Watches(&prewarmv1alpha1.NodeCache{}, nodeCacheEvents{r}).
+		WatchesRawSource(source.Channel(flips, handler.EventHandler(nodeCacheEvents{r}))).
 		Complete(r)
 }
 
@@ -204,8 +225,10 @@ const quotaRecheck = 30 * time.Second
 
 // gatherPhase builds the cache's status from the nodes' reports, and the events that tell of
 // each node's transitions.
-func (r *Reconciler) gatherPhase(_ context.Context, s *state) error {
-	r.gather(s)
+func (r *Reconciler) gatherPhase(ctx context.Context, s *state) error {
+	if err := r.gather(ctx, s); err != nil {
+		return err
+	}
 	if s.deleting {
 		// A cache being deleted asks no node for room: no forecast, no quota.
 		apimeta.RemoveStatusCondition(&s.status.Conditions, inferencev1.ConditionCapacityAvailable)
@@ -243,7 +266,7 @@ func (r *Reconciler) labelPhase(ctx context.Context, s *state) error {
 	if s.deleting {
 		want = nil
 	}
-	return controller.ApplyLabels(ctx, r.Client, key, controller.LabelChanges(slices.Concat(s.decision.targets, s.decision.retainedNodes, labelled), key, want))
+	return r.Labels.Apply(ctx, r.Client, key, controller.LabelChanges(slices.Concat(s.decision.targets, s.decision.retainedNodes, labelled), key, want))
 }
 
 // finishDeletion reports the nodes that still hold the deleted cache, and once none does (or

@@ -20,7 +20,7 @@ import (
 // gather builds s.status from the target nodes' NodeCache reports: counts over every node, and
 // the bounded list of the nodes that need attention most; s.ready is every node that holds the
 // cache Ready, listed or not.
-func (r *Reconciler) gather(s *state) {
+func (r *Reconciler) gather(ctx context.Context, s *state) error {
 	m, targets, retained := s.m, s.decision.targets, s.decision.retained
 	st := inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: m.Generation,
@@ -31,7 +31,17 @@ func (r *Reconciler) gather(s *state) {
 	if st.ResolvedRevision == "" {
 		st.ResolvedRevision = agreedRevision(s.fleet, targets)
 	}
-	b := nodeEntries{fleet: s.fleet, full: s.full, refused: s.decision.quota.refused, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now()}
+	b := nodeEntries{fleet: s.fleet, full: s.full, refused: s.decision.quota.refused, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now(),
+		gone: map[string]string{}}
+	for _, name := range slices.Concat(nodeNames(targets), slices.Collect(maps.Keys(retained))) {
+		agent, err := r.liveness().Of(ctx, name, s.fleet.nodeCache(name))
+		if err != nil {
+			return err
+		}
+		if !agent.Alive {
+			b.gone[name] = agent.Why
+		}
+	}
 	for _, ns := range m.Status.Nodes {
 		b.previous[ns.Name] = ns
 	}
@@ -64,6 +74,15 @@ func (r *Reconciler) gather(s *state) {
 		c.Message += fmt.Sprintf("; status.nodes lists %d of the %d nodes, those that need attention first (kubectl prewarm status lists every node)", len(st.Nodes), len(nodes))
 	}
 	s.status, s.ready = st, ready
+	return nil
+}
+
+func nodeNames(nodes []*corev1.Node) []string {
+	out := make([]string, len(nodes))
+	for i, n := range nodes {
+		out[i] = n.Name
+	}
+	return out
 }
 
 // agreedRevision is the revision to pin the cache to, once the target nodes that hold it agree:
@@ -106,6 +125,9 @@ type nodeEntries struct {
 	now      time.Time
 	// st takes the cache's size; its revision is pinned beforehand (agreedRevision).
 	st *inferencev1.ModelDataCacheConfigStatus
+	// gone are the nodes whose agent is not alive (its Lease expired), with why: what they
+	// reported is not counted.
+	gone map[string]string
 }
 
 // entry builds one node's entry from its agent's report; a retained node is listed with why
@@ -118,6 +140,13 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 	case b.full[name]:
 		ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull
 		ns.Message = fmt.Sprintf("the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement", prewarmv1alpha1.MaxCachesPerNode)
+	case b.gone[name] != "" && (!reported || rep.State != inferencev1.CacheFailed || !prewarmv1alpha1.Terminal(rep.Reason)):
+		// A node whose agent is gone cannot serve its pods' model volumes: not counted Ready.
+		// A failure waiting will not fix stays one.
+		ns.Reason, ns.Message = prewarmv1alpha1.ReasonAgentNotReporting, b.gone[name]
+		if reported {
+			ns.Message += fmt.Sprintf(" (it last reported the cache %s: %s)", rep.State, rep.Reason)
+		}
 	case !reported && b.refused[name].reason != "":
 		no := b.refused[name]
 		ns.State, ns.Reason, ns.Message = no.state, no.reason, no.message

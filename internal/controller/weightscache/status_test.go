@@ -1,17 +1,23 @@
 package weightscache
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/scheme"
 )
 
 func TestGather(t *testing.T) {
@@ -19,13 +25,6 @@ func TestGather(t *testing.T) {
 	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	r := &Reconciler{Now: func() time.Time { return now }}
 	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 3}}
-	nodes := func(names ...string) []*corev1.Node {
-		var out []*corev1.Node
-		for _, n := range names {
-			out = append(out, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
-		}
-		return out
-	}
 	report := func(state inferencev1.CacheState, reason, msg string) *prewarmv1alpha1.NodeCache {
 		hb := metav1.NewTime(now)
 		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &hb, Caches: []prewarmv1alpha1.CacheStatus{{
@@ -140,10 +139,95 @@ func TestNodesWithoutADiskAreNotTargets(t *testing.T) {
 }
 
 // gatherOf gathers the status of cache m on targets from the nodes' NodeCaches.
-func gatherOf(r *Reconciler, m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache) (inferencev1.ModelDataCacheConfigStatus, map[string]bool) {
+// Every target's agent renewed its Lease just now unless leases say otherwise.
+func gatherOf(r *Reconciler, m *inferencev1.ModelDataCacheConfig, targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.NodeCache, leases ...*coordinationv1.Lease) (inferencev1.ModelDataCacheConfigStatus, map[string]bool) {
+	if r.Config.OperatorNamespace == "" {
+		r.Config.OperatorNamespace = inferencev1.DefaultOperatorNamespace
+	}
+	given := map[string]bool{}
+	objs := []client.Object{}
+	for _, l := range leases {
+		given[l.Name] = true
+		objs = append(objs, l)
+	}
+	for _, n := range targets {
+		if !given[n.Name] {
+			objs = append(objs, agentLease(n.Name, r.Now(), time.Minute))
+		}
+	}
+	r.Client = fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(objs...).Build()
 	s := &state{m: m, fleet: &fleet{uid: string(m.UID), byNode: byNode}, decision: decision{targets: targets}}
-	r.gather(s)
+	if err := r.gather(context.Background(), s); err != nil {
+		panic(err)
+	}
 	return s.status, s.ready
+}
+
+// nodes are Nodes of those names.
+func nodes(names ...string) []*corev1.Node {
+	var out []*corev1.Node
+	for _, n := range names {
+		out = append(out, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+	}
+	return out
+}
+
+// agentLease is node's agent Lease in the operator namespace, renewed at renewed, of duration.
+func agentLease(node string, renewed time.Time, duration time.Duration) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: inferencev1.DefaultOperatorNamespace, Name: node},
+		Spec: coordinationv1.LeaseSpec{RenewTime: &metav1.MicroTime{Time: renewed}, LeaseDurationSeconds: ptr.To(int32(duration / time.Second))}}
+}
+
+// A node whose agent's Lease expired counts no cache Ready (its pods could not mount it), and
+// says why; a failure waiting will not fix stays one; a node whose agent renews it again counts.
+func TestGatherCountsNoNodeWhoseAgentsLeaseExpired(t *testing.T) {
+	const uid = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Now: func() time.Time { return now }}
+	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
+	report := func(state inferencev1.CacheState, reason string) *prewarmv1alpha1.NodeCache {
+		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &metav1.Time{Time: now.Add(-time.Hour)},
+			Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, State: state, Reason: reason, Message: "m", BytesDone: 100, BytesTotal: 100}}}}
+	}
+	byNode := map[string]*prewarmv1alpha1.NodeCache{"alive": report(inferencev1.CacheReady, "Verified"), "gone": report(inferencev1.CacheReady, "Verified"),
+		"gone-full": report(inferencev1.CacheFailed, prewarmv1alpha1.ReasonInsufficientCapacity)}
+	expired := func(node string) *coordinationv1.Lease {
+		return agentLease(node, now.Add(-4*time.Minute), 3*time.Minute)
+	}
+	st, ready := gatherOf(r, m, nodes("alive", "gone", "gone-full"), byNode, expired("gone"), expired("gone-full"))
+	if st.ReadyNodes != 1 || !ready["alive"] || ready["gone"] {
+		t.Fatalf("ready %d %v; want only the node whose agent is alive", st.ReadyNodes, ready)
+	}
+	for _, ns := range st.Nodes {
+		switch ns.Name {
+		case "gone":
+			if ns.State != inferencev1.CachePending || ns.Reason != prewarmv1alpha1.ReasonAgentNotReporting ||
+				!strings.Contains(ns.Message, "has not renewed its Lease hyperpod-inference-system/gone since 2026-12-04T11:56:00Z") ||
+				!strings.Contains(ns.Message, "it last reported the cache Ready: Verified") {
+				t.Errorf("node whose agent is gone: %+v", ns)
+			}
+		case "gone-full":
+			if ns.State != inferencev1.CacheFailed || ns.Reason != prewarmv1alpha1.ReasonInsufficientCapacity {
+				t.Errorf("a terminal failure stays one when the agent is gone: %+v", ns)
+			}
+		}
+	}
+	// Renewed again: counted again.
+	if st, _ := gatherOf(r, m, nodes("alive", "gone"), byNode, agentLease("gone", now.Add(-time.Second), 3*time.Minute)); st.ReadyNodes != 2 {
+		t.Errorf("after the Lease is renewed: %d ready, want 2", st.ReadyNodes)
+	}
+	// An agent without a Lease (older than them) is judged by its last status write.
+	old := report(inferencev1.CacheReady, "Verified")
+	old.Status.HeartbeatTime = &metav1.Time{Time: now.Add(-time.Minute)}
+	r.Client = fake.NewClientBuilder().WithScheme(scheme.New()).Build()
+	s := &state{m: m, fleet: &fleet{uid: uid, byNode: map[string]*prewarmv1alpha1.NodeCache{"old": old}}, decision: decision{targets: nodes("old")}}
+	if err := r.gather(context.Background(), s); err != nil || s.status.ReadyNodes != 1 {
+		t.Errorf("an agent without a Lease that wrote a minute ago: %d ready (%v), want 1", s.status.ReadyNodes, err)
+	}
+	old.Status.HeartbeatTime = &metav1.Time{Time: now.Add(-10 * time.Minute)}
+	if err := r.gather(context.Background(), s); err != nil || s.status.ReadyNodes != 0 || !strings.Contains(s.status.Nodes[0].Message, "keeps no Lease") {
+		t.Errorf("an agent without a Lease silent for 10 minutes: %d ready, %+v (%v)", s.status.ReadyNodes, s.status.Nodes, err)
+	}
 }
 
 // A node's entry carries what its copy takes on the node's disk, as its agent measured it.

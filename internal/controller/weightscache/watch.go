@@ -117,3 +117,55 @@ func (h nodeCacheEvents) enqueue(ctx context.Context, q queue, uids []string, af
 		}
 	}
 }
+
+// livenessScan finds the nodes whose agent's Lease expired, or was renewed again, since its last
+// look: nothing is written when a Lease is not renewed, so no event says so. It sends each such
+// node's NodeCache to flips, which reconciles the caches it names.
+type livenessScan struct {
+	r     *Reconciler
+	flips chan<- event.GenericEvent
+	every time.Duration
+}
+
+func (l *livenessScan) Start(ctx context.Context) error {
+	tick := time.NewTicker(l.every)
+	defer tick.Stop()
+	alive := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		list := &prewarmv1alpha1.NodeCacheList{}
+		if err := l.r.Client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "listing NodeCaches for their agents' Leases")
+			continue
+		}
+		seen := make(map[string]bool, len(list.Items))
+		for i := range list.Items {
+			nc := &list.Items[i]
+			agent, err := l.r.liveness().Of(ctx, nc.Name, nc)
+			if err != nil {
+				ctrl.LoggerFrom(ctx).Error(err, "reading the agent's Lease", "node", nc.Name)
+				continue
+			}
+			seen[nc.Name] = true
+			was, known := alive[nc.Name]
+			alive[nc.Name] = agent.Alive
+			if known && was != agent.Alive {
+				ctrl.LoggerFrom(ctx).Info("a node's agent changed liveness", "node", nc.Name, "alive", agent.Alive, "why", agent.Why)
+				select {
+				case l.flips <- event.GenericEvent{Object: nc.DeepCopy()}:
+				case <-ctx.Done():
+					return nil
+				}
+			}
+		}
+		for name := range alive {
+			if !seen[name] {
+				delete(alive, name)
+			}
+		}
+	}
+}

@@ -4,7 +4,8 @@
 // writes its status as the real agent does — the same reports (agent.Queued, Listing,
 // Progressed, Verified), the same write policy (agent.WritePolicy), the same merge patch of the
 // status subresource — with a download that takes a set time instead of reading a source.
-// What it does not reproduce: each agent's own watch of its NodeCache (one informer here watches
+// Each also renews its Lease as the agent does (Options.LeaseNamespace). What it does not
+// reproduce: each agent's own watch of its NodeCache (one informer here watches
 // them all) and the pods the agents read for the CSI volume's demands.
 package agentsim
 
@@ -20,7 +21,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,6 +53,10 @@ type Options struct {
 	Version string
 	// Workers is how many status writes are in flight at once (all agents together).
 	Workers int
+	// LeaseNamespace, when set, is where each agent keeps its Lease, renewed as the agent renews
+	// it (agent.NewLeaseKeeper) every third of LeaseDuration (3m when zero).
+	LeaseNamespace string
+	LeaseDuration  time.Duration
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -71,6 +78,9 @@ func (o *Options) defaults() {
 	}
 	if o.Files == 0 {
 		o.Files = 1
+	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = 3 * time.Minute
 	}
 }
 
@@ -130,6 +140,29 @@ func Start(ctx context.Context, cfg *rest.Config, nodes []string, o Options) (*S
 	for _, name := range nodes {
 		sum := sha256.Sum256([]byte("agentsim/" + name))
 		s.nodes = append(s.nodes, &node{name: name, key: base64.StdEncoding.EncodeToString(sum[:]), jobs: map[string]*job{}})
+	}
+	if o.LeaseNamespace != "" {
+		// In protobuf, as the agent renews it; the nodes' first renewals are spread over one
+		// renewal interval, as agents that start with their nodes are.
+		lcfg := rest.CopyConfig(cfg)
+		lcfg.ContentType = runtime.ContentTypeProtobuf
+		cs, err := kubernetes.NewForConfig(lcfg)
+		if err != nil {
+			return nil, err
+		}
+		spread := agent.RenewInterval(o.LeaseDuration) / time.Duration(max(1, len(nodes)))
+		go func() {
+			for i, name := range nodes {
+				if i > 0 {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(spread):
+					}
+				}
+				go agent.NewLeaseKeeper(cs, o.LeaseNamespace, name, name, o.LeaseDuration).Run(ctx)
+			}
+		}()
 	}
 	go s.run(ctx)
 	return s, nil

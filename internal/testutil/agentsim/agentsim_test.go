@@ -14,7 +14,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -63,6 +66,9 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 		FSx:          []prewarmconfig.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx"}},
 		SourceAccess: []prewarmconfig.SourceRule{{Namespaces: []string{"*"}, FSx: &prewarmconfig.FSxRule{FileSystemID: "fs-0123456789abcdef0"}}}}
 	cfg.SetDefaults()
+	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cfg.OperatorNamespace}}); err != nil {
+		t.Fatal(err)
+	}
 	req := prewarmv1alpha1.CacheRequest{UID: uid, Namespace: "default", Name: "shape", Root: root,
 		Source: prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: "fs-0123456789abcdef0", Path: "model"}}
 
@@ -74,14 +80,14 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	policy := agent.WritePolicy{Interval: 100 * time.Millisecond, ProgressInterval: 100 * time.Millisecond, HeartbeatInterval: time.Minute}
+	policy := agent.WritePolicy{Interval: 100 * time.Millisecond, ProgressInterval: 100 * time.Millisecond}
 	testutil.RunAgent(t, ctx, api, "real", agent.Options{Config: cfg, HostPrefix: host, StatusInterval: policy.Interval,
 		ProgressInterval: policy.ProgressInterval, RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second, Version: "v-test",
 		// Two seconds for the copy, as the simulated one takes: a local disk is fast enough to
 		// copy it between two status writes otherwise, and there would be no progress to compare.
 		Engine: []engine.Option{engine.WithRateLimit(96 << 20)}})
 	if _, err := agentsim.Start(ctx, api.Config, []string{"simulated"}, agentsim.Options{Policy: policy, Download: 2 * time.Second,
-		ModelBytes: 192<<20 + 100, Files: 3, Root: root, Version: "v-test"}); err != nil {
+		ModelBytes: 192<<20 + 100, Files: 3, Root: root, Version: "v-test", LeaseNamespace: cfg.OperatorNamespace}); err != nil {
 		t.Fatal(err)
 	}
 	if err := testutil.Until(ctx, time.Minute, func() error { return rec.bothReady() }); err != nil {
@@ -115,6 +121,18 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 		st := rec.last(node)
 		if st.AgentVersion != "v-test" || st.HeartbeatTime == nil || st.CredentialsKey == "" || len(st.Roots) != 1 || st.Roots[0].Path != root || st.Demands != nil {
 			t.Errorf("%s node's status: %+v", node, st)
+		}
+	}
+	// Each keeps a Lease of the same shape: named after the node, labelled, of the configured
+	// duration, renewed.
+	for _, node := range []string{"real", "simulated"} {
+		lease := &coordinationv1.Lease{}
+		err := testutil.Until(ctx, time.Minute, func() error {
+			return api.Client.Get(ctx, types.NamespacedName{Namespace: cfg.OperatorNamespace, Name: node}, lease)
+		})
+		if err != nil || lease.Labels[prewarmv1alpha1.AgentLeaseLabel] != "true" || lease.Spec.RenewTime == nil ||
+			lease.Spec.LeaseDurationSeconds == nil || *lease.Spec.LeaseDurationSeconds != int32(cfg.Agent.LeaseDuration.Seconds()) {
+			t.Errorf("%s node's agent Lease: %+v (%v)", node, lease, err)
 		}
 	}
 	r, s := real[len(real)-1], sim[len(sim)-1]
