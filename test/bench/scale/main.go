@@ -72,6 +72,8 @@ type options struct {
 	timeout    time.Duration
 	// maxNodeCaches skips the runs with more node-caches (0: none skipped).
 	maxNodeCaches int
+	// steady is how long the write rate is measured after a fleet's last run converged.
+	steady time.Duration
 }
 
 func main() {
@@ -85,6 +87,7 @@ func main() {
 	flag.DurationVar(&o.nodeLease, "node-lease", 200*time.Second, "kwok's node lease duration (the node lifecycle controller's grace is 5 times that)")
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "longest wait for one step")
 	flag.IntVar(&o.maxNodeCaches, "max-node-caches", 5000, "skip the runs with more node-caches than this (0: run them all; 2,000 and 5,000 nodes × 50 caches are 10,000 and 25,000, some 20–55 minutes more on 2 CPUs); the report lists them as skipped")
+	flag.DurationVar(&o.steady, "steady", 10*time.Minute, "how long to measure the API write rate of a converged fleet, minute by minute (0: not measured)")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard()) // the informers' and clients' own logs; the controller logs to its file
 	var err error
@@ -138,6 +141,12 @@ type fleetResult struct {
 	runs                    []cacheResult
 	// skipped are the cache counts not run (--max-node-caches).
 	skipped []int
+	// background is the write rate (per second, by resource) of the fleet before the controller
+	// and agents start: kwok's node leases and status.
+	background map[string]float64
+	// steady is the write rate of each minute after the last run converged (per second, by
+	// resource).
+	steady []map[string]float64
 }
 
 // cacheResult is one cache count's figures on a fleet.
@@ -219,6 +228,14 @@ func runFleet(o options, n int) (fleetResult, error) {
 		return fr, err
 	}
 	log.Printf("%d nodes: Ready in %s, schedulable in %s", n, fr.nodesReady.Round(time.Millisecond), fr.schedulable.Round(time.Millisecond))
+	if o.steady > 0 {
+		log.Printf("%d nodes: measuring the write rate without prewarm for a minute", n)
+		rates, err := f.writeRates(time.Minute, 1)
+		if err != nil {
+			return fr, err
+		}
+		fr.background = rates[0]
+	}
 	if err := f.startController(logDir); err != nil {
 		return fr, err
 	}
@@ -228,7 +245,7 @@ func runFleet(o options, n int) (fleetResult, error) {
 		names[i] = nodeName(i)
 	}
 	if f.sim, err = agentsim.Start(ctx, cfg, names, agentsim.Options{Download: o.download, MaxParallel: maxParallel,
-		ModelBytes: 145 << 30, Files: 64, Root: config.DefaultCacheRoot, Version: "agentsim"}); err != nil {
+		ModelBytes: 145 << 30, Files: 64, Root: config.DefaultCacheRoot, Version: "agentsim", LeaseNamespace: inferencev1.DefaultOperatorNamespace, LeaseDuration: leaseDuration}); err != nil {
 		return fr, err
 	}
 	for ki, k := range o.caches {
@@ -247,8 +264,48 @@ func runFleet(o options, n int) (fleetResult, error) {
 		log.Printf("%d nodes, %d caches: converged in %s, %d node-caches; %d agent writes failed (in all); controller: %s",
 			n, k, cr.converge.Round(time.Millisecond), cr.nodeCaches, f.sim.Errors.Load(), cr.client)
 	}
+	if o.steady > 0 && len(fr.runs) > 0 {
+		log.Printf("%d nodes: measuring the steady write rate for %s", n, o.steady)
+		if fr.steady, err = f.writeRates(time.Minute, int(o.steady/time.Minute)); err != nil {
+			return fr, err
+		}
+	}
 	return fr, nil
 }
+
+// writeRates measures the API server's write requests per second, by resource, over each of
+// n spans of every.
+func (f *fleet) writeRates(every time.Duration, n int) ([]map[string]float64, error) {
+	before, err := f.apiMetrics()
+	if err != nil {
+		return nil, err
+	}
+	var out []map[string]float64
+	for range n {
+		select {
+		case <-f.ctx.Done():
+			return nil, f.ctx.Err()
+		case <-time.After(every):
+		}
+		after, err := f.apiMetrics()
+		if err != nil {
+			return nil, err
+		}
+		rate := map[string]float64{}
+		for key, v := range after {
+			verb, res, _ := strings.Cut(key, " ")
+			if d := v - before[key]; d > 0 && isWrite(verb) {
+				rate[res] += d / every.Seconds()
+			}
+		}
+		out = append(out, rate)
+		before = after
+	}
+	return out, nil
+}
+
+// leaseDuration is the agents' agent.leaseDuration: the default.
+const leaseDuration = 3 * time.Minute
 
 func nodeName(i int) string { return fmt.Sprintf("gpu-%05d", i) }
 

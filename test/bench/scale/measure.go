@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/model"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -141,9 +142,7 @@ func writes(req map[string]float64, of ...string) float64 {
 	total := 0.0
 	for key, v := range req {
 		verb, res, _ := strings.Cut(key, " ")
-		switch verb {
-		case "POST", "PUT", "PATCH", "APPLY", "DELETE", "CREATE", "UPDATE":
-		default:
+		if !isWrite(verb) {
 			continue
 		}
 		if len(of) == 0 || slices.Contains(of, res) {
@@ -151,6 +150,15 @@ func writes(req map[string]float64, of ...string) float64 {
 		}
 	}
 	return total
+}
+
+// isWrite reports whether an apiserver_request_total verb writes.
+func isWrite(verb string) bool {
+	switch verb {
+	case "POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION", "CREATE", "UPDATE":
+		return true
+	}
+	return false
 }
 
 // controllerResources are the objects only prewarm's controller writes once the nodes are up
@@ -172,8 +180,8 @@ const (
 func (r report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Scale: the control plane on a large fleet\n\n", beginMarker)
-	fmt.Fprintf(&b, "`make bench-scale` (`go run ./test/bench/scale --nodes %s --caches %s --download %s --max-node-caches %d`), %s, on this machine (%d CPUs, %s).\n",
-		testutil.JoinInts(r.opts.nodes), testutil.JoinInts(r.opts.caches), r.opts.download, r.opts.maxNodeCaches, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
+	fmt.Fprintf(&b, "`make bench-scale` (`go run ./test/bench/scale --nodes %s --caches %s --download %s --max-node-caches %d --steady %s`), %s, on this machine (%d CPUs, %s).\n",
+		testutil.JoinInts(r.opts.nodes), testutil.JoinInts(r.opts.caches), r.opts.download, r.opts.maxNodeCaches, r.opts.steady, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
 	b.WriteString(`A real kube-apiserver and etcd, kube-controller-manager, kube-scheduler and kwok; the real controller
 binary at its default settings; every node's agent simulated by internal/testutil/agentsim (the agent's own
 reports and write policy; each download takes the --download time). Nodes have 8 GPUs and one of ten instance
@@ -251,8 +259,49 @@ controller's writes to NodeCaches, node labels and prewarm's objects, over the n
 			}
 		}
 	}
+	r.steadyMarkdown(&b)
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
 	return b.String()
+}
+
+// steadyResources are the columns of the steady-state table; the rest is summed as other.
+var steadyResources = []string{"leases", "nodecaches/status", "nodecaches", "nodes", "nodes/status", "pods/status"}
+
+// steadyMarkdown writes the write rate of each converged fleet, minute by minute.
+func (r report) steadyMarkdown(b *strings.Builder) {
+	if !slices.ContainsFunc(r.fleets, func(f fleetResult) bool { return len(f.steady) > 0 }) {
+		return
+	}
+	fmt.Fprintf(b, "\nThe API server's writes per second once the fleet's last run has converged (--steady %s), minute by minute, by resource; "+
+		"\"before\" is a minute before the controller and agents start (kwok's node leases and status alone). Every agent renews its Lease "+
+		"every %s (agent.leaseDuration %s ÷ 3) and writes its NodeCache status only on a change.\n\n",
+		r.opts.steady, agent.RenewInterval(leaseDuration), leaseDuration)
+	b.WriteString("| nodes | caches | minute | all writes/s | " + strings.Join(steadyResources, " | ") + " | other |\n|---:|---:|---|---:|")
+	b.WriteString(strings.Repeat("---:|", len(steadyResources)+1) + "\n")
+	row := func(f fleetResult, caches int, minute string, rate map[string]float64) {
+		total, other := 0.0, 0.0
+		for res, v := range rate {
+			total += v
+			if !slices.Contains(steadyResources, res) {
+				other += v
+			}
+		}
+		fmt.Fprintf(b, "| %d | %d | %s | %.1f |", f.nodes, caches, minute, total)
+		for _, res := range steadyResources {
+			fmt.Fprintf(b, " %.1f |", rate[res])
+		}
+		fmt.Fprintf(b, " %.1f |\n", other)
+	}
+	for _, f := range r.fleets {
+		if len(f.steady) == 0 {
+			continue
+		}
+		caches := f.runs[len(f.runs)-1].caches
+		row(f, 0, "before", f.background)
+		for i, rate := range f.steady {
+			row(f, caches, strconv.Itoa(i+1), rate)
+		}
+	}
 }
 
 // largestFirst is m's keys by value, the largest first (by name among equals).
