@@ -268,3 +268,66 @@ func TestEvictedNodesLeaveTheCacheReady(t *testing.T) {
 		t.Errorf("every node evicted the cache, yet it is %s", st.State)
 	}
 }
+
+// The liveness scan names the nodes whose agent's Lease expired or was renewed again since its
+// last look, and not those whose agent has never said anything.
+func TestLivenessScanFindsExpiredAndRenewedLeases(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	r := &Reconciler{Now: func() time.Time { return now }}
+	r.Config.OperatorNamespace = inferencev1.DefaultOperatorNamespace
+	beat := &metav1.Time{Time: now}
+	ncs := []client.Object{
+		&prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: beat}},
+		&prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: beat}},
+		&prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "silent"}},
+	}
+	leaseA := agentLease("a", now, time.Minute)
+	r.Client = fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(append(ncs, leaseA, agentLease("b", now, time.Minute))...).Build()
+	l := &livenessScan{r: r}
+	alive := map[string]bool{}
+	names := func(changed []*prewarmv1alpha1.NodeCache, err error) []string {
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, nc := range changed {
+			out = append(out, nc.Name)
+		}
+		return out
+	}
+	if got := names(l.scan(context.Background(), alive)); len(got) != 0 {
+		t.Errorf("first scan: %v, want nothing (it only learns)", got)
+	}
+	now = now.Add(45 * time.Second) // b renews; a does not
+	renewed := agentLease("b", now, time.Minute)
+	if err := r.Client.Update(context.Background(), renewedFrom(t, r.Client, renewed)); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(30 * time.Second)
+	if got := names(l.scan(context.Background(), alive)); fmt.Sprint(got) != "[a]" {
+		t.Errorf("after a's Lease expired: %v, want [a]", got)
+	}
+	if got := names(l.scan(context.Background(), alive)); len(got) != 0 {
+		t.Errorf("nothing changed: %v", got)
+	}
+	if err := r.Client.Update(context.Background(), renewedFrom(t, r.Client, agentLease("a", now, time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(l.scan(context.Background(), alive)); fmt.Sprint(got) != "[a]" {
+		t.Errorf("after a renewed its Lease: %v, want [a]", got)
+	}
+	if _, known := alive["silent"]; known {
+		t.Errorf("a node whose agent never said anything is watched")
+	}
+}
+
+// renewedFrom is want with the resourceVersion of the Lease c holds, for an update.
+func renewedFrom(t *testing.T, c client.Client, want *coordinationv1.Lease) *coordinationv1.Lease {
+	t.Helper()
+	have := &coordinationv1.Lease{}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(want), have); err != nil {
+		t.Fatal(err)
+	}
+	want.ResourceVersion = have.ResourceVersion
+	return want
+}

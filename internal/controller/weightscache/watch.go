@@ -120,7 +120,8 @@ func (h nodeCacheEvents) enqueue(ctx context.Context, q queue, uids []string, af
 
 // livenessScan finds the nodes whose agent's Lease expired, or was renewed again, since its last
 // look: nothing is written when a Lease is not renewed, so no event says so. It sends each such
-// node's NodeCache to flips, which reconciles the caches it names.
+// node's NodeCache to flips, which reconciles the caches it names. A node whose agent has never
+// said anything (no Lease, no status) is not watched: its first status write wakes its caches.
 type livenessScan struct {
 	r     *Reconciler
 	flips chan<- event.GenericEvent
@@ -137,35 +138,51 @@ func (l *livenessScan) Start(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
-		list := &prewarmv1alpha1.NodeCacheList{}
-		if err := l.r.Client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
-			ctrl.LoggerFrom(ctx).Error(err, "listing NodeCaches for their agents' Leases")
+		changed, err := l.scan(ctx, alive)
+		if err != nil {
+			ctrl.LoggerFrom(ctx).Error(err, "reading the agents' Leases")
 			continue
 		}
-		seen := make(map[string]bool, len(list.Items))
-		for i := range list.Items {
-			nc := &list.Items[i]
-			agent, err := l.r.liveness().Of(ctx, nc.Name, nc)
-			if err != nil {
-				ctrl.LoggerFrom(ctx).Error(err, "reading the agent's Lease", "node", nc.Name)
-				continue
-			}
-			seen[nc.Name] = true
-			was, known := alive[nc.Name]
-			alive[nc.Name] = agent.Alive
-			if known && was != agent.Alive {
-				ctrl.LoggerFrom(ctx).Info("a node's agent changed liveness", "node", nc.Name, "alive", agent.Alive, "why", agent.Why)
-				select {
-				case l.flips <- event.GenericEvent{Object: nc.DeepCopy()}:
-				case <-ctx.Done():
-					return nil
-				}
-			}
-		}
-		for name := range alive {
-			if !seen[name] {
-				delete(alive, name)
+		for _, nc := range changed {
+			select {
+			case l.flips <- event.GenericEvent{Object: nc}:
+			case <-ctx.Done():
+				return nil
 			}
 		}
 	}
+}
+
+// scan updates alive (node -> its agent was alive at the last scan) and returns the NodeCaches
+// of the nodes whose agent's liveness changed.
+func (l *livenessScan) scan(ctx context.Context, alive map[string]bool) ([]*prewarmv1alpha1.NodeCache, error) {
+	list := &prewarmv1alpha1.NodeCacheList{}
+	if err := l.r.Client.List(ctx, list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	var changed []*prewarmv1alpha1.NodeCache
+	seen := make(map[string]bool, len(list.Items))
+	for i := range list.Items {
+		nc := &list.Items[i]
+		agent, err := l.r.liveness().Of(ctx, nc.Name, nc)
+		if err != nil {
+			return nil, err
+		}
+		if !agent.Alive && agent.Renewed.IsZero() && nc.Status.HeartbeatTime == nil {
+			continue // never heard of
+		}
+		seen[nc.Name] = true
+		was, known := alive[nc.Name]
+		alive[nc.Name] = agent.Alive
+		if known && was != agent.Alive {
+			ctrl.LoggerFrom(ctx).Info("a node's agent changed liveness", "node", nc.Name, "alive", agent.Alive, "why", agent.Why)
+			changed = append(changed, nc.DeepCopy())
+		}
+	}
+	for name := range alive {
+		if !seen[name] {
+			delete(alive, name)
+		}
+	}
+	return changed, nil
 }
