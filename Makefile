@@ -153,7 +153,7 @@ bench-capacity: testbin ## One agent on a disk smaller than its caches: the disk
 	PREWARM_CAPACITY_REPORT=$(CURDIR)/docs/benchmarks.md go test ./test/bench/capacity -run TestDiskUseOverARun -count=1 -v
 
 .PHONY: bench-scale
-bench-scale: testbin ## The control plane on 500 to 5,000 kwok nodes with simulated agents, 1 to 50 caches; writes the scale section of docs/benchmarks.md.
+bench-scale: testbin ## The control plane on 500 to 5,000 kwok nodes with simulated agents, 1 to 50 caches, then 10 minutes of steady state per fleet (about 2 hours on 2 CPUs); writes the scale section of docs/benchmarks.md.
 	go run ./test/bench/scale $(BENCH_SCALE_FLAGS)
 
 ##@ Build
