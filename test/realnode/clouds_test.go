@@ -14,6 +14,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -176,6 +177,9 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	t.Run("every agent renews its node's Lease, held by its pod, through the chart's RBAC and policy", func(t *testing.T) {
+		e.agentLeases(t, ctx)
+	})
 	t.Run("the model servers are Ready on the tainted nodes and verify every byte", func(t *testing.T) {
 		iec := &inferencev1.InferenceEndpointConfig{}
 		e.waitComplete(t, ctx, iecKey, iec, e.Model)
@@ -470,4 +474,34 @@ func mustRoot(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return root
+}
+
+// agentLeases checks that the agent pod of every node keeps that node's Lease current, with the
+// service account token the kubelet gives it (the chart's Role and node-binding policy).
+func (e *env) agentLeases(t *testing.T, ctx context.Context) {
+	var pods corev1.PodList
+	if err := e.C.Client.List(ctx, &pods, client.InNamespace(opNS), client.MatchingLabels{"app.kubernetes.io/component": "agent"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) == 0 {
+		t.Fatal("no agent pods")
+	}
+	for _, p := range pods.Items {
+		lease := &coordinationv1.Lease{}
+		err := testutil.Until(ctx, time.Minute, func() error {
+			if err := e.C.Client.Get(ctx, client.ObjectKey{Namespace: opNS, Name: p.Spec.NodeName}, lease); err != nil {
+				return err
+			}
+			if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != p.Name || lease.Spec.RenewTime == nil ||
+				time.Since(lease.Spec.RenewTime.Time) > time.Duration(*lease.Spec.LeaseDurationSeconds)*time.Second {
+				return fmt.Errorf("the Lease of node %s: holder %v, renewed %v", p.Spec.NodeName, lease.Spec.HolderIdentity, lease.Spec.RenewTime)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		t.Logf("node %s: Lease held by %s, renewed %s ago", p.Spec.NodeName, p.Name, time.Since(lease.Spec.RenewTime.Time).Round(time.Second))
+	}
 }
