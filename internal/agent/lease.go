@@ -31,6 +31,9 @@ func NewLeaseKeeper(cs kubernetes.Interface, namespace, node, holder string, dur
 			l.Labels = map[string]string{}
 		}
 		l.Labels[prewarmv1alpha1.AgentLeaseLabel] = "true"
+		// The lease controller sets the holder only when it creates the Lease; an agent pod
+		// that replaces another takes it over.
+		l.Spec.HolderIdentity = &holder
 		if len(l.OwnerReferences) > 0 {
 			return nil
 		}

@@ -487,6 +487,10 @@ func (e *env) agentLeases(t *testing.T, ctx context.Context) {
 		t.Fatal("no agent pods")
 	}
 	for _, p := range pods.Items {
+		if !podReady(&p) {
+			t.Logf("node %s: agent pod %s is %s, not Ready: not checked", p.Spec.NodeName, p.Name, p.Status.Phase)
+			continue
+		}
 		lease := &coordinationv1.Lease{}
 		err := testutil.Until(ctx, time.Minute, func() error {
 			if err := e.C.Client.Get(ctx, client.ObjectKey{Namespace: opNS, Name: p.Spec.NodeName}, lease); err != nil {
@@ -504,4 +508,13 @@ func (e *env) agentLeases(t *testing.T, ctx context.Context) {
 		}
 		t.Logf("node %s: Lease held by %s, renewed %s ago", p.Spec.NodeName, p.Name, time.Since(lease.Spec.RenewTime.Time).Round(time.Second))
 	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
