@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -162,11 +164,20 @@ func ApplyLabels(ctx context.Context, c client.Client, key string, changes []Lab
 // SetNodeLabel puts (value "true") or removes a cache-ready label on a node. It patches a fresh
 // object, never one read from the informer cache.
 func SetNodeLabel(ctx context.Context, c client.Client, node, key string, want bool) error {
-	value := "null"
+	var value *string
 	if want {
-		value = fmt.Sprintf("%q", inferencev1.LabelTrue)
+		value = ptr.To(inferencev1.LabelTrue)
 	}
-	patch := fmt.Appendf(nil, `{"metadata":{"labels":{%q:%s}}}`, key, value)
+	return patchNodeLabels(ctx, c, node, map[string]*string{key: value})
+}
+
+// patchNodeLabels puts (a value) or removes (nil) labels on a node in one merge patch of a fresh
+// object; a node that is gone is no error.
+func patchNodeLabels(ctx context.Context, c client.Client, node string, labels map[string]*string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+	if err != nil {
+		return err
+	}
 	n := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: node}}
 	return client.IgnoreNotFound(c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)))
 }

@@ -2,13 +2,10 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -91,13 +88,7 @@ func (l *Labeller) flush(c client.Client, node string, b *labelBatch) {
 	l.writes <- struct{}{}
 	defer func() { <-l.writes }()
 	defer close(b.done)
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": b.labels}})
-	if err != nil {
-		b.err = err
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n := &metav1.PartialObjectMetadata{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}, ObjectMeta: metav1.ObjectMeta{Name: node}}
-	b.err = client.IgnoreNotFound(c.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch)))
+	b.err = patchNodeLabels(ctx, c, node, b.labels)
 }
