@@ -230,7 +230,7 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Hub: hubChecker, Recorder: recorder, Metrics: metrics}
+	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Live: mgr.GetAPIReader(), Config: cfg, Hub: hubChecker, Recorder: recorder, Metrics: metrics}
 	if js := cfg.JumpStart; js.Region != "" {
 		endpoint := cmp.Or(js.Endpoint, cfg.S3.Endpoint)
 		resolver, err := jumpstart.New(ctx, jumpstart.Options{

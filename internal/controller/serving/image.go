@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -112,23 +113,22 @@ func (r *Reconciler) ensureImageCache(ctx context.Context, m *model) (*inference
 	if err != nil {
 		return nil, err
 	}
-	changed := false
-	if !slices.ContainsFunc(c.Spec.ParentReferences, func(p inferencev1.ParentReference) bool { return p.UID == ref.UID }) {
-		c.Spec.ParentReferences = append(c.Spec.ParentReferences, ref)
-		changed = true
-	}
-	for _, s := range secrets {
-		if !slices.Contains(c.Spec.ImagePullSecrets, s) {
-			c.Spec.ImagePullSecrets = append(c.Spec.ImagePullSecrets, s)
+	err = r.updateImageCache(ctx, c, func(c *inferencev1.InferenceImageCache) (bool, error) {
+		changed := false
+		if !slices.ContainsFunc(c.Spec.ParentReferences, func(p inferencev1.ParentReference) bool { return p.UID == ref.UID }) {
+			c.Spec.ParentReferences = append(c.Spec.ParentReferences, ref)
 			changed = true
 		}
-	}
-	if changed {
-		// An update with the resourceVersion read: two parents adding themselves at once
-		// conflict, and the loser retries, instead of one reference being lost.
-		if err := r.Client.Update(ctx, c); err != nil {
-			return nil, err
+		for _, s := range secrets {
+			if !slices.Contains(c.Spec.ImagePullSecrets, s) {
+				c.Spec.ImagePullSecrets = append(c.Spec.ImagePullSecrets, s)
+				changed = true
+			}
 		}
+		return changed, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -145,19 +145,42 @@ func (r *Reconciler) releaseImageCaches(ctx context.Context, uid, keep string) e
 		if c.Name == keep {
 			continue
 		}
-		refs := slices.DeleteFunc(slices.Clone(c.Spec.ParentReferences), func(p inferencev1.ParentReference) bool { return p.UID == uid })
-		if len(refs) == len(c.Spec.ParentReferences) {
-			continue
-		}
-		c.Spec.ParentReferences = refs
-		if err := r.dropPullSecretCopies(ctx, c); err != nil {
-			return err
-		}
-		if err := r.Client.Update(ctx, c); client.IgnoreNotFound(err) != nil {
+		err := r.updateImageCache(ctx, c, func(c *inferencev1.InferenceImageCache) (bool, error) {
+			refs := slices.DeleteFunc(slices.Clone(c.Spec.ParentReferences), func(p inferencev1.ParentReference) bool { return p.UID == uid })
+			if len(refs) == len(c.Spec.ParentReferences) {
+				return false, nil
+			}
+			c.Spec.ParentReferences = refs
+			return true, r.dropPullSecretCopies(ctx, c)
+		})
+		if client.IgnoreNotFound(err) != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// updateImageCache changes c with mutate and updates it, if mutate says it changed, with the
+// resourceVersion read: parents that change a shared cache at once conflict, and the loser
+// tries again instead of one parent's change being lost. It tries again at once, on the object
+// read afresh from the API server: the informer's copy may still be the one that conflicted,
+// and the reconcile's own backoff doubles with every conflict (parents created together that
+// share an image cache would wait minutes).
+func (r *Reconciler) updateImageCache(ctx context.Context, c *inferencev1.InferenceImageCache, mutate func(*inferencev1.InferenceImageCache) (bool, error)) error {
+	first := true
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !first {
+			if err := r.live().Get(ctx, client.ObjectKeyFromObject(c), c); err != nil {
+				return err
+			}
+		}
+		first = false
+		changed, err := mutate(c)
+		if err != nil || !changed {
+			return err
+		}
+		return r.Client.Update(ctx, c)
+	})
 }
 
 // dropPullSecretCopies deletes the pull secrets copied for c from namespaces none of its parents

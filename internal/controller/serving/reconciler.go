@@ -35,7 +35,10 @@ type Reconciler struct {
 	// APIReader reads what the controller does not watch cluster-wide: service accounts, pull
 	// secrets and token Secrets in users' namespaces (a RecentReader in the controller).
 	APIReader client.Reader
-	Config    controller.Config
+	// Live reads objects afresh from the API server, after a write conflicted with the
+	// informer's copy (nil: Client).
+	Live   client.Reader
+	Config controller.Config
 	// Hub checks Hugging Face tokens and pins revisions; nil skips the checks.
 	Hub *hub.Checker
 	// JumpStart resolves JumpStart models the catalog does not list from JumpStart's own
@@ -91,6 +94,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return fromEndpoint(iec), nil, nil
 		},
 	})
+}
+
+// live is the reader of objects as the API server has them now.
+func (r *Reconciler) live() client.Reader {
+	if r.Live != nil {
+		return r.Live
+	}
+	return r.Client
 }
 
 func setCondition(st *inferencev1.ParentStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
