@@ -11,6 +11,7 @@ type metrics struct {
 	retries      prometheus.Counter
 	peerBytes    prometheus.Counter
 	peerFailures prometheus.Counter
+	peerWait     prometheus.Counter
 	directBytes  prometheus.Counter
 }
 
@@ -29,6 +30,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		})),
 		peerFailures: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_peer_failures_total", Help: "Parts from peers that did not arrive whole or did not match their checksum.",
+		})),
+		peerWait: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "prewarm_engine_peer_wait_seconds_total", Help: "Seconds workers waited for a peer to hold and start sending a part (summed over workers).",
 		})),
 		directBytes: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_direct_written_bytes_total", Help: "Bytes written with direct I/O (O_DIRECT), past the page cache.",

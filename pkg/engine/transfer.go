@@ -594,7 +594,9 @@ func (r *run) partFromPeers(ctx context.Context, p part) (got sums, ok bool, err
 	}
 	req := copyReq{h: p.handle, path: r.listing.Files[p.file].Path, off: p.off, n: p.n, kind: r.inline[p.file]}
 	for range maxPeerTries {
+		asked := time.Now()
 		pp, err := r.swarm.Part(ctx, idx)
+		r.e.metrics.peerWait.Add(time.Since(asked).Seconds())
 		switch {
 		case ctx.Err() != nil:
 			return sums{}, false, ctx.Err()

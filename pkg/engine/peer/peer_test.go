@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/peer"
 	"github.com/prewarm/prewarm/pkg/engine/source"
@@ -484,4 +486,52 @@ func TestPeersListedLaterAreTakenOn(t *testing.T) {
 	if res.FromPeers == 0 || res.Fetched == 0 {
 		t.Errorf("%d bytes from the source and %d from the peer: want the first parts from the source, the rest from the peer once listed", res.Fetched, res.FromPeers)
 	}
+}
+
+func TestTimeWaitingOnPeersIsCounted(t *testing.T) {
+	m := newModel(t, 1<<20) // 16 parts
+	const delay = 40 * time.Millisecond
+	slow := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.Contains(r.URL.Path, "/parts/") {
+				time.Sleep(delay) // the peer answers each part late
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+	a := newNode(t, "a", peer.ServerOptions{}, slow)
+	seed(t, a, m)
+	b := newNode(t, "b", peer.ServerOptions{}, nil)
+	reg := prometheus.NewRegistry()
+	e := engine.New(engine.WithPartSize(partSize), engine.WithConcurrency(2), engine.WithRegisterer(reg))
+	res, err := e.Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest,
+		Swarm: b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}}, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDest(t, m, b.dest)
+	parts := res.FromPeers / partSize
+	waited := counterValue(t, reg, "prewarm_engine_peer_wait_seconds_total")
+	t.Logf("%d parts from the peer, %.3f s waited on it", parts, waited)
+	if parts == 0 {
+		t.Fatal("nothing came from the peer")
+	}
+	if want := float64(parts) * delay.Seconds(); waited < want {
+		t.Errorf("the workers waited %.3f s on the peer by the metric; each of its %d parts was %s late: at least %.3f s", waited, parts, delay, want)
+	}
+}
+
+func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("%s is not registered", name)
+	return 0
 }
