@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -45,6 +46,7 @@ const (
 	noDigestPrefix = "models/fanout-no-digest"
 	root           = "/opt/dlami/nvme"
 	peerTCP        = 9444
+	metricsTCP     = 9445
 )
 
 type options struct {
@@ -54,7 +56,9 @@ type options struct {
 	files       int
 	nodeRate    int64 // bytes per second
 	originRate  int64
+	slowRate    int64 // the CPU-free variant's links and origin (0: not run)
 	partSize    string
+	partBytes   int64
 	concurrency int
 	baseline    bool
 	noDigest    bool
@@ -73,6 +77,7 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 8, "the agents' concurrency")
 	flag.BoolVar(&o.baseline, "baseline", true, "also run the largest N with sharing off")
 	flag.BoolVar(&o.noDigest, "no-digest", true, "also run the largest N for the model uploaded in parts (no file has a digest: each node reads it from the origin)")
+	slowRate := flag.String("slow-rate", "2.5M", "also run 1 and the largest N with every link and the origin at this rate, slow enough that the machine's CPUs are not the limit (0: not run)")
 	flag.BoolVar(&o.trace, "trace", false, "log the origin's rate every second")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report to write into (its bench-fanout section; empty: print only)")
 	flag.StringVar(&o.dir, "dir", "", "work folder for logs and disks (default: a temporary one, removed)")
@@ -94,6 +99,12 @@ func main() {
 		if o.originRate, err = bytesOf(*originRate); err != nil {
 			log.Fatalf("--origin-rate: %v", err)
 		}
+	}
+	if o.partBytes, err = bytesOf(o.partSize); err != nil {
+		log.Fatalf("--part-size: %v", err)
+	}
+	if o.slowRate, err = bytesOf(*slowRate); err != nil {
+		log.Fatalf("--slow-rate: %v", err)
 	}
 	if os.Geteuid() != 0 {
 		log.Fatal(errNotRoot)
@@ -130,6 +141,7 @@ type bench struct {
 	confPeers  string
 	confAlone  string
 	procs      []*testutil.Process
+	rate       int64 // the links' rate now
 	stops      []func()
 	cleanupS3  func()
 }
@@ -138,9 +150,12 @@ type result struct {
 	nodes      int
 	peers      bool
 	noDigest   bool            // the model without digests (noDigestPrefix)
+	rate       int64           // each link's rate and the origin's, bytes per second
 	times      []time.Duration // each node's time to Ready, sorted
 	originSent int64           // bytes the origin sent (bodies, listings included)
 	status     inferencev1.ModelDataCacheConfigStatus
+	uses       []nodeUse  // each node's CPU, waits and links over the run, by time to Ready
+	machine    machineUse // the whole machine's CPU over the run
 }
 
 func run(o options) error {
@@ -161,18 +176,26 @@ func run(o options) error {
 	type runSpec struct {
 		n               int
 		peers, noDigest bool
+		rate            int64
 	}
 	var runs []runSpec
+	largest := slices.Max(o.nodes)
 	for _, n := range o.nodes {
-		runs = append(runs, runSpec{n, true, false})
+		runs = append(runs, runSpec{n, true, false, o.nodeRate})
 	}
 	if o.baseline {
-		runs = append(runs, runSpec{slices.Max(o.nodes), false, false})
+		runs = append(runs, runSpec{largest, false, false, o.nodeRate})
 	}
 	if o.noDigest {
-		runs = append(runs, runSpec{slices.Max(o.nodes), true, true})
+		runs = append(runs, runSpec{largest, true, true, o.nodeRate})
+	}
+	if o.slowRate > 0 {
+		runs = append(runs, runSpec{1, true, false, o.slowRate}, runSpec{largest, true, false, o.slowRate})
 	}
 	for i, r := range runs {
+		if err := b.shape(r.rate); err != nil {
+			return err
+		}
 		res, err := b.runOnce(i, r.n, r.peers, r.noDigest)
 		if err != nil {
 			return fmt.Errorf("%d nodes: %w", r.n, err)
@@ -236,6 +259,7 @@ func (b *bench) setUp(tmp string) error {
 	if b.origin, err = shaper.StartOn(b.net.hostIP()+":0", s3.Endpoint, shaper.Options{TotalBytesPerSecond: o.originRate}); err != nil {
 		return err
 	}
+	b.rate = o.nodeRate
 	if err := b.bridgeKubeconfig(ctx); err != nil {
 		return err
 	}
@@ -307,6 +331,19 @@ func (b *bench) close() {
 	}
 }
 
+// shape sets every link to rate, and the origin to the same share of its own cap.
+func (b *bench) shape(rate int64) error {
+	if b.rate == rate {
+		return nil
+	}
+	if err := b.net.setRate(fmt.Sprintf("%dbit", 8*rate)); err != nil {
+		return err
+	}
+	b.origin.SetOptions(shaper.Options{TotalBytesPerSecond: b.o.originRate * rate / b.o.nodeRate})
+	b.rate = rate
+	return nil
+}
+
 // instanceTypes keep each run's nodes apart: a run's cache selects its own nodes only.
 var instanceTypes = []string{"ml.g5.12xlarge", "ml.g5.24xlarge", "ml.g5.48xlarge", "ml.g6e.48xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge"}
 
@@ -340,7 +377,7 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 		}
 		args := []string{"netns", "exec", b.net.namespace(i), b.agent, "--node-name=" + name, "--kubeconfig=" + b.kubeconfig,
 			"--host-prefix=" + disk, "--config=" + conf, "--reserve=0", "--status-interval=250ms",
-			"--metrics-bind-address=0", "--health-probe-bind-address=0",
+			fmt.Sprintf("--metrics-bind-address=%s:%d", b.net.nodeIP(i), metricsTCP), "--health-probe-bind-address=0",
 			"--part-size=" + b.o.partSize, "--concurrency=" + strconv.Itoa(b.o.concurrency)}
 		if peers {
 			tok, err := testutil.NodePeerToken(ctx, c, name, testutil.PeerAudience)
@@ -374,6 +411,31 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 		}); err != nil {
 			return result{}, err
 		}
+	}
+	// What each node and the machine have used before the cache exists (the agents' metrics
+	// serve once they have started).
+	sample := func() ([]nodeSample, machineSample, error) {
+		var nodes []nodeSample
+		for i := range n {
+			s, err := sampleNode(ctx, fmt.Sprintf("http://%s:%d/metrics", b.net.nodeIP(i), metricsTCP), b.net.hostLink(i))
+			if err != nil {
+				return nil, machineSample{}, err
+			}
+			nodes = append(nodes, s)
+		}
+		m, err := sampleMachine()
+		return nodes, m, err
+	}
+	var before []nodeSample
+	var machineBefore machineSample
+	if err := until(ctx, func() (bool, string) {
+		var err error
+		if before, machineBefore, err = sample(); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	}); err != nil {
+		return result{}, err
 	}
 	sentBefore := b.origin.Served.Load()
 	if b.o.trace {
@@ -436,11 +498,22 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	res := result{nodes: n, peers: peers, noDigest: noDigest, originSent: b.origin.Served.Load() - sentBefore}
+	res := result{nodes: n, peers: peers, noDigest: noDigest, rate: b.rate, originSent: b.origin.Served.Load() - sentBefore}
 	for _, d := range ready {
 		res.times = append(res.times, d)
 	}
 	slices.Sort(res.times)
+	after, machineAfter, err := sample()
+	if err != nil {
+		return result{}, err
+	}
+	res.machine = machineAfter.since(machineBefore)
+	for i, name := range nodes {
+		u := after[i].use(before[i], res.times[len(res.times)-1], b.rate)
+		u.name, u.ready = name, ready[name]
+		res.uses = append(res.uses, u)
+	}
+	slices.SortFunc(res.uses, func(a, b nodeUse) int { return cmp.Compare(a.ready, b.ready) })
 	// The cache's status, once the controller has summed every node's report.
 	m := &inferencev1.ModelDataCacheConfig{}
 	_ = until(ctx, func() (bool, string) {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -29,6 +30,23 @@ type network struct {
 func (n *network) hostIP() string         { return n.subnet + ".1" }
 func (n *network) nodeIP(i int) string    { return fmt.Sprintf("%s.%d", n.subnet, 10+i) }
 func (n *network) namespace(i int) string { return n.nodes[i] }
+
+// hostLink is the bridge's end of node i's veth.
+func (n *network) hostLink(i int) string { return fmt.Sprintf("pwh%s%d", n.id, i) }
+
+// setRate reshapes every link, both ends, to rate (a tc rate: 20mbit).
+func (n *network) setRate(rate string) error {
+	for i, ns := range n.nodes {
+		change := []string{"tc", "qdisc", "change", "dev", "", "root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"}
+		host, node := slices.Clone(change), slices.Clone(change)
+		host[4], node[4] = n.hostLink(i), fmt.Sprintf("pwn%s%d", n.id, i)
+		if err := sh(host, append([]string{"ip", "netns", "exec", ns}, node...)); err != nil {
+			return err
+		}
+	}
+	n.rate = rate
+	return nil
+}
 
 // newNetwork makes count namespaces shaped to rate (a tc rate: 100mbit).
 func newNetwork(count int, rate string) (*network, error) {
@@ -52,7 +70,7 @@ func newNetwork(count int, rate string) (*network, error) {
 	n.cleanup = append(n.cleanup, func() { _ = sh([]string{"ip", "link", "del", n.bridge}) })
 	for i := range count {
 		ns := fmt.Sprintf("pw%s-%d", n.id, i)
-		host, peer := fmt.Sprintf("pwh%s%d", n.id, i), fmt.Sprintf("pwn%s%d", n.id, i)
+		host, peer := n.hostLink(i), fmt.Sprintf("pwn%s%d", n.id, i)
 		in := func(args ...string) []string { return append([]string{"ip", "netns", "exec", ns}, args...) }
 		if err := sh([]string{"ip", "netns", "add", ns}); err != nil {
 			n.close()

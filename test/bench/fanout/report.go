@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,14 +27,28 @@ func quantile(d []time.Duration, q float64) time.Duration {
 	return d[min(max(i, 0), len(d)-1)]
 }
 
+func (res result) sharing() string {
+	if res.peers {
+		return "on"
+	}
+	return "off"
+}
+
+func (res result) class() string {
+	if res.noDigest {
+		return "no digest"
+	}
+	return "MD5 ETag"
+}
+
 func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 
 func (r report) markdown() string {
 	o := r.o
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Fan-out: N nodes warming one model together\n\n", beginMarker)
-	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --part-size %s --concurrency %d`), %s, on this machine (%d CPUs, %s).\n\n",
-		testutil.JoinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.partSize, o.concurrency,
+	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --slow-rate %d --part-size %s --concurrency %d`), %s, on this machine (%d CPUs, %s).\n\n",
+		testutil.JoinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.slowRate, o.partSize, o.concurrency,
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH)
 	fmt.Fprintf(&b, "A model of %s in %d files. Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
 		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
@@ -42,32 +57,49 @@ func (r report) markdown() string {
 		"Nodes take from each other only files the source vouches for with a digest (`peers.trust: SourceDigests`, docs/security.md): "+
 		"\"MD5 ETag\" is the model uploaded in one part per file (its ETag is the MD5 of its bytes), \"no digest\" the same model uploaded in 8 MiB parts (CRCs only).\n\n",
 		engine.HumanBytes(o.modelBytes), o.files, engine.HumanBytes(o.nodeRate), engine.HumanBytes(o.originRate))
-	b.WriteString("| nodes | source | sharing | T(N) | T(N)/T(1) | per node p50 | per node p95 | origin sent / model | status originBytes / model | status peerBytes / model |\n")
-	b.WriteString("|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|\n")
-	var t1 time.Duration
+	b.WriteString("Each link's rate is in the \"links\" column; the origin's cap is the same multiple of it in every run. " +
+		"T(N)/T(1) compares runs at the same link rate. \"Machine CPU\" is the whole machine's busy share over the run, and of it the kernel's softirq (the network stack).\n\n")
+	b.WriteString("| nodes | links | source | sharing | T(N) | T(N)/T(1) | per node p50 | per node p95 | origin sent / model | status originBytes / model | status peerBytes / model | machine CPU (softirq) |\n")
+	b.WriteString("|---:|---:|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	t1 := map[int64]time.Duration{}
 	for _, res := range r.results {
 		if res.nodes == 1 && res.peers && !res.noDigest {
-			t1 = res.times[len(res.times)-1]
+			t1[res.rate] = res.times[len(res.times)-1]
 		}
 	}
 	for _, res := range r.results {
 		t := res.times[len(res.times)-1]
 		ratio := "–"
-		if t1 > 0 {
-			ratio = fmt.Sprintf("%.2f", t.Seconds()/t1.Seconds())
-		}
-		sharing := "on"
-		if !res.peers {
-			sharing = "off"
-		}
-		class := "MD5 ETag"
-		if res.noDigest {
-			class = "no digest"
+		if one := t1[res.rate]; one > 0 {
+			ratio = fmt.Sprintf("%.2f", t.Seconds()/one.Seconds())
 		}
 		m := float64(o.modelBytes)
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", res.nodes, class, sharing, secs(t), ratio,
+		fmt.Fprintf(&b, "| %d | %s/s | %s | %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.0f %% (%.0f %%) |\n", res.nodes, engine.HumanBytes(res.rate), res.class(), res.sharing(), secs(t), ratio,
 			secs(quantile(res.times, 0.5)), secs(quantile(res.times, 0.95)), float64(res.originSent)/m,
-			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m)
+			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m, 100*res.machine.busy, 100*res.machine.softirq)
+	}
+	for _, res := range r.results {
+		if res.nodes < 2 || !res.peers || res.noDigest {
+			continue
+		}
+		if res.nodes != slices.Max(o.nodes) {
+			continue
+		}
+		t := res.times[len(res.times)-1]
+		fmt.Fprintf(&b, "\nWhere each node's time goes: %d nodes sharing, links at %s/s, T(N) %s. "+
+			"Agent CPU is the agent process's CPU time over the run (of T(N)). The links' use is the bytes through the node's veth in each direction over T(N) at the link's rate. "+
+			"Waited on peers is the time the download workers spent waiting for a peer to hold and start sending a part (`prewarm_engine_peer_wait_seconds_total`, summed over workers), also per part taken from peers.\n\n",
+			res.nodes, engine.HumanBytes(res.rate), secs(t))
+		b.WriteString("| node | Ready | agent CPU | downlink use | uplink use | from peers / model | waited on peers | per part from peers |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, u := range res.uses {
+			perPart := "–"
+			if parts := u.peerBytes / float64(o.partBytes); parts > 0 {
+				perPart = fmt.Sprintf("%.0f ms", 1000*u.peerWait/parts)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.1f s (%.0f %%) | %.0f %% | %.0f %% | %.2f | %.1f s | %s |\n", u.name, secs(u.ready), u.cpu, 100*u.cpu/t.Seconds(),
+				100*u.rxUse, 100*u.txUse, u.peerBytes/float64(o.modelBytes), u.peerWait, perPart)
+		}
 	}
 	b.WriteString("\nWhat limits T(N), and what was tried: [docs/peers.md](peers.md), \"Measured\".\n")
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
