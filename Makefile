@@ -145,7 +145,7 @@ bench-nodes: testbin ## On real kubelet nodes: pod start warm vs cold, image cac
 BENCH_SCALE_FLAGS ?=
 
 .PHONY: bench-fanout
-bench-fanout: testbin ## N = 1, 2, 4, 8 nodes as network namespaces (tbf-shaped links, a capped origin) sharing one model; writes the fan-out section of docs/benchmarks.md. Root.
+bench-fanout: testbin ## N = 1, 2, 4, 8 nodes as network namespaces (tbf-shaped links, a capped origin) sharing one model, then 1 and 8 on links slow enough that the CPUs are not the limit; writes the fan-out section of docs/benchmarks.md. Root.
 	go run ./test/bench/fanout $(BENCH_FANOUT_FLAGS)
 
 .PHONY: bench-capacity
@@ -155,6 +155,10 @@ bench-capacity: testbin ## One agent on a disk smaller than its caches: the disk
 .PHONY: bench-scale
 bench-scale: testbin ## The control plane on 500 to 5,000 kwok nodes with simulated agents, 1 to 50 caches, then 10 minutes of steady state per fleet (about 2 hours on 2 CPUs); writes the scale section of docs/benchmarks.md.
 	go run ./test/bench/scale $(BENCH_SCALE_FLAGS)
+
+.PHONY: bench-apf
+bench-apf: testbin ## 1,000 kwok nodes × 50 caches without, then with, the agents' FlowSchema, and another client's latency meanwhile; writes the API priority section of docs/benchmarks.md.
+	go run ./test/bench/scale --nodes 1000 --caches 50 --steady 0s --api-priority both
 
 ##@ Build
 

@@ -26,12 +26,16 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -74,6 +78,9 @@ type options struct {
 	maxNodeCaches int
 	// steady is how long the write rate is measured after a fleet's last run converged.
 	steady time.Duration
+	// apiPriority is whether the agents' FlowSchema is applied, as the chart does by default:
+	// on, off, or both (each fleet twice, reported in the section of its own).
+	apiPriority string
 }
 
 func main() {
@@ -88,6 +95,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 30*time.Minute, "longest wait for one step")
 	flag.IntVar(&o.maxNodeCaches, "max-node-caches", 0, "skip the runs with more node-caches than this (0: run them all; 5,000 nodes × 50 caches is 25,000 node-caches, about 20 minutes on 2 CPUs); the report lists them as skipped")
 	flag.DurationVar(&o.steady, "steady", 10*time.Minute, "how long to measure the API write rate of a converged fleet, minute by minute (0: not measured)")
+	flag.StringVar(&o.apiPriority, "api-priority", "on", "the agents' FlowSchema and priority level (the chart's apiPriority): on, off, or both (every fleet without, then with it; the report goes to its own section)")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard()) // the informers' and clients' own logs; the controller logs to its file
 	var err error
@@ -96,6 +104,9 @@ func main() {
 	}
 	if o.caches, err = testutil.Ints(*caches); err != nil {
 		log.Fatalf("--caches: %v", err)
+	}
+	if !slices.Contains([]string{"on", "off", "both"}, o.apiPriority) {
+		log.Fatalf("--api-priority: %q is not on, off or both", o.apiPriority)
 	}
 	if err := run(o); err != nil {
 		log.Fatal(err)
@@ -118,13 +129,20 @@ func run(o options) error {
 	}
 	o.controller = filepath.Join(tmp, "controller")
 	rep := report{opts: o, started: time.Now()}
+	modes := map[string][]bool{"on": {true}, "off": {false}, "both": {false, true}}[o.apiPriority]
 	for _, n := range o.nodes {
-		fr, err := runFleet(o, n)
-		if err != nil {
-			return fmt.Errorf("%d nodes: %w", n, err)
+		for _, apf := range modes {
+			fr, err := runFleet(o, n, apf)
+			if err != nil {
+				return fmt.Errorf("%d nodes: %w", n, err)
+			}
+			rep.fleets = append(rep.fleets, fr)
+			if o.apiPriority == "both" {
+				fmt.Println(rep.apfMarkdown())
+			} else {
+				fmt.Println(rep.markdown())
+			}
 		}
-		rep.fleets = append(rep.fleets, fr)
-		fmt.Println(rep.markdown())
 	}
 	if o.out == "" {
 		return nil
@@ -135,6 +153,8 @@ func run(o options) error {
 // fleetResult is one fleet size's figures.
 type fleetResult struct {
 	nodes int
+	// apiPriority: the agents had their FlowSchema and priority level.
+	apiPriority bool
 	// nodesReady is kwok's time to make every node Ready; schedulable adds the node lifecycle
 	// controller lifting the not-ready taint.
 	nodesReady, schedulable time.Duration
@@ -155,6 +175,8 @@ type cacheResult struct {
 	converge, gate     time.Duration
 	deleted            time.Duration
 	requests           map[string]float64 // "VERB resource[/subresource]" -> count
+	waits              apiWaits
+	probe              probeFigures // the other client's requests during the run
 	agentWrites        int64
 	controllerCPU      float64 // seconds
 	rssMiB, peakMiB    float64
@@ -184,13 +206,14 @@ type fleet struct {
 	view    cache.Cache
 	ctrl    *testutil.Process
 	sim     *agentsim.Sim
+	probe   *probe
 	nodes   int
 	// metricsAddr is the controller's metrics endpoint.
 	metricsAddr string
 }
 
-func runFleet(o options, n int) (fleetResult, error) {
-	fr := fleetResult{nodes: n}
+func runFleet(o options, n int, apiPriority bool) (fleetResult, error) {
+	fr := fleetResult{nodes: n, apiPriority: apiPriority}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	logDir := filepath.Join(o.dir, fmt.Sprintf("%d-nodes", n))
@@ -237,6 +260,14 @@ func runFleet(o options, n int) (fleetResult, error) {
 		}
 		fr.background = rates[0]
 	}
+	if apiPriority {
+		if err := f.applyAPIPriority(); err != nil {
+			return fr, err
+		}
+	}
+	if f.probe, err = f.startProbe(ctx); err != nil {
+		return fr, err
+	}
 	if err := f.startController(logDir); err != nil {
 		return fr, err
 	}
@@ -245,7 +276,11 @@ func runFleet(o options, n int) (fleetResult, error) {
 	for i := range names {
 		names[i] = nodeName(i)
 	}
-	if f.sim, err = agentsim.Start(ctx, cfg, names, agentsim.Options{Download: o.download, MaxParallel: maxParallel,
+	agentCfg, err := f.asServiceAccount(cfg, "prewarm-agent")
+	if err != nil {
+		return fr, err
+	}
+	if f.sim, err = agentsim.Start(ctx, agentCfg, names, agentsim.Options{Download: o.download, MaxParallel: maxParallel,
 		ModelBytes: 145 << 30, Files: 64, Root: config.DefaultCacheRoot, Version: "agentsim", LeaseNamespace: inferencev1.DefaultOperatorNamespace, LeaseDuration: leaseDuration}); err != nil {
 		return fr, err
 	}
@@ -395,10 +430,66 @@ func (f *fleet) startController(logDir string) error {
 	}
 	f.metricsAddr = l.Addr().String()
 	l.Close()
-	f.ctrl, err = testutil.StartProcess(logDir, "controller", f.o.controller, "--kubeconfig="+f.cluster.KubeconfigPath,
+	kubeconfig, err := f.kubeconfigAs(logDir, "prewarm-controller")
+	if err != nil {
+		return err
+	}
+	f.ctrl, err = testutil.StartProcess(logDir, "controller", f.o.controller, "--kubeconfig="+kubeconfig,
 		"--leader-elect=false", "--metrics-bind-address="+f.metricsAddr, "--health-probe-bind-address=0", "--config="+conf,
 		"--agent-image=prewarm/agent:bench")
 	return err
+}
+
+// The controller and the simulated agents reach the API server with tokens of the chart's
+// service accounts, so that API Priority and Fairness classifies their requests as a real
+// installation's (the admin's would be exempt). The accounts may do anything: the bench
+// measures load, not RBAC (the chart's roles are tested elsewhere).
+func (f *fleet) serviceAccountToken(name string) (string, error) {
+	ns := inferencev1.DefaultOperatorNamespace
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if err := f.c.Create(f.ctx, sa); err != nil {
+		return "", err
+	}
+	b := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "bench-" + name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name}}}
+	if err := f.c.Create(f.ctx, b); err != nil {
+		return "", err
+	}
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](24 * 3600)}}
+	if err := f.c.SubResource("token").Create(f.ctx, sa, tr); err != nil {
+		return "", fmt.Errorf("a token for %s: %w", name, err)
+	}
+	return tr.Status.Token, nil
+}
+
+// asServiceAccount is cfg with the service account's token instead of the admin's certificate.
+func (f *fleet) asServiceAccount(cfg *rest.Config, name string) (*rest.Config, error) {
+	tok, err := f.serviceAccountToken(name)
+	if err != nil {
+		return nil, err
+	}
+	out := rest.AnonymousClientConfig(cfg)
+	out.BearerToken, out.QPS, out.Burst = tok, cfg.QPS, cfg.Burst
+	return out, nil
+}
+
+// kubeconfigAs writes the cluster's kubeconfig with the service account's token.
+func (f *fleet) kubeconfigAs(dir, name string) (string, error) {
+	cfg, err := clientcmd.LoadFromFile(f.cluster.KubeconfigPath)
+	if err != nil {
+		return "", err
+	}
+	tok, err := f.serviceAccountToken(name)
+	if err != nil {
+		return "", err
+	}
+	for _, a := range cfg.AuthInfos {
+		a.ClientCertificate, a.ClientCertificateData, a.ClientKey, a.ClientKeyData = "", nil, "", nil
+		a.Token = tok
+	}
+	path := filepath.Join(dir, "kubeconfig-"+name)
+	return path, clientcmd.WriteToFile(*cfg, path)
 }
 
 // until polls cond every 250 ms until it holds or the step's timeout passes.
@@ -458,6 +549,11 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 	if err != nil {
 		return cr, err
 	}
+	waitsBefore, err := f.apiWaits()
+	if err != nil {
+		return cr, err
+	}
+	probe0, probeFailed0 := f.probe.mark()
 	procs0 := childCPU()
 	cpu0 := cpuSeconds(pid)
 	writes0 := f.sim.Writes.Load()
@@ -494,6 +590,12 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 	if err != nil {
 		return cr, err
 	}
+	waitsAfter, err := f.apiWaits()
+	if err != nil {
+		return cr, err
+	}
+	cr.waits = waitsAfter.since(waitsBefore)
+	cr.probe = f.probe.since(probe0, probeFailed0)
 	cr.requests = map[string]float64{}
 	for key, v := range after {
 		if d := v - before[key]; d > 0 {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"k8s.io/client-go/kubernetes"
@@ -103,8 +104,8 @@ func childCPU() map[string]float64 {
 	return out
 }
 
-// apiMetrics reads apiserver_request_total from the API server, summed by verb and resource.
-func (f *fleet) apiMetrics() (map[string]float64, error) {
+// apiFamilies reads the API server's metrics.
+func (f *fleet) apiFamilies() (map[string]*dto.MetricFamily, error) {
 	cs, err := kubernetes.NewForConfig(f.cluster.Config)
 	if err != nil {
 		return nil, err
@@ -114,7 +115,12 @@ func (f *fleet) apiMetrics() (map[string]float64, error) {
 		return nil, err
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	return parser.TextToMetricFamilies(bytes.NewReader(raw))
+}
+
+// apiMetrics reads apiserver_request_total from the API server, summed by verb and resource.
+func (f *fleet) apiMetrics() (map[string]float64, error) {
+	families, err := f.apiFamilies()
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +190,9 @@ func (r report) markdown() string {
 		testutil.JoinInts(r.opts.nodes), testutil.JoinInts(r.opts.caches), r.opts.download, r.opts.maxNodeCaches, r.opts.steady, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
 	b.WriteString(`A real kube-apiserver and etcd, kube-controller-manager, kube-scheduler and kwok; the real controller
 binary at its default settings; every node's agent simulated by internal/testutil/agentsim (the agent's own
-reports and write policy; each download takes the --download time). Nodes have 8 GPUs and one of ten instance
+reports and write policy; each download takes the --download time). The controller and the simulated agents
+authenticate with tokens of the chart's service accounts, so that API Priority and Fairness classifies their
+requests as in an installation (the admin's would be exempt). Nodes have 8 GPUs and one of ten instance
 types. One cache targets every node; with 10 or 50 caches, each targets one instance type (with 50, five
 caches share each type). Every parent has a weights cache and an image cache (one DaemonSet pod per node, run by
 kwok). kwok renews node leases over --node-lease (the node lifecycle controller waits five times that): at the
@@ -244,6 +252,32 @@ controller's writes to NodeCaches, node labels and prewarm's objects, over the n
 			rows := largestFirst(run.requests)
 			for _, k := range rows[:min(len(rows), 15)] {
 				fmt.Fprintf(&b, "| %.0f | %s |\n", run.requests[k], k)
+			}
+			if run.waits.latency != nil {
+				b.WriteString("\nWhere those requests waited, in the API server (its own metrics over the run): the mean time to answer each of the requests above, " +
+					"and by API Priority and Fairness priority level the requests it dispatched, their mean wait in its queues, the level's seats and what it rejected:\n\n")
+				b.WriteString("| verb resource | requests | mean latency |\n|---|---:|---:|\n")
+				for _, k := range rows[:min(len(rows), 15)] {
+					if l, ok := run.waits.latency[k]; ok {
+						fmt.Fprintf(&b, "| %s | %.0f | %s |\n", k, l.count, ms(l.mean()))
+					}
+				}
+				b.WriteString("\n| priority level | requests | mean wait in queue | seats | rejected |\n|---|---:|---:|---:|---:|\n")
+				for _, pl := range slices.Sorted(maps.Keys(run.waits.queued)) {
+					q := run.waits.queued[pl]
+					fmt.Fprintf(&b, "| %s | %.0f | %s | %.0f | %.0f |\n", pl, q.count, ms(q.mean()), run.waits.seats[pl], run.waits.rejected[pl])
+				}
+			}
+			if len(run.client) > 0 {
+				b.WriteString("\nThe controller's work queues over the run (its `workqueue_*` metrics), by controller:\n\n")
+				b.WriteString("| controller | reconciles | mean wait in queue | mean work |\n|---|---:|---:|---:|\n")
+				for _, name := range slices.Sorted(maps.Keys(run.client)) {
+					w := run.client[name]
+					if w.reconciles == 0 {
+						continue
+					}
+					fmt.Fprintf(&b, "| %s | %.0f | %s | %s |\n", name, w.reconciles, ms(w.meanQueue), ms(w.meanWork))
+				}
 			}
 			fmt.Fprintf(&b, "\nCPU seconds by process during that run (%.1f s of wall time; this machine has %d CPUs, %.0f CPU-seconds):\n\n",
 				run.converge.Seconds(), runtime.NumCPU(), run.converge.Seconds()*float64(runtime.NumCPU()))
@@ -311,6 +345,9 @@ func largestFirst(m map[string]float64) []string {
 
 // write replaces the report's section of the file at path (or appends it).
 func (r report) write(path string) error {
+	if r.opts.apiPriority == "both" {
+		return testutil.WriteSection(path, apfBeginMarker, apfEndMarker, r.apfMarkdown())
+	}
 	return testutil.WriteSection(path, beginMarker, endMarker, r.markdown())
 }
 
@@ -372,4 +409,93 @@ func (c clientFigures) String() string {
 			w.meanQueue.Round(time.Millisecond), w.meanWork.Round(time.Millisecond)))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// apiWaits is where the API server's requests spent their time: latency by verb and resource
+// (apiserver_request_duration_seconds), and, by API Priority and Fairness priority level, the
+// time requests waited in its queues and the requests it rejected.
+type apiWaits struct {
+	latency map[string]sumCount // "VERB resource[/subresource]"
+	queued  map[string]sumCount // priority level
+	// seats is the priority levels' concurrency limit (apiserver_flowcontrol_nominal_limit_seats).
+	seats    map[string]float64
+	rejected map[string]float64 // priority level
+}
+
+type sumCount struct{ sum, count float64 }
+
+func (s sumCount) mean() time.Duration {
+	if s.count == 0 {
+		return 0
+	}
+	return time.Duration(s.sum / s.count * float64(time.Second))
+}
+
+func (f *fleet) apiWaits() (apiWaits, error) {
+	w := apiWaits{latency: map[string]sumCount{}, queued: map[string]sumCount{}, seats: map[string]float64{}, rejected: map[string]float64{}}
+	families, err := f.apiFamilies()
+	if err != nil {
+		return w, err
+	}
+	each := func(name string, fn func(l map[string]string, m *dto.Metric)) {
+		for _, m := range families[name].GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			fn(l, m)
+		}
+	}
+	each("apiserver_request_duration_seconds", func(l map[string]string, m *dto.Metric) {
+		if l["verb"] == "WATCH" {
+			return // a watch lasts as long as its client keeps it
+		}
+		key := l["verb"] + " " + l["resource"]
+		if l["subresource"] != "" {
+			key += "/" + l["subresource"]
+		}
+		s := w.latency[key]
+		s.sum, s.count = s.sum+m.GetHistogram().GetSampleSum(), s.count+float64(m.GetHistogram().GetSampleCount())
+		w.latency[key] = s
+	})
+	each("apiserver_flowcontrol_request_wait_duration_seconds", func(l map[string]string, m *dto.Metric) {
+		s := w.queued[l["priority_level"]]
+		s.sum, s.count = s.sum+m.GetHistogram().GetSampleSum(), s.count+float64(m.GetHistogram().GetSampleCount())
+		w.queued[l["priority_level"]] = s
+	})
+	each("apiserver_flowcontrol_nominal_limit_seats", func(l map[string]string, m *dto.Metric) {
+		w.seats[l["priority_level"]] = m.GetGauge().GetValue()
+	})
+	each("apiserver_flowcontrol_rejected_requests_total", func(l map[string]string, m *dto.Metric) {
+		w.rejected[l["priority_level"]] += m.GetCounter().GetValue()
+	})
+	return w, nil
+}
+
+// since is what happened between before and w.
+func (w apiWaits) since(before apiWaits) apiWaits {
+	diff := func(a, b map[string]sumCount) map[string]sumCount {
+		out := map[string]sumCount{}
+		for k, v := range a {
+			if d := (sumCount{v.sum - b[k].sum, v.count - b[k].count}); d.count > 0 {
+				out[k] = d
+			}
+		}
+		return out
+	}
+	out := apiWaits{latency: diff(w.latency, before.latency), queued: diff(w.queued, before.queued), seats: w.seats, rejected: map[string]float64{}}
+	for k, v := range w.rejected {
+		if d := v - before.rejected[k]; d > 0 {
+			out.rejected[k] = d
+		}
+	}
+	return out
+}
+
+// ms prints d in milliseconds under ten seconds, in seconds above.
+func ms(d time.Duration) string {
+	if d < 10*time.Second {
+		return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.1f s", d.Seconds())
 }
