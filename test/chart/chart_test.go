@@ -127,6 +127,8 @@ serviceAccount:
     annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::123456789012:role/prewarm-agent"}
 image:
   pullSecrets: [{name: registry}]
+apiPriority:
+  enabled: true
 `)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -222,6 +224,37 @@ func TestChartMatchesKustomize(t *testing.T) {
 		}
 		if diff := cmp.Diff(want.Object, got.Object); diff != "" {
 			t.Errorf("%s (-kustomize +chart):\n%s", k, diff)
+		}
+	}
+}
+
+// The agents' API priority objects are off by default, so not in config/default; the copy in
+// config/agent (which make bench-apf applies) is what the chart renders when they are on.
+func TestAPIPriorityMatchesItsKustomizeCopy(t *testing.T) {
+	got := render(t, "--set", "apiPriority.enabled=true", "--show-only", "templates/flowcontrol.yaml")
+	raw, err := os.ReadFile(filepath.Join(root, "config", "agent", "flowcontrol.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]*unstructured.Unstructured{}
+	for _, u := range decode(t, raw) {
+		want[key(u)] = normalize(t, u)
+	}
+	rendered := map[string]*unstructured.Unstructured{}
+	for _, u := range got {
+		rendered[key(u)] = normalize(t, u)
+	}
+	if diff := cmp.Diff(sortedKeys(want), sortedKeys(rendered)); diff != "" {
+		t.Fatalf("API priority objects (-config/agent +chart):\n%s", diff)
+	}
+	for k, w := range want {
+		if diff := cmp.Diff(w.Object, rendered[k].Object); diff != "" {
+			t.Errorf("%s (-config/agent +chart):\n%s", k, diff)
+		}
+	}
+	for _, u := range render(t) {
+		if u.GetAPIVersion() == "flowcontrol.apiserver.k8s.io/v1" {
+			t.Errorf("the chart renders %s by default; apiPriority.enabled is off", key(u))
 		}
 	}
 }

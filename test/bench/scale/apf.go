@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +20,8 @@ import (
 )
 
 // applyAPIPriority creates the agents' FlowSchema and PriorityLevelConfiguration as the chart
-// does by default (config/agent/flowcontrol.yaml, which the chart's tests hold equal to it).
+// does with apiPriority.enabled (config/agent/flowcontrol.yaml, which the chart's tests hold
+// equal to it).
 func (f *fleet) applyAPIPriority() error {
 	root, err := testutil.ModuleRoot()
 	if err != nil {
@@ -144,15 +144,13 @@ const (
 // own priority level, and what another client of the API server saw meanwhile.
 func (r report) apfMarkdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s\n## Scale: the agents' own API priority level, against another client\n\n", apfBeginMarker)
-	fmt.Fprintf(&b, "`make bench-apf` (`go run ./test/bench/scale --nodes %s --caches %s --download %s --steady 0s --api-priority both`), %s, on this machine (%d CPUs, %s).\n\n",
-		testutil.JoinInts(r.opts.nodes), testutil.JoinInts(r.opts.caches), r.opts.download, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
-	b.WriteString("The same fleet and caches as the scale section, twice on a fresh cluster each: without the chart's FlowSchema " +
+	r.header(&b, apfBeginMarker, "Scale: the agents' own API priority level, against another client", "bench-apf", "--steady 0s --api-priority both")
+	b.WriteString("\nThe same fleet and caches as the scale section, twice on a fresh cluster each: without the chart's FlowSchema " +
 		"(the agents' requests in `workload-low` with every service account) and with it (`apiPriority.enabled`, the agents in `prewarm-agents`). " +
 		"Another client, a service account of its own, reads and writes one ConfigMap every 100 ms throughout the rollout: its latency is what a " +
 		"cluster's other workloads see. Waits in queue are API Priority and Fairness's own (`apiserver_flowcontrol_request_wait_duration_seconds`).\n\n")
-	b.WriteString("| nodes | caches | agents' level | converged | other client p50 | p99 | max | failed | agents' mean wait in queue | workload-low mean wait in queue | rejected |\n")
-	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| nodes | caches | agents' level | kwok: schedulable | converged | converged ÷ schedulable | other client p50 | p99 | max | failed | agents' mean wait in queue | workload-low mean wait in queue | rejected |\n")
+	b.WriteString("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, f := range r.fleets {
 		level := "workload-low"
 		if f.apiPriority {
@@ -167,7 +165,8 @@ func (r report) apfMarkdown() string {
 			if q, ok := c.waits.queued["prewarm-agents"]; ok {
 				agents = ms(q.mean())
 			}
-			fmt.Fprintf(&b, "| %d | %d | %s | %.1f s | %s | %s | %s | %d | %s | %s | %.0f |\n", f.nodes, c.caches, level, c.converge.Seconds(),
+			fmt.Fprintf(&b, "| %d | %d | %s | %.1f s | %.1f s | %.2f× | %s | %s | %s | %d | %s | %s | %.0f |\n", f.nodes, c.caches, level,
+				f.schedulable.Seconds(), c.converge.Seconds(), c.converge.Seconds()/f.schedulable.Seconds(),
 				ms(c.probe.p50), ms(c.probe.p99), ms(c.probe.max), c.probe.failed, agents, ms(c.waits.queued["workload-low"].mean()), rejected)
 		}
 	}

@@ -185,9 +185,13 @@ const (
 
 func (r report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s\n## Scale: the control plane on a large fleet\n\n", beginMarker)
-	fmt.Fprintf(&b, "`make bench-scale` (`go run ./test/bench/scale --nodes %s --caches %s --download %s --max-node-caches %d --steady %s`), %s, on this machine (%d CPUs, %s).\n",
-		testutil.JoinInts(r.opts.nodes), testutil.JoinInts(r.opts.caches), r.opts.download, r.opts.maxNodeCaches, r.opts.steady, r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
+	r.header(&b, beginMarker, "Scale: the control plane on a large fleet", "bench-scale",
+		fmt.Sprintf("--max-node-caches %d --steady %s --api-priority %s", r.opts.maxNodeCaches, r.opts.steady, r.opts.apiPriority))
+	applied := "not applied (the chart's default)"
+	if r.opts.apiPriority == "on" {
+		applied = "applied (apiPriority.enabled)"
+	}
+	fmt.Fprintf(&b, "The agents' own API priority level, prewarm-agents, was %s.\n", applied)
 	b.WriteString(`A real kube-apiserver and etcd, kube-controller-manager, kube-scheduler and kwok; the real controller
 binary at its default settings; every node's agent simulated by internal/testutil/agentsim (the agent's own
 reports and write policy; each download takes the --download time). The controller and the simulated agents
@@ -498,4 +502,12 @@ func ms(d time.Duration) string {
 		return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
 	}
 	return fmt.Sprintf("%.1f s", d.Seconds())
+}
+
+// header starts a section: its marker and title, and the command and machine it ran on.
+func (r report) header(b *strings.Builder, marker, title, target, flags string) {
+	fmt.Fprintf(b, "%s\n## %s\n\n", marker, title)
+	fmt.Fprintf(b, "`make %s` (`go run ./test/bench/scale --nodes %s --caches %s --download %s %s`), %s, on this machine (%d CPUs, %s).\n",
+		target, testutil.JoinInts(r.opts.nodes), testutil.JoinInts(r.opts.caches), r.opts.download, flags,
+		r.started.UTC().Format("2006-01-02 15:04 UTC"), runtime.NumCPU(), runtime.GOARCH)
 }
