@@ -349,8 +349,9 @@ type Peers struct {
 	MaxPeers int `json:"maxPeers,omitempty"`
 	// UploadRate caps the bytes per second one agent sends to its peers (0: no cap).
 	UploadRate *resource.Quantity `json:"uploadRate,omitempty"`
-	// Wait is the most time a part waits for a peer to hold it before the agent reads it from
-	// the source (30s).
+	// Wait is how long a part waits for a peer to hold it before the agent reads it from the
+	// source (30s); it waits on while the part's owner is reading from the source or gained a
+	// part within the last Wait.
 	Wait metav1.Duration `json:"wait,omitempty"`
 	// Audience is the audience of the service account tokens agents present to each other
 	// (prewarm-peer).

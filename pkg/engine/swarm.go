@@ -80,6 +80,7 @@ type Plan struct {
 
 	dir     atomic.Pointer[string] // where the files are read from: the partial directory, then dest
 	held    []atomic.Bool
+	reading []atomic.Bool // parts this node is reading from the source now
 	crcs    []atomic.Uint32
 	mu      sync.Mutex
 	version uint64
@@ -93,6 +94,7 @@ func newPlan(listing source.Listing, partSize int64, dir string) *Plan {
 		p.first[i+1] = p.first[i] + int((f.Size+partSize-1)/partSize)
 	}
 	p.held = make([]atomic.Bool, p.Parts())
+	p.reading = make([]atomic.Bool, p.Parts())
 	p.crcs = make([]atomic.Uint32, p.Parts())
 	p.dir.Store(&dir)
 	return p
@@ -136,21 +138,33 @@ func (p *Plan) Held(i int) (uint32, bool) {
 }
 
 // Bitmap is which parts this node holds (bit i of byte i/8, lowest bit first), and the version
-// it is at: the version grows with every part added.
+// it is at: the version grows with every part added, and every part started or stopped being
+// read from the source.
 func (p *Plan) Bitmap() ([]byte, uint64) {
-	p.mu.Lock()
-	v := p.version
-	p.mu.Unlock()
-	b := make([]byte, (p.Parts()+7)/8)
-	for i := range p.held {
-		if p.held[i].Load() {
-			b[i/8] |= 1 << (i % 8)
-		}
-	}
-	return b, v
+	held, _, v := p.Activity()
+	return held, v
 }
 
-// Changed returns a channel closed when a part is added after version v (at once when the plan
+// Activity is which parts this node holds and which it is reading from the source now (bitmaps
+// as Bitmap's), and the version it is at.
+func (p *Plan) Activity() (held, reading []byte, version uint64) {
+	p.mu.Lock()
+	version = p.version
+	p.mu.Unlock()
+	held = make([]byte, (p.Parts()+7)/8)
+	reading = make([]byte, len(held))
+	for i := range p.held {
+		if p.held[i].Load() {
+			held[i/8] |= 1 << (i % 8)
+		}
+		if p.reading[i].Load() {
+			reading[i/8] |= 1 << (i % 8)
+		}
+	}
+	return held, reading, version
+}
+
+// Changed returns a channel closed when the plan changes after version v (at once when the plan
 // is already past v).
 func (p *Plan) Changed(v uint64) <-chan struct{} {
 	p.mu.Lock()
@@ -166,6 +180,18 @@ func (p *Plan) Changed(v uint64) <-chan struct{} {
 func (p *Plan) add(i int, crc uint32) {
 	p.crcs[i].Store(crc)
 	p.held[i].Store(true)
+	p.bump()
+}
+
+// setReading marks part i as being read from the source now, or no longer: the peers waiting
+// for it wait on while it is (Swarm.Part).
+func (p *Plan) setReading(i int, on bool) {
+	if p.reading[i].Swap(on) != on {
+		p.bump()
+	}
+}
+
+func (p *Plan) bump() {
 	p.mu.Lock()
 	p.version++
 	close(p.changed)

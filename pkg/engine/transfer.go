@@ -534,6 +534,12 @@ func (r *run) fetchPart(ctx context.Context, p part) (fetched, error) {
 			return fetched{sums: got, fromPeer: ok}, err
 		}
 	}
+	if r.swarm != nil {
+		if i, ok := r.plan.index(p.file, p.off); ok && p.n == r.plan.partLen(i) {
+			r.plan.setReading(i, true) // the peers waiting for it see that it is on its way
+			defer r.plan.setReading(i, false)
+		}
+	}
 	got, err := r.partFromSource(ctx, p)
 	return fetched{sums: got}, err
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -534,4 +535,82 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	}
 	t.Fatalf("%s is not registered", name)
 	return 0
+}
+
+// A part whose owner reads the source slower than Wait is still taken from the owner, not read
+// from the source again: the waiting node sees that the owner is reading (its /have says which
+// parts) and gaining parts, and waits on.
+func TestAPartIsWaitedForWhileItsOwnerIsStillReadingIt(t *testing.T) {
+	slow, fast := newModel(t, 1<<20), newModel(t, 1<<20) // the same 16 parts
+	slow.delay = 400 * time.Millisecond                  // each of a's parts takes longer ...
+	const wait = time.Second                             // ... than b waits, once b asks 4 at a time
+	barrier := &sync.WaitGroup{}
+	barrier.Add(2)
+	slow.barrier, fast.barrier = barrier, barrier
+	a, b := newNode(t, "a", peer.ServerOptions{}, nil), newNode(t, "b", peer.ServerOptions{}, nil)
+	peers := []peer.Peer{{Name: "a", URL: a.http.URL}, {Name: "b", URL: b.http.URL}}
+	fetch := func(n *node, m *memSource, concurrency int) (engine.Result, error) {
+		sw := peer.NewSwarm(peer.SwarmOptions{Self: n.name, Key: "cache-uid", Peers: peers, Server: n.server,
+			Token: func() (string, error) { return goodToken + ":" + n.name, nil }, Wait: wait})
+		e := engine.New(engine.WithPartSize(partSize), engine.WithConcurrency(concurrency))
+		return e.Fetch(context.Background(), engine.Request{Source: m, Dest: n.dest, Swarm: sw})
+	}
+	var wg sync.WaitGroup
+	var resA engine.Result
+	var errA error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		resA, errA = fetch(a, slow, 2) // one worker for the parts a reads for both
+	}()
+	resB, errB := fetch(b, fast, 4) // four workers asking a for its parts
+	wg.Wait()
+	if errA != nil || errB != nil {
+		t.Fatalf("a: %v; b: %v", errA, errB)
+	}
+	checkDest(t, slow, a.dest)
+	checkDest(t, fast, b.dest)
+	read := slow.served.Load() + fast.served.Load()
+	t.Logf("a read %d bytes from the source and %d from b; b read %d from the source and %d from a",
+		slow.served.Load(), resA.FromPeers, fast.served.Load(), resB.FromPeers)
+	if resB.FromPeers == 0 || resA.FromPeers == 0 {
+		t.Fatalf("a took %d bytes from b and b %d from a: the two did not share the parts", resA.FromPeers, resB.FromPeers)
+	}
+	if read != slow.size() {
+		t.Errorf("the two nodes read %d bytes from the source for a model of %d: a part a was still reading was read again by b", read, slow.size())
+	}
+}
+
+// An owner that answers but neither reads nor gains a part is waited for only Wait: the node
+// reads the owner's parts from the source itself and completes.
+func TestAnIdleOwnerIsWaitedForOnlyWait(t *testing.T) {
+	m := newModel(t, 1<<20) // 16 parts
+	idle := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/have") {
+			http.NotFound(w, r)
+			return
+		}
+		if r.URL.Query().Get("after") != "" {
+			select { // nothing ever changes
+			case <-r.Context().Done():
+				return
+			case <-time.After(15 * time.Second):
+			}
+		}
+		_ = json.NewEncoder(w).Encode(peer.HaveResponse{PartSize: partSize, Parts: 16, Held: make([]byte, 2), Reading: make([]byte, 2)})
+	}))
+	t.Cleanup(idle.Close)
+	b := newNode(t, "b", peer.ServerOptions{}, nil)
+	sw := peer.NewSwarm(peer.SwarmOptions{Self: "b", Key: "cache-uid", Server: b.server, Wait: 300 * time.Millisecond,
+		Peers: []peer.Peer{{Name: "idle", URL: idle.URL}}, Token: func() (string, error) { return goodToken + ":b", nil }})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := newEngine().Fetch(ctx, engine.Request{Source: m, Dest: b.dest, Swarm: sw})
+	if err != nil {
+		t.Fatalf("the fetch did not complete beside an idle owner: %v", err)
+	}
+	checkDest(t, m, b.dest)
+	if res.Fetched != m.size() {
+		t.Errorf("%d bytes from the source, %d from peers: want the whole model from the source", res.Fetched, res.FromPeers)
+	}
 }

@@ -8,28 +8,61 @@ import (
 	"time"
 )
 
-// peerState is what this node knows of one peer: what it holds, whether it answers, whether it
-// was dropped, and how many parts are in flight from it.
+// peerState is what this node knows of one peer: what it holds and reads from the source, when
+// it last gained a part, whether it answers, whether it was dropped, and how many parts are in
+// flight from it.
 type peerState struct {
 	Peer
 	inflight atomic.Int32
 
 	mu       sync.Mutex
 	held     []byte
+	reading  []byte
+	grewAt   time.Time
 	live     bool // answers /have for the revision
 	dropped  string
 	busyTill time.Time
 }
 
-func (p *peerState) setLive(live bool, held []byte) (changed bool) {
+// setLive records whether p answers and, when it does, what it holds and reads at now.
+func (p *peerState) setLive(live bool, held, reading []byte, now time.Time) (changed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	changed = p.live != live
 	p.live = live
 	if live {
-		p.held = held
+		if p.grewAt.IsZero() || gained(p.held, held) {
+			p.grewAt = now
+		}
+		p.held, p.reading = held, reading
 	}
 	return changed
+}
+
+// gained reports whether bitmap now has a bit set that was does not have.
+func gained(was, now []byte) bool {
+	for k, b := range now {
+		if k >= len(was) || b&^was[k] != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// busy reports whether p, live, is reading a part from the source at now or gained one within
+// the last quiet: a part waited for from p may still come.
+func (p *peerState) busy(now time.Time, quiet time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dropped != "" || !p.live {
+		return false
+	}
+	for _, b := range p.reading {
+		if b != 0 {
+			return true
+		}
+	}
+	return now.Sub(p.grewAt) < quiet
 }
 
 func (p *peerState) droppedFor() string {
@@ -117,6 +150,26 @@ func (sel selector) owner(peers []*peerState, i int) bool {
 		}
 	}
 	return true
+}
+
+// providerBusy reports whether a peer that part i is waited for is busy (peerState.busy): the
+// part's owner among the group's live peers, or, when the group has an upstream, any of its
+// live peers.
+func (sel selector) providerBusy(peers []*peerState, i int, quiet time.Duration) bool {
+	now, upstream := sel.now(), sel.hasUpstream(peers)
+	var owner *peerState
+	var best uint64
+	for _, p := range peers {
+		live, _ := p.usable(i, now)
+		switch {
+		case !live:
+		case upstream && p.Upstream && p.busy(now, quiet):
+			return true
+		case !upstream && !p.Upstream && (owner == nil || rendezvous(p.Name, i) > best):
+			owner, best = p, rendezvous(p.Name, i)
+		}
+	}
+	return owner != nil && best > rendezvous(sel.self, i) && owner.busy(now, quiet)
 }
 
 // hasUpstream reports whether a peer of the upstream group is live.

@@ -121,3 +121,58 @@ func anyLead(sel selector, peers []*peerState, parts int) bool {
 	}
 	return false
 }
+
+// A part is waited for past Wait while the peer it is to come from is busy: the group's owner
+// of the part (not another member) reading from the source, or having gained a part within the
+// last quiet; with an upstream, any live upstream peer.
+func TestProviderBusyFollowsTheOwnersActivity(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	sel := selector{self: "self", now: func() time.Time { return now }}
+	const n, quiet = 16, 30 * time.Second
+	// a part owned by a, not by self or b
+	part := -1
+	for i := range n {
+		if rendezvous("a", i) > rendezvous("self", i) && rendezvous("a", i) > rendezvous("b", i) {
+			part = i
+			break
+		}
+	}
+	if part < 0 {
+		t.Fatal("a owns none of 16 parts")
+	}
+	a, b := &peerState{Peer: Peer{Name: "a"}}, &peerState{Peer: Peer{Name: "b"}}
+	peers := []*peerState{a, b}
+	a.setLive(true, make([]byte, 2), make([]byte, 2), now)
+	b.setLive(true, make([]byte, 2), []byte{0xff, 0xff}, now)
+	if !sel.providerBusy(peers, part, quiet) {
+		t.Error("an owner that just answered is not busy")
+	}
+	now = now.Add(quiet)
+	if sel.providerBusy(peers, part, quiet) {
+		t.Error("an owner idle for quiet is busy (because another member reads?)")
+	}
+	a.setLive(true, make([]byte, 2), []byte{0, 1}, now) // reads part 8
+	now = now.Add(10 * quiet)
+	if !sel.providerBusy(peers, part, quiet) {
+		t.Error("an owner reading from the source is not busy")
+	}
+	a.setLive(true, []byte{0, 1}, make([]byte, 2), now) // holds part 8 now
+	if !sel.providerBusy(peers, part, quiet) {
+		t.Error("an owner that just gained a part is not busy")
+	}
+	now = now.Add(quiet)
+	a.setLive(true, []byte{0, 1}, make([]byte, 2), now) // the same again: no gain
+	if sel.providerBusy(peers, part, quiet) {
+		t.Error("an owner answering the same holdings is busy")
+	}
+	a.setLive(false, nil, nil, now)
+	b.setLive(true, make([]byte, 2), []byte{1, 0}, now)
+	if sel.providerBusy(peers, part, quiet) == (rendezvous("b", part) < rendezvous("self", part)) {
+		t.Errorf("with a silent, the owner of part %d is b (busy) or self (nothing to wait for)", part)
+	}
+	up := &peerState{Peer: Peer{Name: "up", Upstream: true}}
+	up.setLive(true, make([]byte, 2), []byte{1, 0}, now)
+	if !sel.providerBusy(append(peers, up), part, quiet) {
+		t.Error("an upstream peer reading from the source is not busy")
+	}
+}

@@ -6,8 +6,10 @@
 // before the source. The protocol is plain HTTP, read-only:
 //
 //	GET /prewarm/peer/v1/<key>/have?revision=<rev>&after=<version>
-//	    200 {"revision","partSize","parts","version","held":<bitmap, base64>}; with after, the
-//	    answer waits (up to 15 s) until the holder is past that version
+//	    200 {"revision","partSize","parts","version","held":<bitmap, base64>,"reading":<bitmap>}:
+//	    the parts it holds, and those it is reading from the source now; with after, the
+//	    answer waits (up to 15 s) until the holder is past that version (a part added, or
+//	    started or stopped being read)
 //	GET /prewarm/peer/v1/<key>/parts/<i>?revision=<rev>
 //	    200 with the part's bytes and X-Prewarm-Crc32c: the CRC32C they had when written
 //
@@ -75,6 +77,9 @@ type HaveResponse struct {
 	Parts    int    `json:"parts"`
 	Version  uint64 `json:"version"`
 	Held     []byte `json:"held"`
+	// Reading is which parts the holder is reading from the source now (absent from holders
+	// that do not say): its peers wait on for those.
+	Reading []byte `json:"reading,omitempty"`
 }
 
 // Server offers this node's parts to its peers.
@@ -217,9 +222,9 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request, plan *engine.Plan)
 		}
 		t.Stop()
 	}
-	held, version := plan.Bitmap()
+	held, reading, version := plan.Activity()
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(HaveResponse{Revision: plan.Revision, PartSize: plan.PartSize, Parts: plan.Parts(), Version: version, Held: held})
+	_ = json.NewEncoder(w).Encode(HaveResponse{Revision: plan.Revision, PartSize: plan.PartSize, Parts: plan.Parts(), Version: version, Held: held, Reading: reading})
 }
 
 // admit takes one of who's streams, if K and the per-peer limit allow.

@@ -42,8 +42,9 @@ type SwarmOptions struct {
 	Client *http.Client
 	// Token returns the credentials sent as Authorization: Bearer.
 	Token func() (string, error)
-	// Wait is the most time a part waits for a peer to hold it before it is read from the
-	// source (default 30 s).
+	// Wait is how long a part waits for a peer to hold it before it is read from the source
+	// (default 30 s); past it, the part is waited for on while the peer it is to come from is
+	// reading from the source or has gained a part within the last Wait.
 	Wait time.Duration
 	// SlowPart is the most time one part may take from a peer: a slower peer is dropped
 	// (default 2 min).
@@ -90,8 +91,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // Swarm is an engine.Swarm over HTTP: it follows what each peer holds (a long poll of its
 // /have), and asks a holder for each part, the one this Swarm has the fewest parts in flight
 // with. A part no peer holds is read from the source by one node of the group (the owner, by
-// rendezvous hashing of the part over the group's live members); the others wait for it, up to
-// Wait.
+// rendezvous hashing of the part over the group's live members); the others wait for it for
+// Wait, and on while the owner is busy reading from the source or gaining parts.
 type Swarm struct {
 	opts  SwarmOptions
 	sel   selector
@@ -275,7 +276,7 @@ func (s *Swarm) follow(p *peerState) {
 			if s.ctx.Err() != nil {
 				return
 			}
-			if p.setLive(false, nil) {
+			if p.setLive(false, nil, nil, s.opts.Now()) {
 				s.notify()
 			}
 			var inc *incompatibleError
@@ -295,7 +296,7 @@ func (s *Swarm) follow(p *peerState) {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		p.setLive(true, h.Held)
+		p.setLive(true, h.Held, h.Reading, s.opts.Now())
 		s.notify()
 		version = h.Version
 		after = strconv.FormatUint(version, 10)
@@ -333,8 +334,14 @@ func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 		}
 		left := deadline.Sub(s.opts.Now())
 		if left <= 0 {
-			s.opts.Metrics.waits.WithLabelValues("source").Inc()
-			return engine.PeerPart{}, engine.ErrFromSource
+			// Past Wait, the part is still waited for while the peer it is to come from is
+			// busy: reading from the source, or gaining parts, as an owner with a slow link
+			// does for minutes. A peer idle for Wait is not waited for.
+			if !s.sel.providerBusy(s.list(), i, s.opts.Wait) {
+				s.opts.Metrics.waits.WithLabelValues("source").Inc()
+				return engine.PeerPart{}, engine.ErrFromSource
+			}
+			left = time.Second
 		}
 		waited = true
 		t := time.NewTimer(min(left, time.Second)) // busy holders come back within a second

@@ -35,7 +35,8 @@ func (s *Swarm) have(p *peerState, after string) (*HaveResponse, error) {
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(h); err != nil {
 		return nil, err
 	}
-	if h.PartSize != s.plan.PartSize || h.Parts != s.plan.Parts() || len(h.Held) != (h.Parts+7)/8 {
+	if h.PartSize != s.plan.PartSize || h.Parts != s.plan.Parts() || len(h.Held) != (h.Parts+7)/8 ||
+		len(h.Reading) != 0 && len(h.Reading) != len(h.Held) {
 		return nil, &incompatibleError{fmt.Sprintf("%s cuts the model into %d parts of %d bytes, this node into %d of %d",
 			p.Name, h.Parts, h.PartSize, s.plan.Parts(), s.plan.PartSize)}
 	}
