@@ -23,7 +23,7 @@ type Options struct {
 	// BytesPerSecond caps each response body; 0 for no cap.
 	BytesPerSecond int64
 	// TotalBytesPerSecond caps all response bodies together (the origin's own link); 0 for
-	// no cap. It is read when the proxy starts.
+	// no cap.
 	TotalBytesPerSecond int64
 	// FirstByteLatency delays each response.
 	FirstByteLatency time.Duration
@@ -62,11 +62,8 @@ func StartOn(addr, upstream string, opts Options) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{URL: "http://" + ln.Addr().String(), ln: ln}
-	if opts.TotalBytesPerSecond > 0 {
-		p.total = rate.NewLimiter(rate.Limit(opts.TotalBytesPerSecond), 64<<10)
-	}
-	p.opts.Store(&opts)
+	p := &Proxy{URL: "http://" + ln.Addr().String(), ln: ln, total: rate.NewLimiter(rate.Inf, slice)}
+	p.SetOptions(opts)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
 	rp.FlushInterval = -1
@@ -99,11 +96,21 @@ func StartOn(addr, upstream string, opts Options) (*Proxy, error) {
 	return p, nil
 }
 
-// SetOptions changes the shaping for later requests.
-func (p *Proxy) SetOptions(o Options) { p.opts.Store(&o) }
+// SetOptions changes the shaping: the total cap at once, the rest for later requests.
+func (p *Proxy) SetOptions(o Options) {
+	p.opts.Store(&o)
+	if o.TotalBytesPerSecond > 0 {
+		p.total.SetLimit(rate.Limit(o.TotalBytesPerSecond))
+	} else {
+		p.total.SetLimit(rate.Inf)
+	}
+}
 
 // Close stops the proxy.
 func (p *Proxy) Close() error { return p.server.Close() }
+
+// slice is the most bytes written at once: the total cap's burst.
+const slice = 64 << 10
 
 type shapedWriter struct {
 	http.ResponseWriter
@@ -126,7 +133,6 @@ func (w *shapedWriter) Write(b []byte) (int, error) {
 		}
 		panic(http.ErrAbortHandler) // drops the connection mid-body
 	}
-	const slice = 64 << 10
 	total := 0
 	for len(b) > 0 {
 		k := min(len(b), slice)
@@ -138,10 +144,8 @@ func (w *shapedWriter) Write(b []byte) (int, error) {
 			return total, err
 		}
 		b = b[k:]
-		if lim := w.p.total; lim != nil {
-			if err := lim.WaitN(w.ctx, n); err != nil {
-				return total, err
-			}
+		if err := w.p.total.WaitN(w.ctx, n); err != nil {
+			return total, err
 		}
 		if w.rate > 0 {
 			due := w.start.Add(time.Duration(float64(w.written) / float64(w.rate) * float64(time.Second)))
