@@ -156,6 +156,10 @@ bench-capacity: testbin ## One agent on a disk smaller than its caches: the disk
 bench-scale: testbin ## The control plane on 500 to 5,000 kwok nodes with simulated agents, 1 to 50 caches, then 10 minutes of steady state per fleet (about 2 hours on 2 CPUs); writes the scale section of docs/benchmarks.md.
 	go run ./test/bench/scale $(BENCH_SCALE_FLAGS)
 
+.PHONY: bench-server
+bench-server: testbin ## 1,000 kwok nodes × 50 caches on an API server allowed 0.5 CPU, 1 CPU, then the whole machine (a cgroup's CPU quota): whether the time to converge follows kwok's own time; writes its section of docs/benchmarks.md. Root.
+	go run ./test/bench/scale --nodes 1000 --caches 50 --steady 0s --server-cpus 0.5,1,0
+
 .PHONY: bench-apf
 bench-apf: testbin ## 1,000 kwok nodes × 50 caches without, then with, the agents' FlowSchema, and another client's latency meanwhile; writes the API priority section of docs/benchmarks.md.
 	go run ./test/bench/scale --nodes 1000 --caches 50 --steady 0s --api-priority both

@@ -277,6 +277,8 @@ func (s *Swarm) follow(p *peerState) {
 				return
 			}
 			if p.setLive(false, nil, nil, s.opts.Now()) {
+				// Its parts go to the next owner until it answers again.
+				s.opts.Log.Info("peer not answering", "peer", p.Name, "error", err.Error())
 				s.notify()
 			}
 			var inc *incompatibleError

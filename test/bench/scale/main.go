@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -81,6 +82,9 @@ type options struct {
 	// apiPriority is whether the agents' FlowSchema is applied (the chart's apiPriority):
 	// on, off, or both (each fleet twice, reported in the section of its own).
 	apiPriority string
+	// serverCPUs, when set, runs each fleet once per value with kube-apiserver and etcd
+	// allowed that many CPUs between them (0: no cap), reported in the section of its own.
+	serverCPUs []float64
 }
 
 func main() {
@@ -96,6 +100,7 @@ func main() {
 	flag.IntVar(&o.maxNodeCaches, "max-node-caches", 0, "skip the runs with more node-caches than this (0: run them all; 5,000 nodes × 50 caches is 25,000 node-caches, about 20 minutes on 2 CPUs); the report lists them as skipped")
 	flag.DurationVar(&o.steady, "steady", 10*time.Minute, "how long to measure the API write rate of a converged fleet, minute by minute (0: not measured)")
 	flag.StringVar(&o.apiPriority, "api-priority", "off", "the agents' FlowSchema and priority level (the chart's apiPriority, off by default): on, off, or both (every fleet without, then with it; the report goes to its own section)")
+	serverCPUs := flag.String("server-cpus", "", "run each fleet once per value, kube-apiserver and etcd allowed that many CPUs between them (a cgroup's CPU quota; 0: no cap), e.g. 0.5,1,0: the same load on a smaller and a larger API server; the report goes to its own section")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard()) // the informers' and clients' own logs; the controller logs to its file
 	var err error
@@ -104,6 +109,19 @@ func main() {
 	}
 	if o.caches, err = testutil.Ints(*caches); err != nil {
 		log.Fatalf("--caches: %v", err)
+	}
+	for _, v := range strings.Split(*serverCPUs, ",") {
+		if v == "" {
+			continue
+		}
+		cpus, err := strconv.ParseFloat(v, 64)
+		if err != nil || cpus < 0 {
+			log.Fatalf("--server-cpus: %q is not a number of CPUs", v)
+		}
+		o.serverCPUs = append(o.serverCPUs, cpus)
+	}
+	if len(o.serverCPUs) > 0 && o.apiPriority == "both" {
+		log.Fatal("--server-cpus and --api-priority both each make a section of their own: run them apart")
 	}
 	if !slices.Contains([]string{"on", "off", "both"}, o.apiPriority) {
 		log.Fatalf("--api-priority: %q is not on, off or both", o.apiPriority)
@@ -130,17 +148,26 @@ func run(o options) error {
 	o.controller = filepath.Join(tmp, "controller")
 	rep := report{opts: o, started: time.Now()}
 	modes := map[string][]bool{"on": {true}, "off": {false}, "both": {false, true}}[o.apiPriority]
+	caps := o.serverCPUs
+	if len(caps) == 0 {
+		caps = []float64{0}
+	}
 	for _, n := range o.nodes {
 		for _, apf := range modes {
-			fr, err := runFleet(o, n, apf)
-			if err != nil {
-				return fmt.Errorf("%d nodes: %w", n, err)
-			}
-			rep.fleets = append(rep.fleets, fr)
-			if o.apiPriority == "both" {
-				fmt.Println(rep.apfMarkdown())
-			} else {
-				fmt.Println(rep.markdown())
+			for _, cpus := range caps {
+				fr, err := runFleet(o, n, apf, cpus)
+				if err != nil {
+					return fmt.Errorf("%d nodes: %w", n, err)
+				}
+				rep.fleets = append(rep.fleets, fr)
+				switch {
+				case o.apiPriority == "both":
+					fmt.Println(rep.apfMarkdown())
+				case len(o.serverCPUs) > 0:
+					fmt.Println(rep.serverMarkdown())
+				default:
+					fmt.Println(rep.markdown())
+				}
 			}
 		}
 	}
@@ -155,6 +182,9 @@ type fleetResult struct {
 	nodes int
 	// apiPriority: the agents had their FlowSchema and priority level.
 	apiPriority bool
+	// serverCap is the CPUs kube-apiserver and etcd were allowed between them (0: no cap);
+	// nodesServerCPU, the CPU seconds they used while the nodes were made.
+	serverCap, nodesServerCPU float64
 	// nodesReady is kwok's time to make every node Ready; schedulable adds the node lifecycle
 	// controller lifting the not-ready taint.
 	nodesReady, schedulable time.Duration
@@ -212,8 +242,8 @@ type fleet struct {
 	metricsAddr string
 }
 
-func runFleet(o options, n int, apiPriority bool) (fleetResult, error) {
-	fr := fleetResult{nodes: n, apiPriority: apiPriority}
+func runFleet(o options, n int, apiPriority bool, serverCap float64) (fleetResult, error) {
+	fr := fleetResult{nodes: n, apiPriority: apiPriority, serverCap: serverCap}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	logDir := filepath.Join(o.dir, fmt.Sprintf("%d-nodes", n))
@@ -223,6 +253,14 @@ func runFleet(o options, n int, apiPriority bool) (fleetResult, error) {
 	}
 	defer cluster.Stop() //nolint:errcheck // the report is written; a failed stop is in the logs
 	defer cancel()       // the simulated agents stop before the cluster does
+	if serverCap > 0 {
+		release, err := capServer(serverCap)
+		if err != nil {
+			return fr, err
+		}
+		defer release()
+		log.Printf("%d nodes: kube-apiserver and etcd allowed %s", n, cpuCap(serverCap))
+	}
 	cfg := rest.CopyConfig(cluster.Config)
 	cfg.QPS, cfg.Burst = -1, 0
 	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
@@ -248,9 +286,11 @@ func runFleet(o options, n int, apiPriority bool) (fleetResult, error) {
 		}
 	}
 	log.Printf("%d nodes: making them", n)
+	cpu0 := serverCPU(childCPU())
 	if fr.nodesReady, fr.schedulable, err = f.makeNodes(); err != nil {
 		return fr, err
 	}
+	fr.nodesServerCPU = serverCPU(childCPU()) - cpu0
 	log.Printf("%d nodes: Ready in %s, schedulable in %s", n, fr.nodesReady.Round(time.Millisecond), fr.schedulable.Round(time.Millisecond))
 	if o.steady > 0 {
 		log.Printf("%d nodes: measuring the write rate without prewarm for a minute", n)

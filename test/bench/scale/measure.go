@@ -352,6 +352,9 @@ func (r report) write(path string) error {
 	if r.opts.apiPriority == "both" {
 		return testutil.WriteSection(path, apfBeginMarker, apfEndMarker, r.apfMarkdown())
 	}
+	if len(r.opts.serverCPUs) > 0 {
+		return testutil.WriteSection(path, serverBeginMarker, serverEndMarker, r.serverMarkdown())
+	}
 	return testutil.WriteSection(path, beginMarker, endMarker, r.markdown())
 }
 
