@@ -344,15 +344,17 @@ func (b *bench) shape(rate int64) error {
 	return nil
 }
 
-// instanceTypes keep each run's nodes apart: a run's cache selects its own nodes only.
-var instanceTypes = []string{"ml.g5.12xlarge", "ml.g5.24xlarge", "ml.g5.48xlarge", "ml.g6e.48xlarge", "ml.p4d.24xlarge", "ml.p5.48xlarge", "ml.p5e.48xlarge"}
+// instanceType keeps each run's nodes apart: a run's cache selects its own nodes only (the
+// nodes and agents of earlier runs stay; a run sharing their instance type would be asked for
+// their cache too, and download two models at once).
+func instanceType(run int) string { return fmt.Sprintf("ml.fanout-run%d.48xlarge", run) }
 
 // runOnce warms n nodes and measures it.
 func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	c := b.cluster.Client
-	itype := instanceTypes[k%len(instanceTypes)]
+	itype := instanceType(k)
 	conf := b.confPeers
 	if !peers {
 		conf = b.confAlone
