@@ -581,36 +581,46 @@ func TestAPartIsWaitedForWhileItsOwnerIsStillReadingIt(t *testing.T) {
 	}
 }
 
-// An owner that answers but neither reads nor gains a part is waited for only Wait: the node
-// reads the owner's parts from the source itself and completes.
-func TestAnIdleOwnerIsWaitedForOnlyWait(t *testing.T) {
-	m := newModel(t, 1<<20) // 16 parts
-	idle := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasSuffix(r.URL.Path, "/have") {
-			http.NotFound(w, r)
-			return
-		}
-		if r.URL.Query().Get("after") != "" {
-			select { // nothing ever changes
-			case <-r.Context().Done():
-				return
-			case <-time.After(15 * time.Second):
+// An owner that answers but gains no part is not waited for long: one that reads nothing for
+// Wait, one that says it reads everything (a stuck source, or a node that only claims to read)
+// for SlowPart. The node reads the owner's parts from the source itself and completes.
+func TestAnOwnerThatGainsNothingIsNotWaitedForLong(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		reading byte
+	}{{"idle", 0}, {"claims to read every part", 0xff}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newModel(t, 1<<20) // 16 parts
+			owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if !strings.HasSuffix(r.URL.Path, "/have") {
+					http.NotFound(w, r)
+					return
+				}
+				if r.URL.Query().Get("after") != "" {
+					select { // nothing ever changes
+					case <-r.Context().Done():
+						return
+					case <-time.After(15 * time.Second):
+					}
+				}
+				_ = json.NewEncoder(w).Encode(peer.HaveResponse{PartSize: partSize, Parts: 16, Held: make([]byte, 2),
+					Reading: []byte{tc.reading, tc.reading}})
+			}))
+			t.Cleanup(owner.Close)
+			b := newNode(t, "b", peer.ServerOptions{}, nil)
+			sw := peer.NewSwarm(peer.SwarmOptions{Self: "b", Key: "cache-uid", Server: b.server,
+				Wait: 300 * time.Millisecond, SlowPart: 600 * time.Millisecond,
+				Peers: []peer.Peer{{Name: "owner", URL: owner.URL}}, Token: func() (string, error) { return goodToken + ":b", nil }})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			res, err := newEngine().Fetch(ctx, engine.Request{Source: m, Dest: b.dest, Swarm: sw})
+			if err != nil {
+				t.Fatalf("the fetch did not complete beside an owner that gains nothing: %v", err)
 			}
-		}
-		_ = json.NewEncoder(w).Encode(peer.HaveResponse{PartSize: partSize, Parts: 16, Held: make([]byte, 2), Reading: make([]byte, 2)})
-	}))
-	t.Cleanup(idle.Close)
-	b := newNode(t, "b", peer.ServerOptions{}, nil)
-	sw := peer.NewSwarm(peer.SwarmOptions{Self: "b", Key: "cache-uid", Server: b.server, Wait: 300 * time.Millisecond,
-		Peers: []peer.Peer{{Name: "idle", URL: idle.URL}}, Token: func() (string, error) { return goodToken + ":b", nil }})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	res, err := newEngine().Fetch(ctx, engine.Request{Source: m, Dest: b.dest, Swarm: sw})
-	if err != nil {
-		t.Fatalf("the fetch did not complete beside an idle owner: %v", err)
-	}
-	checkDest(t, m, b.dest)
-	if res.Fetched != m.size() {
-		t.Errorf("%d bytes from the source, %d from peers: want the whole model from the source", res.Fetched, res.FromPeers)
+			checkDest(t, m, b.dest)
+			if res.Fetched != m.size() {
+				t.Errorf("%d bytes from the source, %d from peers: want the whole model from the source", res.Fetched, res.FromPeers)
+			}
+		})
 	}
 }

@@ -49,20 +49,26 @@ func gained(was, now []byte) bool {
 	return false
 }
 
-// busy reports whether p, live, is reading a part from the source at now or gained one within
-// the last quiet: a part waited for from p may still come.
-func (p *peerState) busy(now time.Time, quiet time.Duration) bool {
+// busy reports whether p, live, gained a part within the last quiet, or is reading one from the
+// source and gained a part within the last stall: a part waited for from p may still come. A
+// peer that says it reads but gains nothing for stall (a stuck source, or a node that only
+// claims to read) is not waited for.
+func (p *peerState) busy(now time.Time, quiet, stall time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.dropped != "" || !p.live {
 		return false
 	}
+	since := now.Sub(p.grewAt)
+	if since < quiet {
+		return true
+	}
 	for _, b := range p.reading {
 		if b != 0 {
-			return true
+			return since < stall
 		}
 	}
-	return now.Sub(p.grewAt) < quiet
+	return false
 }
 
 func (p *peerState) droppedFor() string {
@@ -155,7 +161,7 @@ func (sel selector) owner(peers []*peerState, i int) bool {
 // providerBusy reports whether a peer that part i is waited for is busy (peerState.busy): the
 // part's owner among the group's live peers, or, when the group has an upstream, any of its
 // live peers.
-func (sel selector) providerBusy(peers []*peerState, i int, quiet time.Duration) bool {
+func (sel selector) providerBusy(peers []*peerState, i int, quiet, stall time.Duration) bool {
 	now, upstream := sel.now(), sel.hasUpstream(peers)
 	var owner *peerState
 	var best uint64
@@ -163,13 +169,13 @@ func (sel selector) providerBusy(peers []*peerState, i int, quiet time.Duration)
 		live, _ := p.usable(i, now)
 		switch {
 		case !live:
-		case upstream && p.Upstream && p.busy(now, quiet):
+		case upstream && p.Upstream && p.busy(now, quiet, stall):
 			return true
 		case !upstream && !p.Upstream && (owner == nil || rendezvous(p.Name, i) > best):
 			owner, best = p, rendezvous(p.Name, i)
 		}
 	}
-	return owner != nil && best > rendezvous(sel.self, i) && owner.busy(now, quiet)
+	return owner != nil && best > rendezvous(sel.self, i) && owner.busy(now, quiet, stall)
 }
 
 // hasUpstream reports whether a peer of the upstream group is live.

@@ -123,12 +123,13 @@ func anyLead(sel selector, peers []*peerState, parts int) bool {
 }
 
 // A part is waited for past Wait while the peer it is to come from is busy: the group's owner
-// of the part (not another member) reading from the source, or having gained a part within the
-// last quiet; with an upstream, any live upstream peer.
+// of the part (not another member) having gained a part within the last quiet, or reading from
+// the source and having gained one within the last stall; with an upstream, any live upstream
+// peer.
 func TestProviderBusyFollowsTheOwnersActivity(t *testing.T) {
 	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
 	sel := selector{self: "self", now: func() time.Time { return now }}
-	const n, quiet = 16, 30 * time.Second
+	const n, quiet, stall = 16, 30 * time.Second, 2 * time.Minute
 	// a part owned by a, not by self or b
 	part := -1
 	for i := range n {
@@ -144,35 +145,42 @@ func TestProviderBusyFollowsTheOwnersActivity(t *testing.T) {
 	peers := []*peerState{a, b}
 	a.setLive(true, make([]byte, 2), make([]byte, 2), now)
 	b.setLive(true, make([]byte, 2), []byte{0xff, 0xff}, now)
-	if !sel.providerBusy(peers, part, quiet) {
+	if !sel.providerBusy(peers, part, quiet, stall) {
 		t.Error("an owner that just answered is not busy")
 	}
 	now = now.Add(quiet)
-	if sel.providerBusy(peers, part, quiet) {
+	if sel.providerBusy(peers, part, quiet, stall) {
 		t.Error("an owner idle for quiet is busy (because another member reads?)")
 	}
-	a.setLive(true, make([]byte, 2), []byte{0, 1}, now) // reads part 8
-	now = now.Add(10 * quiet)
-	if !sel.providerBusy(peers, part, quiet) {
+	a.setLive(true, make([]byte, 2), []byte{0, 1}, now) // reads part 8, after quiet without a gain
+	if !sel.providerBusy(peers, part, quiet, stall) {
 		t.Error("an owner reading from the source is not busy")
 	}
+	now = now.Add(stall - quiet - time.Second)
+	if !sel.providerBusy(peers, part, quiet, stall) {
+		t.Error("an owner reading from the source, its last gain under stall ago, is not busy")
+	}
+	now = now.Add(2 * time.Second)
+	if sel.providerBusy(peers, part, quiet, stall) {
+		t.Error("an owner that says it reads but gained nothing for stall is busy")
+	}
 	a.setLive(true, []byte{0, 1}, make([]byte, 2), now) // holds part 8 now
-	if !sel.providerBusy(peers, part, quiet) {
+	if !sel.providerBusy(peers, part, quiet, stall) {
 		t.Error("an owner that just gained a part is not busy")
 	}
 	now = now.Add(quiet)
 	a.setLive(true, []byte{0, 1}, make([]byte, 2), now) // the same again: no gain
-	if sel.providerBusy(peers, part, quiet) {
+	if sel.providerBusy(peers, part, quiet, stall) {
 		t.Error("an owner answering the same holdings is busy")
 	}
 	a.setLive(false, nil, nil, now)
-	b.setLive(true, make([]byte, 2), []byte{1, 0}, now)
-	if sel.providerBusy(peers, part, quiet) == (rendezvous("b", part) < rendezvous("self", part)) {
+	b.setLive(true, []byte{0, 2}, []byte{1, 0}, now) // gains part 9, reads part 0
+	if sel.providerBusy(peers, part, quiet, stall) == (rendezvous("b", part) < rendezvous("self", part)) {
 		t.Errorf("with a silent, the owner of part %d is b (busy) or self (nothing to wait for)", part)
 	}
 	up := &peerState{Peer: Peer{Name: "up", Upstream: true}}
 	up.setLive(true, make([]byte, 2), []byte{1, 0}, now)
-	if !sel.providerBusy(append(peers, up), part, quiet) {
+	if !sel.providerBusy(append(peers, up), part, quiet, stall) {
 		t.Error("an upstream peer reading from the source is not busy")
 	}
 }

@@ -43,11 +43,13 @@ type SwarmOptions struct {
 	// Token returns the credentials sent as Authorization: Bearer.
 	Token func() (string, error)
 	// Wait is how long a part waits for a peer to hold it before it is read from the source
-	// (default 30 s); past it, the part is waited for on while the peer it is to come from is
-	// reading from the source or has gained a part within the last Wait.
+	// (default 30 s); past it, the part is waited for on while the peer it is to come from has
+	// gained a part within the last Wait, or is reading from the source and has gained one
+	// within the last SlowPart.
 	Wait time.Duration
 	// SlowPart is the most time one part may take from a peer: a slower peer is dropped
-	// (default 2 min).
+	// (default 2 min). A peer reading from the source that gains no part for SlowPart is not
+	// waited for.
 	SlowPart time.Duration
 	// Streams is how many parts this node takes from peers at once (default 4): the rest of its
 	// link stays for the parts it reads from the source, which the others wait for.
@@ -337,9 +339,10 @@ func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 		left := deadline.Sub(s.opts.Now())
 		if left <= 0 {
 			// Past Wait, the part is still waited for while the peer it is to come from is
-			// busy: reading from the source, or gaining parts, as an owner with a slow link
-			// does for minutes. A peer idle for Wait is not waited for.
-			if !s.sel.providerBusy(s.list(), i, s.opts.Wait) {
+			// busy: gaining parts, or reading from the source (as an owner on a slow origin
+			// does for minutes) and gaining one at least every SlowPart. A peer idle for Wait,
+			// or reading without gaining for SlowPart, is not waited for.
+			if !s.sel.providerBusy(s.list(), i, s.opts.Wait, max(s.opts.SlowPart, s.opts.Wait)) {
 				s.opts.Metrics.waits.WithLabelValues("source").Inc()
 				return engine.PeerPart{}, engine.ErrFromSource
 			}
