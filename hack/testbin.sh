@@ -62,7 +62,8 @@ for b in "${k8s_bins[@]}"; do
   # kubeVersion checks refuse: rebuild it.
   version=(--version)
   [[ "$b" == kubectl ]] && version=(version --client)
-  [[ -x "$dir/$b" ]] && "$dir/$b" "${version[@]}" 2>/dev/null | grep -qF "$K8S_VERSION" || need_k8s+=("$b")
+  # grep reads all of it (not -q): a writer cut off by SIGPIPE fails the pipeline (pipefail).
+  [[ -x "$dir/$b" ]] && "$dir/$b" "${version[@]}" 2>/dev/null | grep -F "$K8S_VERSION" >/dev/null || need_k8s+=("$b")
 done
 if want k8s && ((${#need_k8s[@]})); then
   m="$scratch/k8s"
