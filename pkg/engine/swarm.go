@@ -137,16 +137,9 @@ func (p *Plan) Held(i int) (uint32, bool) {
 	return p.crcs[i].Load(), true
 }
 
-// Bitmap is which parts this node holds (bit i of byte i/8, lowest bit first), and the version
-// it is at: the version grows with every part added, and every part started or stopped being
-// read from the source.
-func (p *Plan) Bitmap() ([]byte, uint64) {
-	held, _, v := p.Activity()
-	return held, v
-}
-
-// Activity is which parts this node holds and which it is reading from the source now (bitmaps
-// as Bitmap's), and the version it is at.
+// Activity is which parts this node holds and which it is reading from the source now (bit i
+// of byte i/8, lowest bit first), and the version it is at: the version grows with every part
+// added, started being read, or given up.
 func (p *Plan) Activity() (held, reading []byte, version uint64) {
 	p.mu.Lock()
 	version = p.version
@@ -177,14 +170,16 @@ func (p *Plan) Changed(v uint64) <-chan struct{} {
 	return p.changed
 }
 
+// add offers part i, no longer being read (one change for the peers' long polls).
 func (p *Plan) add(i int, crc uint32) {
 	p.crcs[i].Store(crc)
 	p.held[i].Store(true)
+	p.reading[i].Store(false)
 	p.bump()
 }
 
-// setReading marks part i as being read from the source now, or no longer: the peers waiting
-// for it wait on while it is (Swarm.Part).
+// setReading marks part i as being read from the source now, or no longer (a read given up; a
+// part read whole stops with add): the peers waiting for it wait on while it is (Swarm.Part).
 func (p *Plan) setReading(i int, on bool) {
 	if p.reading[i].Swap(on) != on {
 		p.bump()
@@ -305,4 +300,11 @@ func (r *run) fillPartCRCs(ctx context.Context, f int) error {
 func (p *Plan) partLen(i int) int64 {
 	_, _, n := p.Part(i)
 	return n
+}
+
+// whole is the part that n bytes of file f at off are, when they are exactly one part (not a
+// range resumed from another part size).
+func (p *Plan) whole(f int, off, n int64) (int, bool) {
+	i, ok := p.index(f, off)
+	return i, ok && n == p.partLen(i)
 }

@@ -260,7 +260,7 @@ func (p *pipeline) work(ctx context.Context, parts <-chan part) error {
 			return err
 		}
 		crc, sum, fromPeer := got.sums.crc, got.sums.part, got.fromPeer
-		if i, ok := r.plan.index(pt.file, pt.off); ok && pt.n == r.plan.partLen(i) && !fromPeer {
+		if i, ok := r.plan.whole(pt.file, pt.off, pt.n); ok && !fromPeer {
 			r.plan.add(i, sum) // offered to peers from now on; a peer's part once its file is verified
 		}
 		rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil, part: sum, peer: fromPeer}
@@ -533,11 +533,14 @@ func (r *run) fetchPart(ctx context.Context, p part) (fetched, error) {
 		if got, ok, err := r.partFromPeers(ctx, p); ok || err != nil {
 			return fetched{sums: got, fromPeer: ok}, err
 		}
-	}
-	if r.swarm != nil {
-		if i, ok := r.plan.index(p.file, p.off); ok && p.n == r.plan.partLen(i) {
-			r.plan.setReading(i, true) // the peers waiting for it see that it is on its way
-			defer r.plan.setReading(i, false)
+		// The peers waiting for the part see that it is on its way, until work adds it.
+		if i, ok := r.plan.whole(p.file, p.off, p.n); ok {
+			r.plan.setReading(i, true)
+			got, err := r.partFromSource(ctx, p)
+			if err != nil {
+				r.plan.setReading(i, false)
+			}
+			return fetched{sums: got}, err
 		}
 	}
 	got, err := r.partFromSource(ctx, p)
@@ -594,8 +597,8 @@ const maxPeerTries = 3
 // do not have the CRC32C the peer vouches for, is reported (the peer is dropped) and asked of
 // another peer; ok is false when the part is to be read from the source.
 func (r *run) partFromPeers(ctx context.Context, p part) (got sums, ok bool, err error) {
-	idx, aligned := r.plan.index(p.file, p.off)
-	if !aligned || p.n != r.plan.partLen(idx) {
+	idx, whole := r.plan.whole(p.file, p.off, p.n)
+	if !whole {
 		return sums{}, false, nil // resumed from another part size: not a part peers know
 	}
 	req := copyReq{h: p.handle, path: r.listing.Files[p.file].Path, off: p.off, n: p.n, kind: r.inline[p.file]}

@@ -210,7 +210,7 @@ func TestNodesStartingTogetherReadTheSourceAboutOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, _ := plan.Bitmap()
+	held, _, _ := plan.Activity()
 	for i := range plan.Parts() {
 		if held[i/8]&(1<<(i%8)) == 0 {
 			t.Fatalf("part %d of a published model is not offered", i)

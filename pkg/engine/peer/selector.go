@@ -143,39 +143,43 @@ func (sel selector) holder(peers []*peerState, i int) *peerState {
 	return best
 }
 
-// owner reports whether this node reads part i for its group: the highest rendezvous score
-// among itself and the group's live peers.
-func (sel selector) owner(peers []*peerState, i int) bool {
-	mine, now := rendezvous(sel.self, i), sel.now()
+// ownerPeer is the live peer of this node's group (not upstream) that reads part i for the
+// group: the highest rendezvous score among this node and those peers; nil when this node does.
+func (sel selector) ownerPeer(peers []*peerState, i int) *peerState {
+	now := sel.now()
+	var owner *peerState
+	best := rendezvous(sel.self, i)
 	for _, p := range peers {
 		if p.Upstream {
 			continue
 		}
-		if live, _ := p.usable(i, now); live && rendezvous(p.Name, i) > mine {
-			return false
+		if live, _ := p.usable(i, now); live && rendezvous(p.Name, i) > best {
+			owner, best = p, rendezvous(p.Name, i)
 		}
 	}
-	return true
+	return owner
+}
+
+// owner reports whether this node reads part i for its group.
+func (sel selector) owner(peers []*peerState, i int) bool {
+	return sel.ownerPeer(peers, i) == nil
 }
 
 // providerBusy reports whether a peer that part i is waited for is busy (peerState.busy): the
 // part's owner among the group's live peers, or, when the group has an upstream, any of its
 // live peers.
 func (sel selector) providerBusy(peers []*peerState, i int, quiet, stall time.Duration) bool {
-	now, upstream := sel.now(), sel.hasUpstream(peers)
-	var owner *peerState
-	var best uint64
+	now := sel.now()
+	if !sel.hasUpstream(peers) {
+		owner := sel.ownerPeer(peers, i)
+		return owner != nil && owner.busy(now, quiet, stall)
+	}
 	for _, p := range peers {
-		live, _ := p.usable(i, now)
-		switch {
-		case !live:
-		case upstream && p.Upstream && p.busy(now, quiet, stall):
+		if live, _ := p.usable(i, now); live && p.Upstream && p.busy(now, quiet, stall) {
 			return true
-		case !upstream && !p.Upstream && (owner == nil || rendezvous(p.Name, i) > best):
-			owner, best = p, rendezvous(p.Name, i)
 		}
 	}
-	return owner != nil && best > rendezvous(sel.self, i) && owner.busy(now, quiet, stall)
+	return false
 }
 
 // hasUpstream reports whether a peer of the upstream group is live.

@@ -67,13 +67,16 @@ func rssMiB(pid int, field string) float64 {
 	return 0
 }
 
-// childCPU is the CPU seconds of this process ("bench": the simulated agents and the view) and
-// of every process below it (the API server, etcd, kwok, ...), by command name.
-func childCPU() map[string]float64 {
-	self := os.Getpid()
-	parent := map[int]int{}
-	name := map[int]string{}
-	cpu := map[int]float64{}
+// proc is a process as /proc/<pid>/stat shows it.
+type proc struct {
+	name   string
+	parent int
+	cpu    float64 // CPU seconds, user + system
+}
+
+// procs reads every process of the machine, by pid.
+func procs() map[int]proc {
+	out := map[int]proc{}
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		pid, err := strconv.Atoi(filepath.Base(d))
@@ -81,11 +84,18 @@ func childCPU() map[string]float64 {
 			continue
 		}
 		if n, pp, c, ok := procStat(pid); ok {
-			parent[pid], name[pid], cpu[pid] = pp, n, c
+			out[pid] = proc{name: n, parent: pp, cpu: c}
 		}
 	}
+	return out
+}
+
+// childCPU is the CPU seconds of this process ("bench": the simulated agents and the view) and
+// of every process below it (the API server, etcd, kwok, ...), by command name.
+func childCPU() map[string]float64 {
+	self, all := os.Getpid(), procs()
 	below := func(pid int) bool {
-		for p := pid; p > 1; p = parent[p] {
+		for p := pid; p > 1; p = all[p].parent {
 			if p == self {
 				return true
 			}
@@ -93,12 +103,12 @@ func childCPU() map[string]float64 {
 		return false
 	}
 	out := map[string]float64{}
-	for pid, c := range cpu {
+	for pid, p := range all {
 		switch {
 		case pid == self:
-			out["bench (simulated agents)"] += c
+			out["bench (simulated agents)"] += p.cpu
 		case below(pid):
-			out[name[pid]] += c
+			out[p.name] += p.cpu
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,14 +21,8 @@ var serverProcs = []string{"kube-apiserver", "etcd"}
 func capServer(cpus float64) (func(), error) {
 	var pids []int
 	self := os.Getpid()
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(filepath.Base(d))
-		if err != nil {
-			continue
-		}
-		name, parent, _, ok := procStat(pid)
-		if ok && parent == self && (name == serverProcs[0] || name == serverProcs[1]) {
+	for pid, p := range procs() {
+		if p.parent == self && slices.Contains(serverProcs, p.name) {
 			pids = append(pids, pid)
 		}
 	}
@@ -91,7 +86,7 @@ func cpuCap(cpus float64) string {
 	if cpus == 0 {
 		return "none"
 	}
-	return strings.TrimSuffix(strings.TrimSuffix(fmt.Sprintf("%.2f", cpus), "0"), ".0") + " CPUs"
+	return strconv.FormatFloat(cpus, 'f', -1, 64) + " CPUs"
 }
 
 const (
