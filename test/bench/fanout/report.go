@@ -101,7 +101,7 @@ func (r report) markdown() string {
 				100*u.rxUse, 100*u.txUse, u.peerBytes/float64(o.modelBytes), u.peerWait, perPart)
 		}
 	}
-	b.WriteString("\nWhat limits T(N), and what was tried: [docs/peers.md](peers.md), \"Measured\".\n")
+	b.WriteString("\nWhat limits T(N), and what was tried: [Fan-out: what limits T(N)](#fan-out-what-limits-tn), below.\n")
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
 	return b.String()
 }
