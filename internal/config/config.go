@@ -350,8 +350,8 @@ type Peers struct {
 	// UploadRate caps the bytes per second one agent sends to its peers (0: no cap).
 	UploadRate *resource.Quantity `json:"uploadRate,omitempty"`
 	// Wait is how long a part waits for a peer to hold it before the agent reads it from the
-	// source (30s); it waits on while the part's owner gained a part within the last Wait (or
-	// within 2 minutes, while it reads from the source).
+	// source (30s); it waits on while the part's owner gained a part within the last Wait (or,
+	// while it reads from the source, within 2 minutes or Wait, whichever is longer).
 	Wait metav1.Duration `json:"wait,omitempty"`
 	// Audience is the audience of the service account tokens agents present to each other
 	// (prewarm-peer).

@@ -306,5 +306,5 @@ func (p *Plan) partLen(i int) int64 {
 // range resumed from another part size).
 func (p *Plan) whole(f int, off, n int64) (int, bool) {
 	i, ok := p.index(f, off)
-	return i, ok && n == p.partLen(i)
+	return i, ok && n > 0 && n == min(p.PartSize, p.Files[f].Size-off)
 }

@@ -528,19 +528,19 @@ type fetched struct {
 
 // fetchPart gets one part, from a peer when the Fetch has a swarm, the file may come from
 // peers and a peer holds the part, otherwise from the source, and writes it at its offset.
-func (r *run) fetchPart(ctx context.Context, p part) (fetched, error) {
+func (r *run) fetchPart(ctx context.Context, p part) (_ fetched, err error) {
 	if r.swarm != nil && r.peerable[p.file] {
-		if got, ok, err := r.partFromPeers(ctx, p); ok || err != nil {
-			return fetched{sums: got, fromPeer: ok}, err
+		if got, ok, perr := r.partFromPeers(ctx, p); ok || perr != nil {
+			return fetched{sums: got, fromPeer: ok}, perr
 		}
 		// The peers waiting for the part see that it is on its way, until work adds it.
 		if i, ok := r.plan.whole(p.file, p.off, p.n); ok {
 			r.plan.setReading(i, true)
-			got, err := r.partFromSource(ctx, p)
-			if err != nil {
-				r.plan.setReading(i, false)
-			}
-			return fetched{sums: got}, err
+			defer func() {
+				if err != nil {
+					r.plan.setReading(i, false)
+				}
+			}()
 		}
 	}
 	got, err := r.partFromSource(ctx, p)

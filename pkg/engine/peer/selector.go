@@ -52,7 +52,7 @@ func gained(was, now []byte) bool {
 // busy reports whether p, live, gained a part within the last quiet, or is reading one from the
 // source and gained a part within the last stall: a part waited for from p may still come. A
 // peer that says it reads but gains nothing for stall (a stuck source, or a node that only
-// claims to read) is not waited for.
+// claims to read) is not waited for. A stall under quiet is quiet: the longer of the two holds.
 func (p *peerState) busy(now time.Time, quiet, stall time.Duration) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()

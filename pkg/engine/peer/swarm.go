@@ -342,7 +342,7 @@ func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
 			// busy: gaining parts, or reading from the source (as an owner on a slow origin
 			// does for minutes) and gaining one at least every SlowPart. A peer idle for Wait,
 			// or reading without gaining for SlowPart, is not waited for.
-			if !s.sel.providerBusy(s.list(), i, s.opts.Wait, max(s.opts.SlowPart, s.opts.Wait)) {
+			if !s.sel.providerBusy(s.list(), i, s.opts.Wait, s.opts.SlowPart) {
 				s.opts.Metrics.waits.WithLabelValues("source").Inc()
 				return engine.PeerPart{}, engine.ErrFromSource
 			}
