@@ -223,11 +223,16 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	}
 	// Every cache's ready labels of a node go in one patch, weights and image caches alike.
 	labels := &controller.Labeller{}
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics, Labels: labels,
-		Sizer: weightscache.SourceSizer{Config: cfg.OperatorConfiguration}}).SetupWithManager(mgr); err != nil {
+	// Every cache's requests of a node go in one write of its NodeCache.
+	requests := &weightscache.Requests{Client: mgr.GetClient()}
+	if err := mgr.Add(requests); err != nil {
 		return err
 	}
-	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}).SetupWithManager(mgr); err != nil {
+	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics, Labels: labels,
+		Requests: requests, Sizer: weightscache.SourceSizer{Config: cfg.OperatorConfiguration}}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Requests: requests}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Live: mgr.GetAPIReader(), Config: cfg, Hub: hubChecker, Recorder: recorder, Metrics: metrics}

@@ -29,12 +29,7 @@ func startAPI(t *testing.T) (context.Context, *testutil.APIServer) {
 	ctrl.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	testutil.NeedsTestBin(t)
-	api, err := testutil.StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
+	api := testutil.APIServerFor(t)
 	return ctx, api
 }
 

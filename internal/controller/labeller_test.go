@@ -24,12 +24,7 @@ import (
 // Apply returns once its own changes are on the nodes. A node that does not exist is no error;
 // a refused patch is the error of every Apply that waited for it.
 func TestLabellerWritesOnePatchPerNode(t *testing.T) {
-	testutil.NeedsTestBin(t)
-	api, err := testutil.StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
+	api := testutil.APIServerFor(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	nodes := []string{"n1", "n2", "n3"}

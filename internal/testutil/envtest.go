@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -91,6 +92,18 @@ type APIServer struct {
 // StartAPIServer starts kube-apiserver and etcd from hack/testbin.sh's folder and installs the
 // CRDs in config/crd/bases. Stop it when done.
 func StartAPIServer() (*APIServer, error) { return startAPIServer("") }
+
+// APIServerFor starts an API server for test t (skipped with -short) and stops it when t ends.
+func APIServerFor(t testing.TB) *APIServer {
+	t.Helper()
+	NeedsTestBin(t)
+	api, err := StartAPIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Stop() })
+	return api
+}
 
 // startAPIServer is StartAPIServer with the two processes' output in logDir (when set).
 func startAPIServer(logDir string) (*APIServer, error) {

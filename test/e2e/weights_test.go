@@ -638,7 +638,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 
 		// Cordoned past the retention: the request is withdrawn, but the files stay while the
 		// pod there runs, and the node's agent says why. The retention (10m here) is made to have
-		// passed by backdating the request's retainedSince, as the cache's own field manager.
+		// passed by backdating the request's retainedSince.
 		cordon(true)
 		e.eventually(30*time.Second, "retained again", func() (bool, string) {
 			r := request()
@@ -659,7 +659,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 				"apiVersion": prewarmv1alpha1.GroupVersion.String(), "kind": "NodeCache",
 				"metadata": map[string]any{"name": node}, "spec": map[string]any{"caches": []any{entry}},
 			}}
-			if err := e.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner("prewarm-cache-"+uid), client.ForceOwnership); err != nil {
+			if err := e.c.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner("prewarm-e2e"), client.ForceOwnership); err != nil {
 				t.Fatal(err)
 			}
 		}

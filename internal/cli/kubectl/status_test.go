@@ -205,12 +205,7 @@ func TestStatusAndExplainGolden(t *testing.T) {
 // startAPI starts an API server for the test and writes a kubeconfig for it.
 func startAPI(t *testing.T) (*testutil.APIServer, string) {
 	t.Helper()
-	testutil.NeedsTestBin(t)
-	api, err := testutil.StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
+	api := testutil.APIServerFor(t)
 	kubeconfig, err := api.KubeConfig()
 	if err != nil {
 		t.Fatal(err)

@@ -4,48 +4,34 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/controller"
 )
 
 // ask asks each target node for the cache and each retained node to keep it, and withdraws the
-// request from every other node of the fleet that has it. It returns the nodes it could not ask
-// because they are already asked for MaxCachesPerNode other caches. The writes go out in
-// parallel.
+// request from every other node of the fleet that has it, through r.Requests. It returns the
+// nodes it could not ask because they are already asked for MaxCachesPerNode other caches.
 func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error) {
-	writes, full, err := r.requests(s)
+	changes, full, err := r.asks(s)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.applyRequests(ctx, s.fleet.uid, writes, full); err != nil {
-		return nil, err
+	noRoom, err := r.Requests.Put(ctx, r.Client, slices.Concat(changes, withdrawals(s)))
+	for node := range noRoom {
+		full[node] = true
 	}
-	return full, r.withdraw(ctx, s)
+	return full, err
 }
 
-// requestWrite is a node's request for the cache, as it is to be written.
-type requestWrite struct {
-	node  *corev1.Node
-	want  prewarmv1alpha1.CacheRequest
-	fresh bool // the node has no request for the cache yet
-}
-
-// requests are the requests to write: each target's and retained node's that differs from what
+// asks are the requests to write: each target's and retained node's that differs from what
 // it has. full are the nodes that cannot take another cache.
-func (r *Reconciler) requests(s *state) ([]requestWrite, map[string]bool, error) {
+func (r *Reconciler) asks(s *state) ([]change, map[string]bool, error) {
 	f, p := s.fleet, &s.decision
-	var writes []requestWrite
+	var writes []change
 	full := map[string]bool{}
 	// The targets the namespace's quota keeps the cache off hold no copy: they are no one's
 	// peers, and only those whose pods ask for the cache are asked, to tell them why.
@@ -83,51 +69,27 @@ func (r *Reconciler) requests(s *state) ([]requestWrite, map[string]bool, error)
 			full[n.Name] = true
 			continue
 		}
-		writes = append(writes, requestWrite{node: n, want: want, fresh: asked == nil})
+		writes = append(writes, change{node: n.Name, nodeUID: n.UID, uid: f.uid, entry: &want})
 	}
 	return writes, full, nil
 }
 
-// applyRequests writes the requests, in parallel; a node whose list is full by now joins full.
-func (r *Reconciler) applyRequests(ctx context.Context, uid string, writes []requestWrite, full map[string]bool) error {
-	var mu sync.Mutex
-	return controller.ForEach(ctx, writes, func(ctx context.Context, w requestWrite) error {
-		if err := applyEntry(ctx, r.Client, w.node, &w.want, uid); err != nil {
-			if w.fresh && apierrors.IsInvalid(err) {
-				// Another cache took the last place since the informer's view: the API server
-				// refuses the list's growth past its maxItems.
-				mu.Lock()
-				full[w.node.Name] = true
-				mu.Unlock()
-				return nil
-			}
-			return fmt.Errorf("asking node %s for the cache: %w", w.node.Name, err)
-		}
-		return nil
-	})
-}
-
-// withdraw withdraws the cache from the nodes of the fleet that have a request for it and are
+// withdrawals withdraw the cache from the nodes of the fleet that have a request for it and are
 // neither targets nor retained.
-func (r *Reconciler) withdraw(ctx context.Context, s *state) error {
+func withdrawals(s *state) []change {
 	p, uid := &s.decision, s.fleet.uid
 	isTarget := map[string]bool{}
 	for _, n := range p.targets {
 		isTarget[n.Name] = true
 	}
-	var withdraw []*prewarmv1alpha1.NodeCache
+	var out []change
 	for _, nc := range s.fleet.named {
 		if _, keep := p.retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(nc, uid) == nil {
 			continue
 		}
-		withdraw = append(withdraw, nc)
+		out = append(out, change{node: nc.Name, uid: uid})
 	}
-	return controller.ForEach(ctx, withdraw, func(ctx context.Context, nc *prewarmv1alpha1.NodeCache) error {
-		if err := withdrawEntry(ctx, r.Client, nc, uid); err != nil {
-			return fmt.Errorf("withdrawing the cache from node %s: %w", nc.Name, err)
-		}
-		return nil
-	})
+	return out
 }
 
 // pinNotNeeded reports whether a node's request differs from want only by the revision the
@@ -152,48 +114,3 @@ func pinNotNeeded(asked, want prewarmv1alpha1.CacheRequest, rep *prewarmv1alpha1
 	}
 	return false
 }
-
-// applyEntry puts the cache into the node's NodeCache, creating it if needed. Each cache is its
-// own server-side apply field manager, so caches never overwrite each other's entries.
-func applyEntry(ctx context.Context, c client.Client, n *corev1.Node, entry *prewarmv1alpha1.CacheRequest, uid string) error {
-	caches := []any{} // empty, not null: this cache's manager then owns no entry
-	if entry != nil {
-		e, err := runtime.DefaultUnstructuredConverter.ToUnstructured(entry)
-		if err != nil {
-			return err
-		}
-		caches = append(caches, e)
-	}
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": prewarmv1alpha1.GroupVersion.String(),
-		"kind":       "NodeCache",
-		"metadata": map[string]any{
-			"name": n.Name,
-			"ownerReferences": []any{map[string]any{
-				"apiVersion": "v1", "kind": "Node", "name": n.Name, "uid": string(n.UID),
-			}},
-		},
-		"spec": map[string]any{"caches": caches},
-	}}
-	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
-		client.FieldOwner(fieldManager(uid)), client.ForceOwnership)
-}
-
-// withdrawEntry removes the cache from a NodeCache: the cache's field manager applies nothing.
-func withdrawEntry(ctx context.Context, c client.Client, nc *prewarmv1alpha1.NodeCache, uid string) error {
-	n := &corev1.Node{}
-	if err := c.Get(ctx, types.NamespacedName{Name: nc.Name}, n); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return err
-		}
-		n.Name = nc.Name // the node is gone; the NodeCache follows it (owner reference)
-		for _, ref := range nc.OwnerReferences {
-			if ref.Kind == "Node" {
-				n.UID = ref.UID
-			}
-		}
-	}
-	return applyEntry(ctx, c, n, nil, uid)
-}
-
-func fieldManager(uid string) string { return "prewarm-cache-" + uid }

@@ -23,6 +23,8 @@ type OrphanCollector struct {
 	Client client.Client
 	// APIReader confirms, past the informer, that a cache is gone before its request goes.
 	APIReader client.Reader
+	// Requests writes the withdrawals, with the caches' requests (nil: at once).
+	Requests *Requests
 }
 
 // SetupWithManager registers the collector with mgr.
@@ -49,7 +51,7 @@ func (o *OrphanCollector) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 			continue
 		}
 		ctrl.LoggerFrom(ctx).Info("withdrawing the request of a cache that no longer exists", "cache", e.Namespace+"/"+e.Name, "uid", e.UID)
-		if err := withdrawEntry(ctx, o.Client, nc, e.UID); err != nil {
+		if _, err := o.Requests.Put(ctx, o.Client, []change{{node: nc.Name, uid: e.UID}}); err != nil {
 			return ctrl.Result{}, fmt.Errorf("withdrawing cache %s from node %s: %w", e.UID, nc.Name, err)
 		}
 	}

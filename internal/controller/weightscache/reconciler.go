@@ -81,6 +81,9 @@ type Reconciler struct {
 	// Labels writes the nodes' ready labels, one patch per node for the changes of every
 	// cache (nil: one patch per change).
 	Labels *controller.Labeller
+	// Requests writes the caches' requests into the nodes' NodeCaches, one write per node for
+	// the changes of every cache (nil: each reconcile writes its own, at once).
+	Requests *Requests
 	// LivenessScan is how often the agents' Leases are checked for ones that expired or came
 	// back (15 s when zero): the nodes' caches are reconciled then.
 	LivenessScan time.Duration

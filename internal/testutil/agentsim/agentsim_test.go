@@ -41,12 +41,7 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	testutil.NeedsTestBin(t)
-	api, err := testutil.StartAPIServer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Stop() })
+	api := testutil.APIServerFor(t)
 
 	// A model on a mounted file system, large enough for the real agent to report progress.
 	host := t.TempDir()

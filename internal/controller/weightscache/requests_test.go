@@ -1,0 +1,297 @@
+package weightscache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/internal/testutil"
+)
+
+// cacheUID is the UID of test cache i.
+func cacheUID(i int) string { return fmt.Sprintf("%08d-0000-4000-8000-000000000000", i) }
+
+// request is test cache i's request.
+func request(i int) *prewarmv1alpha1.CacheRequest {
+	return &prewarmv1alpha1.CacheRequest{UID: cacheUID(i), Namespace: "default", Name: fmt.Sprintf("cache-%d", i), Root: "/mnt/nvme",
+		Source: prewarmv1alpha1.CacheSource{Type: "s3", Bucket: "models"}}
+}
+
+// uidsOf lists the caches node's NodeCache asks for, in order.
+func uidsOf(ctx context.Context, c client.Reader, node string) ([]string, error) {
+	nc, err := readNodeCache(ctx, c, node)
+	if err != nil || nc == nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range nc.Spec.Caches {
+		out = append(out, e.UID)
+	}
+	return out, nil
+}
+
+// eventually polls cond until it holds, or fails the test when ctx ends.
+func eventually(t *testing.T, ctx context.Context, what string, cond func() (bool, string)) {
+	t.Helper()
+	for {
+		ok, got := cond()
+		if ok {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %s", what, got)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// startAPI starts a test API server with nodes of the given names.
+func startAPI(t *testing.T, ctx context.Context, nodes ...string) (*testutil.APIServer, map[string]types.UID) {
+	t.Helper()
+	api := testutil.APIServerFor(t)
+	direct, err := client.NewWithWatch(api.Config, client.Options{Scheme: testutil.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api.Client = direct
+	uids := map[string]types.UID{}
+	for _, name := range nodes {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := api.Client.Create(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		uids[name] = n.UID
+	}
+	return api, uids
+}
+
+// Three caches' requests of two nodes, and the withdrawal of a request an earlier controller
+// wrote as its cache's own server-side-apply field manager, against a real API server: the first
+// cache's write of each node is held in flight while the others are put, and those then go in
+// one write per node. Each node ends with exactly the three caches, in the order asked.
+func TestRequestsWriteEachNodeOnceForEveryCache(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	api, nodeUIDs := startAPI(t, ctx, "n1", "n2")
+	// n2 has a request applied by the per-cache field manager of earlier versions.
+	legacy, err := runtime.DefaultUnstructuredConverter.ToUnstructured(request(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": prewarmv1alpha1.GroupVersion.String(), "kind": "NodeCache",
+		"metadata": map[string]any{"name": "n2"}, "spec": map[string]any{"caches": []any{legacy}},
+	}}
+	if err := api.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(apply), client.FieldOwner("prewarm-cache-"+cacheUID(9))); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	writes := map[string]int{}
+	entered := make(chan string, 2)
+	release := make(chan struct{})
+	var held atomic.Int64
+	hold := func(node string) {
+		mu.Lock()
+		writes[node]++
+		mu.Unlock()
+		if held.Add(1) <= 2 {
+			entered <- node
+			<-release
+		}
+	}
+	c := interceptor.NewClient(api.Client.(client.WithWatch), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			hold(obj.GetName())
+			return c.Create(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			hold(obj.GetName())
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+	q := &Requests{Client: c, Window: time.Millisecond}
+	done := make(chan error)
+	go func() { done <- q.Start(ctx) }()
+
+	put := func(changes ...change) {
+		t.Helper()
+		if full, err := q.Put(ctx, nil, changes); err != nil || len(full) > 0 {
+			t.Fatalf("Put: %v, full %v", err, full)
+		}
+	}
+	ask := func(i int, node string) change {
+		return change{node: node, nodeUID: nodeUIDs[node], uid: cacheUID(i), entry: request(i)}
+	}
+	put(ask(1, "n1"), ask(1, "n2"))
+	for range 2 {
+		select {
+		case <-entered:
+		case <-ctx.Done():
+			t.Fatal("the first writes never came")
+		}
+	}
+	put(ask(2, "n1"), ask(2, "n2"))
+	put(ask(3, "n2"), ask(3, "n1"), change{node: "n2", uid: cacheUID(9)})
+	close(release)
+
+	want := []string{cacheUID(1), cacheUID(2), cacheUID(3)}
+	for _, node := range []string{"n1", "n2"} {
+		eventually(t, ctx, node+" asked for the three caches", func() (bool, string) {
+			got, err := uidsOf(ctx, api.Client, node)
+			return err == nil && slices.Equal(got, want), fmt.Sprintf("%v (%v)", got, err)
+		})
+	}
+	mu.Lock()
+	if writes["n1"] != 2 || writes["n2"] != 2 {
+		t.Errorf("writes by node: %v; want 2 each (the held one, then one for the other caches)", writes)
+	}
+	mu.Unlock()
+	nc := &prewarmv1alpha1.NodeCache{}
+	if err := api.Client.Get(ctx, types.NamespacedName{Name: "n1"}, nc); err != nil {
+		t.Fatal(err)
+	}
+	if refs := nc.OwnerReferences; len(refs) != 1 || refs[0].Kind != "Node" || refs[0].UID != nodeUIDs["n1"] {
+		t.Errorf("the NodeCache made for n1 is owned by %+v; want its Node", refs)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Start: %v", err)
+	}
+}
+
+// A list read from a view older than the NodeCache is never written over it: after a restart
+// (no write of its own remembered), the write's generation test fails against the real API
+// server and the node is written again from a newer view; after a write of its own, the writer
+// waits for a view that has it, and makes no write that would fail.
+func TestRequestsNeverWriteOverANewerList(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	api, nodeUIDs := startAPI(t, ctx, "n1")
+	if _, err := (*Requests)(nil).Put(ctx, api.Client, []change{{node: "n1", nodeUID: nodeUIDs["n1"], uid: cacheUID(1), entry: request(1)}}); err != nil {
+		t.Fatal(err)
+	}
+	before := &prewarmv1alpha1.NodeCache{}
+	if err := api.Client.Get(ctx, types.NamespacedName{Name: "n1"}, before); err != nil {
+		t.Fatal(err)
+	}
+	// Cache 2 is asked by someone else's write since (another leader's, just before this one's).
+	if _, err := (*Requests)(nil).Put(ctx, api.Client, []change{{node: "n1", uid: cacheUID(2), entry: request(2)}}); err != nil {
+		t.Fatal(err)
+	}
+
+	var stale atomic.Int64 // the reads of n1 still to answer with before
+	var refused, patches atomic.Int64
+	c := interceptor.NewClient(api.Client.(client.WithWatch), interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if nc, ok := obj.(*prewarmv1alpha1.NodeCache); ok && stale.Add(-1) >= 0 {
+				before.DeepCopyInto(nc)
+				return nil
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			patches.Add(1)
+			err := c.Patch(ctx, obj, patch, opts...)
+			if apierrors.IsInvalid(err) {
+				refused.Add(1)
+			}
+			return err
+		},
+	})
+	q := &Requests{Client: c, Window: time.Millisecond}
+	go func() { _ = q.Start(ctx) }()
+
+	stale.Store(1)
+	if _, err := q.Put(ctx, nil, []change{{node: "n1", uid: cacheUID(3), entry: request(3)}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "n1 asked for caches 1, 2 and 3", func() (bool, string) {
+		got, err := uidsOf(ctx, api.Client, "n1")
+		return err == nil && slices.Equal(got, []string{cacheUID(1), cacheUID(2), cacheUID(3)}), fmt.Sprintf("%v (%v)", got, err)
+	})
+	if refused.Load() != 1 {
+		t.Errorf("%d writes refused; want 1 (the one from the old view)", refused.Load())
+	}
+
+	// Once the writer has written the node itself, a view older than its write is waited out.
+	if _, err := (*Requests)(nil).Put(ctx, api.Client, []change{{node: "n1", uid: cacheUID(4), entry: request(4)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Put(ctx, nil, []change{{node: "n1", uid: cacheUID(2)}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "n1 withdrawn from cache 2", func() (bool, string) {
+		got, err := uidsOf(ctx, api.Client, "n1")
+		return err == nil && slices.Equal(got, []string{cacheUID(1), cacheUID(3), cacheUID(4)}), fmt.Sprintf("%v (%v)", got, err)
+	})
+	latest := &prewarmv1alpha1.NodeCache{}
+	if err := api.Client.Get(ctx, types.NamespacedName{Name: "n1"}, latest); err != nil {
+		t.Fatal(err)
+	}
+	before = latest.DeepCopy()
+	before.Generation--
+	before.Spec.Caches = before.Spec.Caches[:1]
+	patchesBefore, refusedBefore := patches.Load(), refused.Load()
+	stale.Store(3)
+	if _, err := q.Put(ctx, nil, []change{{node: "n1", uid: cacheUID(5), entry: request(5)}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "n1 asked for cache 5 too", func() (bool, string) {
+		got, err := uidsOf(ctx, api.Client, "n1")
+		return err == nil && slices.Equal(got, []string{cacheUID(1), cacheUID(3), cacheUID(4), cacheUID(5)}), fmt.Sprintf("%v (%v)", got, err)
+	})
+	if stale.Load() >= 0 {
+		t.Errorf("the old view was read %d times less than served", stale.Load()+1)
+	}
+	if p, r := patches.Load()-patchesBefore, refused.Load()-refusedBefore; p != 1 || r != 0 {
+		t.Errorf("%d writes, %d refused, for cache 5; want 1 and none refused (the old view waited out)", p, r)
+	}
+}
+
+// A node whose list is full takes no new cache: the write leaves the list as it is and the
+// nil Requests reports the node full; a cache already there is still changed.
+func TestRequestsLeaveAFullListAsItIs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	api, nodeUIDs := startAPI(t, ctx, "n1")
+	var fill []change
+	for i := range prewarmv1alpha1.MaxCachesPerNode {
+		fill = append(fill, change{node: "n1", nodeUID: nodeUIDs["n1"], uid: cacheUID(i + 1), entry: request(i + 1)})
+	}
+	if full, err := (*Requests)(nil).Put(ctx, api.Client, fill); err != nil || len(full) > 0 {
+		t.Fatalf("filling the list: %v, full %v", err, full)
+	}
+	changed := request(1)
+	changed.RetainedSince = "2026-01-01T00:00:00Z"
+	full, err := (*Requests)(nil).Put(ctx, api.Client, []change{
+		{node: "n1", uid: cacheUID(1000), entry: request(1000)},
+		{node: "n1", uid: cacheUID(1), entry: changed},
+	})
+	if err != nil || !full["n1"] {
+		t.Fatalf("Put past the limit: %v, full %v; want n1 full", err, full)
+	}
+	nc, err := readNodeCache(ctx, api.Client, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nc.Spec.Caches) != prewarmv1alpha1.MaxCachesPerNode || nc.Spec.Caches[0].RetainedSince != changed.RetainedSince ||
+		slices.ContainsFunc(nc.Spec.Caches, func(e prewarmv1alpha1.CacheRequest) bool { return e.UID == cacheUID(1000) }) {
+		t.Errorf("list of %d, first %+v; want the %d caches, the first changed, not cache 1000", len(nc.Spec.Caches), nc.Spec.Caches[0], prewarmv1alpha1.MaxCachesPerNode)
+	}
+}
