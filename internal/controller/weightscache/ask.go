@@ -20,7 +20,7 @@ func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error)
 	if err != nil {
 		return nil, err
 	}
-	noRoom, err := r.Requests.Put(ctx, r.Client, slices.Concat(changes, withdrawals(s)))
+	noRoom, err := r.Requests.Put(ctx, r.Client, slices.Concat(changes, withdrawals(s, r.Requests.pendingFor(s.fleet.uid))))
 	for node := range noRoom {
 		full[node] = true
 	}
@@ -74,20 +74,28 @@ func (r *Reconciler) asks(s *state) ([]change, map[string]bool, error) {
 	return writes, full, nil
 }
 
-// withdrawals withdraw the cache from the nodes of the fleet that have a request for it and are
-// neither targets nor retained.
-func withdrawals(s *state) []change {
+// withdrawals withdraw the cache from the nodes that have a request for it, or one not written
+// yet, and are neither targets nor retained.
+func withdrawals(s *state, pending []string) []change {
 	p, uid := &s.decision, s.fleet.uid
-	isTarget := map[string]bool{}
+	keep := map[string]bool{}
 	for _, n := range p.targets {
-		isTarget[n.Name] = true
+		keep[n.Name] = true
+	}
+	for name := range p.retained {
+		keep[name] = true
 	}
 	var out []change
 	for _, nc := range s.fleet.named {
-		if _, keep := p.retained[nc.Name]; isTarget[nc.Name] || keep || requestFor(nc, uid) == nil {
-			continue
+		if !keep[nc.Name] && requestFor(nc, uid) != nil {
+			keep[nc.Name] = true // withdrawn once
+			out = append(out, change{node: nc.Name, uid: uid})
 		}
-		out = append(out, change{node: nc.Name, uid: uid})
+	}
+	for _, node := range pending {
+		if !keep[node] {
+			out = append(out, change{node: node, uid: uid})
+		}
 	}
 	return out
 }

@@ -112,6 +112,25 @@ func (q *Requests) Put(ctx context.Context, c client.Client, changes []change) (
 	return nil, nil
 }
 
+// pendingFor lists the nodes with a request for cache uid not written yet: a reconcile that no
+// longer targets one withdraws it, though the informer does not show it asked.
+func (q *Requests) pendingFor(uid string) []string {
+	if q == nil {
+		return nil
+	}
+	q.init()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []string
+	for node, b := range q.pending {
+		if e := b.caches[uid]; e != nil {
+			out = append(out, node)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Start writes the nodes' changes until ctx ends.
 func (q *Requests) Start(ctx context.Context) error {
 	q.init()
@@ -146,7 +165,7 @@ func (q *Requests) next(ctx context.Context) bool {
 		q.queue.Forget(node)
 		return true
 	}
-	log := ctrl.LoggerFrom(ctx).WithValues("node", node)
+	log := ctrl.LoggerFrom(ctx).WithName("nodecache-requests").WithValues("node", node)
 	base, err := readNodeCache(ctx, q.Client, node)
 	if err == nil && base != nil && base.UID == last.uid && base.Generation < last.generation {
 		// The informer has not seen this process's last write yet: the list it shows is older.

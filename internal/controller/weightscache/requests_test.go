@@ -295,3 +295,45 @@ func TestRequestsLeaveAFullListAsItIs(t *testing.T) {
 		t.Errorf("list of %d, first %+v; want the %d caches, the first changed, not cache 1000", len(nc.Spec.Caches), nc.Spec.Caches[0], prewarmv1alpha1.MaxCachesPerNode)
 	}
 }
+
+// A reconcile withdraws the cache from the nodes it no longer targets or retains: those whose
+// NodeCache has the request, and those whose request is not written yet (the writer's pending
+// changes, which the informer cannot show).
+func TestWithdrawalsIncludeRequestsNotWrittenYet(t *testing.T) {
+	uid := cacheUID(1)
+	q := &Requests{}
+	nodeUID := types.UID("node-uid")
+	if _, err := q.Put(context.Background(), nil, []change{
+		{node: "pending", nodeUID: nodeUID, uid: uid, entry: request(1)},
+		{node: "target", nodeUID: nodeUID, uid: uid, entry: request(1)},
+		{node: "kept", nodeUID: nodeUID, uid: uid, entry: request(1)},
+		{node: "withdrawing", uid: uid},
+		{node: "other", nodeUID: nodeUID, uid: cacheUID(2), entry: request(2)},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pending := q.pendingFor(uid)
+	if want := []string{"kept", "pending", "target"}; !slices.Equal(pending, want) {
+		t.Fatalf("pendingFor = %v; want %v", pending, want)
+	}
+	asked := func(node string) *prewarmv1alpha1.NodeCache {
+		return &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: node},
+			Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{*request(1)}}}
+	}
+	s := &state{
+		fleet: &fleet{uid: uid, named: []*prewarmv1alpha1.NodeCache{asked("written"), asked("target"),
+			{ObjectMeta: metav1.ObjectMeta{Name: "reports-only"}}}},
+		decision: decision{targets: []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "target"}}},
+			retained: map[string]retention{"kept": {}}},
+	}
+	var got []string
+	for _, ch := range withdrawals(s, pending) {
+		if ch.uid != uid || ch.entry != nil {
+			t.Errorf("withdrawal %+v; want cache %s, no entry", ch, uid)
+		}
+		got = append(got, ch.node)
+	}
+	if want := []string{"written", "pending"}; !slices.Equal(got, want) {
+		t.Errorf("withdrawn from %v; want %v", got, want)
+	}
+}
