@@ -418,7 +418,8 @@ type Controller struct {
 	ClientQPS   float32 `json:"clientQPS,omitempty"`
 	ClientBurst int     `json:"clientBurst,omitempty"`
 	// ConcurrentReconciles is how many objects of one kind are reconciled at once (4): a small
-	// cache does not wait behind a large one. Each reconcile also keeps up to 16 writes in flight.
+	// cache does not wait behind a large one. The nodes' labels and NodeCache requests of every
+	// cache go through one writer each, 32 writes in flight.
 	ConcurrentReconciles int `json:"concurrentReconciles,omitempty"`
 	// CapacityShortfall is what becomes of a parent none of whose target nodes may hold its
 	// model, as their agents report their disks and its namespace's quota allows: Warn (the

@@ -111,9 +111,13 @@ func listNodes(ctx context.Context, c client.Reader, opts ...client.ListOption) 
 	return out, nil
 }
 
-// WriteParallelism is how many writes one reconcile has in flight at once (the client's QPS
-// and burst pace them all).
+// WriteParallelism is how many writes one reconcile has in flight at once when it writes them
+// itself (the client's QPS and burst pace them all).
 const WriteParallelism = 16
+
+// SharedWrites is how many writes a writer shared by every cache's reconciles (the node
+// labeller, the NodeCache request writer) has in flight at once.
+const SharedWrites = 2 * WriteParallelism
 
 // ForEach runs fn for every item, WriteParallelism at a time, and returns the first error.
 func ForEach[T any](ctx context.Context, items []T, fn func(context.Context, T) error) error {

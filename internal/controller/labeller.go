@@ -42,7 +42,7 @@ func (l *Labeller) Apply(ctx context.Context, c client.Client, key string, chang
 	}
 	l.once.Do(func() {
 		l.batches = map[string]*labelBatch{}
-		l.writes = make(chan struct{}, 2*WriteParallelism)
+		l.writes = make(chan struct{}, SharedWrites)
 		if l.Window == 0 {
 			l.Window = 250 * time.Millisecond
 		}

@@ -50,9 +50,6 @@ type Requests struct {
 	queue   workqueue.TypedRateLimitingInterface[string]
 }
 
-// requestWorkers is how many nodes are written at once (the client's QPS and burst pace them).
-const requestWorkers = 2 * controller.WriteParallelism
-
 // change is one cache's request for one node, or its withdrawal (entry nil).
 type change struct {
 	node    string
@@ -98,18 +95,25 @@ func (q *Requests) Put(ctx context.Context, c client.Client, changes []change) (
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, ch := range changes {
-		b := q.pending[ch.node]
-		if b == nil {
-			b = &nodeChanges{caches: map[string]*prewarmv1alpha1.CacheRequest{}}
-			q.pending[ch.node] = b
+		if add(q.pending, ch) {
 			q.queue.AddAfter(ch.node, q.Window)
 		}
-		if ch.nodeUID != "" {
-			b.nodeUID = ch.nodeUID
-		}
-		b.caches[ch.uid] = ch.entry
 	}
 	return nil, nil
+}
+
+// add adds ch to its node's changes in byNode, and reports whether the node had none before.
+func add(byNode map[string]*nodeChanges, ch change) (first bool) {
+	b, had := byNode[ch.node]
+	if !had {
+		b = &nodeChanges{caches: map[string]*prewarmv1alpha1.CacheRequest{}}
+		byNode[ch.node] = b
+	}
+	if ch.nodeUID != "" {
+		b.nodeUID = ch.nodeUID
+	}
+	b.caches[ch.uid] = ch.entry
+	return !had
 }
 
 // pendingFor lists the nodes with a request for cache uid not written yet: a reconcile that no
@@ -135,7 +139,7 @@ func (q *Requests) pendingFor(uid string) []string {
 func (q *Requests) Start(ctx context.Context) error {
 	q.init()
 	var wg sync.WaitGroup
-	for range requestWorkers {
+	for range controller.SharedWrites {
 		wg.Go(func() {
 			for q.next(ctx) {
 			}
@@ -215,20 +219,12 @@ func (q *Requests) putBack(node string, b *nodeChanges) {
 	}
 }
 
-// writeNow writes the changes at once, a node at a time per node and nodes in parallel, reading
-// each NodeCache from c.
+// writeNow writes the changes at once, one write per node, nodes in parallel, reading each
+// NodeCache from c.
 func writeNow(ctx context.Context, c client.Client, changes []change) (map[string]bool, error) {
 	byNode := map[string]*nodeChanges{}
 	for _, ch := range changes {
-		b := byNode[ch.node]
-		if b == nil {
-			b = &nodeChanges{caches: map[string]*prewarmv1alpha1.CacheRequest{}}
-			byNode[ch.node] = b
-		}
-		if ch.nodeUID != "" {
-			b.nodeUID = ch.nodeUID
-		}
-		b.caches[ch.uid] = ch.entry
+		add(byNode, ch)
 	}
 	var mu sync.Mutex
 	full := map[string]bool{}
@@ -278,7 +274,7 @@ func writeNode(ctx context.Context, c client.Client, node string, base *prewarmv
 		was = base.Spec.Caches
 	}
 	list, dropped := b.applyTo(was)
-	if len(list) == len(was) && equality.Semantic.DeepEqual(list, was) || base == nil && len(list) == 0 {
+	if equality.Semantic.DeepEqual(list, was) || base == nil && len(list) == 0 {
 		return writtenAs{}, dropped, nil
 	}
 	nc := &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: node}}
