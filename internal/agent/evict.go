@@ -503,9 +503,14 @@ func (j *job) waitForRoom(f diskFigures, need, free int64) {
 	})
 }
 
-// watermarkKeeper looks at the disks every ProgressInterval and brings those above their high
-// watermark down to their low one.
+// watermarkKeeper looks at the disks every watermarkInterval (ProgressInterval when shorter)
+// and brings those above their high watermark down to their low one.
 type watermarkKeeper struct{ a *Agent }
+
+// watermarkInterval is the longest time between two looks at the disks: a large fleet raises
+// ProgressInterval to write progress less often, and that must not let others' files fill a
+// disk for longer.
+const watermarkInterval = 10 * time.Second
 
 // NeedLeaderElection is false: every node's agent keeps its own disks.
 func (watermarkKeeper) NeedLeaderElection() bool { return false }
@@ -517,7 +522,7 @@ func (w watermarkKeeper) Start(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(w.a.opts.ProgressInterval):
+		case <-time.After(min(w.a.opts.ProgressInterval, watermarkInterval)):
 		}
 	}
 }

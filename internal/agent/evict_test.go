@@ -322,6 +322,37 @@ func TestEvictionNeverRacesAMount(t *testing.T) {
 	}
 }
 
+// A fleet that writes progress rarely (a long agent.progressInterval) still has its disks looked
+// at for their watermarks every 10 s: someone else's files over the high watermark evict a
+// cache within that, not within the progress interval.
+func TestWatermarksAreKeptWhateverTheProgressInterval(t *testing.T) {
+	ctx, api := startAPI(t)
+	host := t.TempDir()
+	root := "/opt/dlami/nvme"
+	disk := filepath.Join(host, root)
+	smallDisk(t, disk, 100<<20)
+	const uid = "cccccccc-0000-4000-8000-00000000000a"
+	writeFiles(t, filepath.Join(host, "fsx", "a"), map[string][]byte{"w.bin": gen.Bytes(7, 15<<20)})
+	askNode(t, ctx, api, "node-slow-progress", prewarmv1alpha1.CacheRequest{UID: uid, Namespace: "default", Name: "a", Root: root, Source: fsxSource("a")})
+	cfg := testConfig(root)
+	cfg.CacheRoots[0].HighWatermarkPercent, cfg.CacheRoots[0].LowWatermarkPercent = 75, 66
+	runAgent(t, ctx, api, "node-slow-progress", agent.Options{
+		Config: cfg, HostPrefix: host,
+		StatusInterval: 100 * time.Millisecond, ProgressInterval: time.Hour, RecheckInterval: 300 * time.Millisecond,
+		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
+	})
+	status_, wait := watchStatus(t, ctx, api, "node-slow-progress", uid)
+	wait("a Ready", func() bool { return status_(uid).State == inferencev1.CacheReady })
+
+	writeFiles(t, filepath.Join(disk, "other"), map[string][]byte{"big": gen.Bytes(98, 65<<20)})
+	start := time.Now()
+	wait("a evicted for the watermark", func() bool {
+		st := status_(uid)
+		return st.State == inferencev1.CachePending && st.Reason == prewarmv1alpha1.ReasonEvicted && strings.Contains(st.Message, "high watermark")
+	})
+	t.Logf("evicted %s after the disk went over its high watermark", time.Since(start).Round(100*time.Millisecond))
+}
+
 // A download never evicts a cache of higher priority than its own: it fails with the figures,
 // naming what it kept; one of the same or higher priority may evict it.
 func TestEvictionKeepsHigherPriorities(t *testing.T) {
