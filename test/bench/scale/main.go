@@ -85,6 +85,11 @@ type options struct {
 	// serverCPUs, when set, runs each fleet once per value with kube-apiserver and etcd
 	// allowed that many CPUs between them (0: no cap), reported in the section of its own.
 	serverCPUs []float64
+	// writeCosts, when over 0, is how many writes of each kind measureWriteCosts makes on each
+	// fleet after its last run.
+	writeCosts int
+	// profile, when set, is the folder that keeps kube-apiserver's CPU profiles of each step.
+	profile string
 }
 
 func main() {
@@ -101,6 +106,8 @@ func main() {
 	flag.DurationVar(&o.steady, "steady", 10*time.Minute, "how long to measure the API write rate of a converged fleet, minute by minute (0: not measured)")
 	flag.StringVar(&o.apiPriority, "api-priority", "off", "the agents' FlowSchema and priority level (the chart's apiPriority, off by default): on, off, or both (every fleet without, then with it; the report goes to its own section)")
 	serverCPUs := flag.String("server-cpus", "", "run each fleet once per value, kube-apiserver and etcd allowed that many CPUs between them (a cgroup's CPU quota; 0: no cap), e.g. 0.5,1,0: the same load on a smaller and a larger API server; the report goes to its own section")
+	flag.IntVar(&o.writeCosts, "write-costs", 0, "after each fleet's last run, make this many writes of each kind prewarm makes (NodeCache status, NodeCache, node label, Lease) and report the API server's CPU per write (0: not measured)")
+	flag.StringVar(&o.profile, "profile", "", "keep kube-apiserver's CPU profiles, while kwok makes the nodes and while each rollout converges, in this folder (NODES-nodes-kwok-NNN.pprof, NODES-nodes-CACHES-caches-NNN.pprof: windows of 10 s; go tool pprof reads a step's files together)")
 	flag.Parse()
 	ctrllog.SetLogger(logr.Discard()) // the informers' and clients' own logs; the controller logs to its file
 	var err error
@@ -146,6 +153,11 @@ func run(o options) error {
 		return fmt.Errorf("building the controller: %w", err)
 	}
 	o.controller = filepath.Join(tmp, "controller")
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return err
+		}
+	}
 	rep := report{opts: o, started: time.Now()}
 	modes := map[string][]bool{"on": {true}, "off": {false}, "both": {false, true}}[o.apiPriority]
 	caps := o.serverCPUs
@@ -197,6 +209,10 @@ type fleetResult struct {
 	// steady is the write rate of each minute after the last run converged (per second, by
 	// resource).
 	steady []map[string]float64
+	// costs is the API server's CPU per write of each kind (--write-costs).
+	costs []writeCost
+	// sizes are the fleet's NodeCaches' and Nodes' sizes after the last run (--write-costs).
+	sizes []objectSizes
 }
 
 // cacheResult is one cache count's figures on a fleet.
@@ -287,7 +303,10 @@ func runFleet(o options, n int, apiPriority bool, serverCap float64) (fleetResul
 	}
 	log.Printf("%d nodes: making them", n)
 	cpu0 := serverCPU(childCPU())
-	if fr.nodesReady, fr.schedulable, err = f.makeNodes(); err != nil {
+	stopProfile := f.profile(fmt.Sprintf("%d-nodes-kwok", n))
+	fr.nodesReady, fr.schedulable, err = f.makeNodes()
+	stopProfile()
+	if err != nil {
 		return fr, err
 	}
 	fr.nodesServerCPU = serverCPU(childCPU()) - cpu0
@@ -339,6 +358,15 @@ func runFleet(o options, n int, apiPriority bool, serverCap float64) (fleetResul
 		fr.runs = append(fr.runs, cr)
 		log.Printf("%d nodes, %d caches: converged in %s, %d node-caches; %d agent writes failed (in all); controller: %s",
 			n, k, cr.converge.Round(time.Millisecond), cr.nodeCaches, f.sim.Errors.Load(), cr.client)
+	}
+	if o.writeCosts > 0 && len(fr.runs) > 0 {
+		log.Printf("%d nodes: measuring the API server's CPU per write", n)
+		if fr.sizes, err = f.sizesOf(); err != nil {
+			return fr, err
+		}
+		if fr.costs, err = f.measureWriteCosts(cfg, o.writeCosts); err != nil {
+			return fr, err
+		}
 	}
 	if o.steady > 0 && len(fr.runs) > 0 {
 		log.Printf("%d nodes: measuring the steady write rate for %s", n, o.steady)
@@ -598,6 +626,8 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 	cpu0 := cpuSeconds(pid)
 	writes0 := f.sim.Writes.Load()
 
+	stopProfile := f.profile(fmt.Sprintf("%d-nodes-%d-caches", f.nodes, k))
+	defer stopProfile()
 	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(16)
@@ -622,6 +652,7 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 		return cr, err
 	}
 	cr.converge = time.Since(start)
+	stopProfile()
 	for _, d := range gates {
 		cr.gate = max(cr.gate, d)
 	}

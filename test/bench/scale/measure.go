@@ -365,6 +365,9 @@ func (r report) write(path string) error {
 	if len(r.opts.serverCPUs) > 0 {
 		return testutil.WriteSection(path, serverBeginMarker, serverEndMarker, r.serverMarkdown())
 	}
+	if r.opts.writeCosts > 0 {
+		return testutil.WriteSection(path, costBeginMarker, costEndMarker, r.costMarkdown())
+	}
 	return testutil.WriteSection(path, beginMarker, endMarker, r.markdown())
 }
 
