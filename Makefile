@@ -165,7 +165,7 @@ bench-apf: testbin ## 1,000 kwok nodes × 50 caches without, then with, the agen
 	go run ./test/bench/scale --nodes 1000 --caches 50 --steady 0s --api-priority both
 
 .PHONY: bench-writecost
-bench-writecost: testbin ## 1,000 kwok nodes × 50 caches, then 2,000 writes of each kind prewarm makes: the API server's CPU per write, and what the rollout's writes cost at that price; writes its section of docs/benchmarks.md.
+bench-writecost: testbin ## 1,000 kwok nodes × 50 caches, then 2,000 writes of each kind prewarm makes: the API server's CPU per write, and what the rollout's writes cost at that price (a larger fleet keeps this machine's API server too busy to price a write); writes its section of docs/benchmarks.md.
 	go run ./test/bench/scale --nodes 1000 --caches 50 --steady 0s --write-costs 2000
 
 ##@ Build

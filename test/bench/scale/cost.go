@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -31,6 +33,9 @@ const (
 const (
 	costIdle    = 10 * time.Second
 	costWorkers = 8
+	// costBusy is the share of the machine's CPUs the API server may use before the probe for
+	// a price to be reported.
+	costBusy = 0.5
 )
 
 // writeCost is what one kind of write costs the API server: the CPU seconds kube-apiserver and
@@ -46,6 +51,15 @@ type writeCost struct {
 	// others is the writes of every other kind the API server counted during the probe (the
 	// controller's and agents' reactions, Lease renewals).
 	others float64
+	// idle is the CPUs kube-apiserver and etcd used without the probe's writes (just before).
+	idle float64
+}
+
+// priced reports whether the price means anything: the server had CPU to spare before the
+// probe (a server already busy does the probe's writes instead of other work, not beside it,
+// and the difference measures nothing) and the writes cost more than the background.
+func (c writeCost) priced() bool {
+	return c.cpu > 0 && c.idle < costBusy*float64(runtime.NumCPU())
 }
 
 // measureWriteCosts makes n writes of each kind prewarm makes in a rollout, on the converged
@@ -134,15 +148,15 @@ func (f *fleet) measureWriteCosts(cfg *rest.Config, n int) ([]writeCost, error) 
 		if err != nil {
 			return nil, err
 		}
-		c := writeCost{kind: k.kind, what: k.what, writes: n, cpu: used / float64(n), wall: wall}
+		c := writeCost{kind: k.kind, what: k.what, writes: n, cpu: used / float64(n), wall: wall, idle: idleRate}
 		for key, v := range after {
 			verb, _, _ := strings.Cut(key, " ")
 			if isWrite(verb) && key != k.kind {
 				c.others += v - before[key]
 			}
 		}
-		log.Printf("%d nodes: %s: %d in %s, %.2f ms of API-server CPU each; %.0f other writes meanwhile",
-			f.nodes, k.kind, n, wall.Round(time.Millisecond), 1000*c.cpu, c.others)
+		log.Printf("%d nodes: %s: %d in %s, %.2f ms of API-server CPU each (priced: %t, %.2f CPUs before); %.0f other writes meanwhile",
+			f.nodes, k.kind, n, wall.Round(time.Millisecond), 1000*c.cpu, c.priced(), idleRate, c.others)
 		out = append(out, c)
 	}
 	return out, nil
@@ -170,13 +184,19 @@ func (r report) costMarkdown() string {
 		"just before (kwok's and the agents' Lease renewals), per write. Other writes: of any other kind, counted by the API server meanwhile "+
 		"(the controller's and agents' reactions are in the price). For comparison, kwok: the API-server CPU while kwok made the nodes "+
 		"Ready and schedulable, per node.\n\n", r.opts.writeCosts, r.opts.writeCosts, costWorkers, costIdle)
-	b.WriteString("| nodes | write | writes | API-server CPU per write | writes/s | other writes meanwhile |\n|---:|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(b, "A price is given only where the API server used less than %.0f %% of the machine before the probe: a server already "+
+		"busy makes the probe's writes instead of other work, not beside it, and the difference prices nothing (–).\n\n", 100*costBusy)
+	b.WriteString("| nodes | write | writes | API-server CPU per write | API server before | writes/s | other writes meanwhile |\n|---:|---|---:|---:|---:|---:|---:|\n")
 	for _, f := range r.fleets {
 		for _, c := range f.costs {
-			fmt.Fprintf(b, "| %d | %s: %s | %d | %.1f ms | %.0f | %.0f |\n", f.nodes, c.kind, c.what, c.writes, 1000*c.cpu,
+			price := "–"
+			if c.priced() {
+				price = fmt.Sprintf("%.1f ms", 1000*c.cpu)
+			}
+			fmt.Fprintf(b, "| %d | %s: %s | %d | %s | %.2f CPUs | %.0f | %.0f |\n", f.nodes, c.kind, c.what, c.writes, price, c.idle,
 				float64(c.writes)/c.wall.Seconds(), c.others)
 		}
-		fmt.Fprintf(b, "| %d | kwok: a node made Ready and schedulable (all its writes) | %d | %.1f ms | – | – |\n", f.nodes, f.nodes,
+		fmt.Fprintf(b, "| %d | kwok: a node made Ready and schedulable (all its writes) | %d | %.1f ms | – | – | – |\n", f.nodes, f.nodes,
 			1000*f.nodesServerCPU/float64(f.nodes))
 	}
 	b.WriteString("\nThe last run's writes of those kinds at that price, against the CPU kube-apiserver and etcd used over the run:\n\n")
@@ -189,6 +209,12 @@ func (r report) costMarkdown() string {
 		price := map[string]float64{}
 		for _, c := range f.costs {
 			price[c.kind] = c.cpu
+		}
+		if slices.ContainsFunc(f.costs, func(c writeCost) bool { return !c.priced() }) {
+			fmt.Fprintf(b, "| %d | %d | – | not priced | %.0f CPU-s | – | %.0f ms | %.0f ms |\n", f.nodes, f.runs[len(f.runs)-1].caches,
+				serverCPU(f.runs[len(f.runs)-1].procCPU), 1000*serverCPU(f.runs[len(f.runs)-1].procCPU)/float64(f.nodes),
+				1000*f.nodesServerCPU/float64(f.nodes))
+			continue
 		}
 		run := f.runs[len(f.runs)-1]
 		var n, cpu float64
