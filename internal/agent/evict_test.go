@@ -24,6 +24,15 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
+// hostDisk makes a host folder whose cache root, /opt/dlami/nvme, is a disk of size bytes.
+func hostDisk(t *testing.T, size int64) (host, root, disk string) {
+	t.Helper()
+	host, root = t.TempDir(), "/opt/dlami/nvme"
+	disk = filepath.Join(host, root)
+	smallDisk(t, disk, size)
+	return host, root, disk
+}
+
 // smallDisk mounts a filesystem of size bytes at dir (tmpfs: its blocks are counted exactly, as
 // a disk's are) for the test's length.
 func smallDisk(t *testing.T, dir string, size int64) {
@@ -83,10 +92,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 // evicted until it is at its low one; and an evicted cache comes back when there is room.
 func TestEvictionKeepsTheDiskBetweenItsWatermarks(t *testing.T) {
 	ctx, api := startAPI(t)
-	host := t.TempDir()
-	root := "/opt/dlami/nvme"
-	disk := filepath.Join(host, root)
-	smallDisk(t, disk, 100<<20)
+	host, root, disk := hostDisk(t, 100<<20)
 	cacheRoot := filepath.Join(disk, "prewarm")
 	const (
 		uidA = "aaaaaaaa-0000-4000-8000-00000000000a" // a pod mounts it
@@ -250,10 +256,7 @@ func TestEvictionKeepsTheDiskBetweenItsWatermarks(t *testing.T) {
 // comes after the eviction waits for the cache to be fetched again.
 func TestEvictionNeverRacesAMount(t *testing.T) {
 	ctx, api := startAPI(t)
-	host := t.TempDir()
-	root := "/opt/dlami/nvme"
-	disk := filepath.Join(host, root)
-	smallDisk(t, disk, 64<<20)
+	host, root, _ := hostDisk(t, 64<<20)
 	const uidA, uidB = "bbbbbbbb-0000-4000-8000-00000000000a", "bbbbbbbb-0000-4000-8000-00000000000b"
 	writeFiles(t, filepath.Join(host, "fsx", "a"), map[string][]byte{"w.bin": gen.Bytes(1, 20<<20), "x.bin": gen.Bytes(2, 4<<20)})
 	writeFiles(t, filepath.Join(host, "fsx", "b"), map[string][]byte{"w.bin": gen.Bytes(3, 32<<20)})
@@ -327,10 +330,7 @@ func TestEvictionNeverRacesAMount(t *testing.T) {
 // cache within that, not within the progress interval.
 func TestWatermarksAreKeptWhateverTheProgressInterval(t *testing.T) {
 	ctx, api := startAPI(t)
-	host := t.TempDir()
-	root := "/opt/dlami/nvme"
-	disk := filepath.Join(host, root)
-	smallDisk(t, disk, 100<<20)
+	host, root, disk := hostDisk(t, 100<<20)
 	const uid = "cccccccc-0000-4000-8000-00000000000a"
 	writeFiles(t, filepath.Join(host, "fsx", "a"), map[string][]byte{"w.bin": gen.Bytes(7, 15<<20)})
 	askNode(t, ctx, api, "node-slow-progress", prewarmv1alpha1.CacheRequest{UID: uid, Namespace: "default", Name: "a", Root: root, Source: fsxSource("a")})
@@ -357,9 +357,7 @@ func TestWatermarksAreKeptWhateverTheProgressInterval(t *testing.T) {
 // naming what it kept; one of the same or higher priority may evict it.
 func TestEvictionKeepsHigherPriorities(t *testing.T) {
 	ctx, api := startAPI(t)
-	host := t.TempDir()
-	root := "/opt/dlami/nvme"
-	smallDisk(t, filepath.Join(host, root), 40<<20)
+	host, root, _ := hostDisk(t, 40<<20)
 	const uidHigh, uidLow, uidTop = "cccccccc-0000-4000-8000-00000000000a", "cccccccc-0000-4000-8000-00000000000b", "cccccccc-0000-4000-8000-00000000000c"
 	for i, name := range []string{"high", "low", "top"} {
 		writeFiles(t, filepath.Join(host, "fsx", name), map[string][]byte{"w.bin": gen.Bytes(uint64(60+i), 20<<20)})

@@ -31,10 +31,8 @@ import (
 // (woken then, long before its retry).
 func TestNamespaceQuotaCapsWhatANodeHolds(t *testing.T) {
 	ctx, api := startAPI(t)
-	host, kubelet := t.TempDir(), t.TempDir()
-	root := "/opt/dlami/nvme"
-	disk := filepath.Join(host, root)
-	smallDisk(t, disk, 200<<20)
+	host, root, disk := hostDisk(t, 200<<20)
+	kubelet := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(kubelet, "pods"), 0o755); err != nil {
 		t.Fatal(err)
 	}

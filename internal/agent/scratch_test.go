@@ -119,9 +119,8 @@ func TestNoLocalDiskServesACopy(t *testing.T) {
 // source, and the pod's event says it runs cold and why.
 func TestANodeWithoutRoomServesACopy(t *testing.T) {
 	ctx, api := startAPI(t)
-	host, kubelet := t.TempDir(), t.TempDir()
-	root := "/opt/dlami/nvme"
-	smallDisk(t, filepath.Join(host, root), 16<<20)
+	host, root, _ := hostDisk(t, 16<<20)
+	kubelet := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(kubelet, "pods"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -91,7 +91,7 @@ func (f *fleet) measureWriteCosts(cfg *rest.Config, n int) ([]writeCost, error) 
 			return nil, err
 		}
 	}
-	stamp := func() string { return time.Now().UTC().Format(time.RFC3339Nano) }
+	stamp := func() string { return fmt.Sprint(time.Now().UnixNano()) } // a label value: no ':'
 	kinds := []struct {
 		kind, what string
 		write      func(i int) error
@@ -108,7 +108,7 @@ func (f *fleet) measureWriteCosts(cfg *rest.Config, n int) ([]writeCost, error) 
 		}},
 		{"PATCH nodes", "the controller's node label patch", func(i int) error {
 			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName(i)}}
-			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{"bench.prewarm.io/probe": fmt.Sprint(time.Now().UnixNano())}}})
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{"bench.prewarm.io/probe": stamp()}}})
 			return ctrl.Patch(f.ctx, node, client.RawPatch(types.MergePatchType, patch))
 		}},
 		{"PATCH leases", "an agent's Lease renewal (a patch of renewTime; the agent's is a PUT of the Lease it holds)", func(i int) error {
@@ -206,23 +206,22 @@ func (r report) costMarkdown() string {
 		if len(f.costs) == 0 {
 			continue
 		}
+		run := f.runs[len(f.runs)-1]
+		used := serverCPU(run.procCPU)
+		if slices.ContainsFunc(f.costs, func(c writeCost) bool { return !c.priced() }) {
+			fmt.Fprintf(b, "| %d | %d | – | not priced | %.0f CPU-s | – | %.0f ms | %.0f ms |\n", f.nodes, run.caches, used,
+				1000*used/float64(f.nodes), 1000*f.nodesServerCPU/float64(f.nodes))
+			continue
+		}
 		price := map[string]float64{}
 		for _, c := range f.costs {
 			price[c.kind] = c.cpu
 		}
-		if slices.ContainsFunc(f.costs, func(c writeCost) bool { return !c.priced() }) {
-			fmt.Fprintf(b, "| %d | %d | – | not priced | %.0f CPU-s | – | %.0f ms | %.0f ms |\n", f.nodes, f.runs[len(f.runs)-1].caches,
-				serverCPU(f.runs[len(f.runs)-1].procCPU), 1000*serverCPU(f.runs[len(f.runs)-1].procCPU)/float64(f.nodes),
-				1000*f.nodesServerCPU/float64(f.nodes))
-			continue
-		}
-		run := f.runs[len(f.runs)-1]
 		var n, cpu float64
 		for key, kind := range costKinds {
 			n += run.requests[key]
 			cpu += run.requests[key] * price[kind]
 		}
-		used := serverCPU(run.procCPU)
 		fmt.Fprintf(b, "| %d | %d | %.0f | %.0f CPU-s | %.0f CPU-s | %.0f %% | %.0f ms | %.0f ms |\n", f.nodes, run.caches, n, cpu, used,
 			100*cpu/used, 1000*used/float64(f.nodes), 1000*f.nodesServerCPU/float64(f.nodes))
 	}
@@ -248,41 +247,33 @@ type objectSizes struct {
 func (f *fleet) sizesOf() ([]objectSizes, error) {
 	ncs := &prewarmv1alpha1.NodeCacheList{}
 	nodes := &corev1.NodeList{}
-	var out []objectSizes
-	for _, l := range []struct {
-		kind  string
-		list  client.ObjectList
-		items func() []any
-	}{
-		{"NodeCache", ncs, func() []any { return anys(ncs.Items) }},
-		{"Node", nodes, func() []any { return anys(nodes.Items) }},
-	} {
-		if err := f.view.List(f.ctx, l.list, client.UnsafeDisableDeepCopy); err != nil {
+	for _, l := range []client.ObjectList{ncs, nodes} {
+		if err := f.view.List(f.ctx, l, client.UnsafeDisableDeepCopy); err != nil {
 			return nil, err
 		}
-		s := objectSizes{kind: l.kind}
-		items := l.items()
-		total := 0
-		for _, it := range items {
-			b, err := json.Marshal(it)
-			if err != nil {
-				return nil, err
-			}
-			total += len(b)
-			s.largest = max(s.largest, len(b))
-		}
-		if len(items) > 0 {
-			s.mean = float64(total) / float64(len(items))
-		}
-		out = append(out, s)
 	}
-	return out, nil
+	nc, err := sizes("NodeCache", ncs.Items)
+	if err != nil {
+		return nil, err
+	}
+	node, err := sizes("Node", nodes.Items)
+	return []objectSizes{nc, node}, err
 }
 
-func anys[T any](items []T) []any {
-	out := make([]any, len(items))
+// sizes measures items' JSON.
+func sizes[T any](kind string, items []T) (objectSizes, error) {
+	s := objectSizes{kind: kind}
+	total := 0
 	for i := range items {
-		out[i] = &items[i]
+		b, err := json.Marshal(&items[i])
+		if err != nil {
+			return s, err
+		}
+		total += len(b)
+		s.largest = max(s.largest, len(b))
 	}
-	return out
+	if len(items) > 0 {
+		s.mean = float64(total) / float64(len(items))
+	}
+	return s, nil
 }

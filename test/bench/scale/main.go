@@ -172,14 +172,8 @@ func run(o options) error {
 					return fmt.Errorf("%d nodes: %w", n, err)
 				}
 				rep.fleets = append(rep.fleets, fr)
-				switch {
-				case o.apiPriority == "both":
-					fmt.Println(rep.apfMarkdown())
-				case len(o.serverCPUs) > 0:
-					fmt.Println(rep.serverMarkdown())
-				default:
-					fmt.Println(rep.markdown())
-				}
+				_, _, text := rep.section()
+				fmt.Println(text)
 			}
 		}
 	}

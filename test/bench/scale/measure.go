@@ -357,18 +357,24 @@ func largestFirst(m map[string]float64) []string {
 	return slices.SortedFunc(maps.Keys(m), func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), strings.Compare(a, b)) })
 }
 
+// section is the report's section of docs/benchmarks.md, chosen by the flags: its markers and
+// text.
+func (r report) section() (begin, end, text string) {
+	switch {
+	case r.opts.apiPriority == "both":
+		return apfBeginMarker, apfEndMarker, r.apfMarkdown()
+	case len(r.opts.serverCPUs) > 0:
+		return serverBeginMarker, serverEndMarker, r.serverMarkdown()
+	case r.opts.writeCosts > 0:
+		return costBeginMarker, costEndMarker, r.costMarkdown()
+	}
+	return beginMarker, endMarker, r.markdown()
+}
+
 // write replaces the report's section of the file at path (or appends it).
 func (r report) write(path string) error {
-	if r.opts.apiPriority == "both" {
-		return testutil.WriteSection(path, apfBeginMarker, apfEndMarker, r.apfMarkdown())
-	}
-	if len(r.opts.serverCPUs) > 0 {
-		return testutil.WriteSection(path, serverBeginMarker, serverEndMarker, r.serverMarkdown())
-	}
-	if r.opts.writeCosts > 0 {
-		return testutil.WriteSection(path, costBeginMarker, costEndMarker, r.costMarkdown())
-	}
-	return testutil.WriteSection(path, beginMarker, endMarker, r.markdown())
+	begin, end, text := r.section()
+	return testutil.WriteSection(path, begin, end, text)
 }
 
 // clientFigures are the controller's own metrics since it started, by controller: reconciles,

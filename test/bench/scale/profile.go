@@ -22,15 +22,11 @@ const profileWindow = 10
 // in back-to-back windows of profileWindow seconds into dir/name-NNN.pprof, until the returned
 // stop is called; stop waits for the window in progress (at most profileWindow seconds) and
 // returns the files. `go tool pprof` reads them together as one profile. A window that fails is
-// logged and ends the
-// recording.
+// logged and ends the recording.
 func profileAPIServer(cfg *rest.Config, dir, name string) (stop func() []string) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var (
-		mu    sync.Mutex
-		files []string
-		done  = make(chan struct{})
-	)
+	var files []string // the goroutine's until done is closed
+	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		hc, err := rest.HTTPClientFor(cfg)
@@ -44,16 +40,12 @@ func profileAPIServer(cfg *rest.Config, dir, name string) (stop func() []string)
 				log.Printf("profile %s: %v; no more windows of this step", name, err)
 				return
 			}
-			mu.Lock()
 			files = append(files, path)
-			mu.Unlock()
 		}
 	}()
 	return func() []string {
 		cancel()
 		<-done
-		mu.Lock()
-		defer mu.Unlock()
 		return files
 	}
 }
