@@ -256,6 +256,25 @@ type NamespaceQuota struct {
 	AllowPin bool `json:"allowPin,omitempty"`
 	// DefaultPinned pins the namespaces' caches that do not ask otherwise; it needs AllowPin.
 	DefaultPinned bool `json:"defaultPinned,omitempty"`
+	// MaxCachesPerNode is the most caches each of these namespaces may have asked of one node,
+	// of the MaxCachesPerNode (256) a node is asked for in all: its share of the node's cache
+	// slots (unset: DefaultCachesPerNode). A cache past it is not asked of the node
+	// (NodeCacheFull).
+	MaxCachesPerNode *int32 `json:"maxCachesPerNode,omitempty"`
+}
+
+// DefaultCachesPerNode is a namespace's share of a node's cache slots when its quota sets none:
+// at least four namespaces' full shares fit on any node, so that one namespace's caches never
+// take every slot.
+const DefaultCachesPerNode = 64
+
+// CacheSlots is how many caches of namespace ns one node may be asked for, and the setting that
+// says so.
+func (o OperatorConfiguration) CacheSlots(ns string) (int, string) {
+	if n := o.QuotaFor(ns).MaxCachesPerNode; n != nil {
+		return int(*n), o.quotaPath(ns) + ".maxCachesPerNode"
+	}
+	return DefaultCachesPerNode, o.quotaPath(ns) + ".maxCachesPerNode, unset: " + strconv.Itoa(DefaultCachesPerNode)
 }
 
 // QuotaFor returns the quota of namespace ns: the first that names it (or "*"), else the zero
@@ -848,6 +867,14 @@ func (o OperatorConfiguration) validateQuotas() field.ErrorList {
 		}
 		if q.DefaultPinned && !q.AllowPin {
 			errs = append(errs, field.Invalid(at.Child("defaultPinned"), true, "needs allowPin"))
+		}
+		if q.AllowPin && q.MaxBytesPerNode == nil {
+			// A pinned cache is never evicted: without a per-node limit, pins could take every
+			// node's disk for good.
+			errs = append(errs, field.Required(at.Child("maxBytesPerNode"), "allowPin needs a per-node limit: a pinned cache is never evicted, so maxBytesPerNode bounds what the namespace's pins keep on each node"))
+		}
+		if n := q.MaxCachesPerNode; n != nil && (*n < 1 || *n > prewarmv1alpha1.MaxCachesPerNode) {
+			errs = append(errs, field.Invalid(at.Child("maxCachesPerNode"), *n, fmt.Sprintf("must be 1 to %d, the caches one node is asked for in all", prewarmv1alpha1.MaxCachesPerNode)))
 		}
 		errs = append(errs, atLeast(at.Child("maxBytesPerNode"), q.MaxBytesPerNode, 0)...)
 		errs = append(errs, atLeast(at.Child("maxBytes"), q.MaxBytes, 0)...)

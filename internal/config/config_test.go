@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -252,11 +253,21 @@ func TestNamespaceQuotas(t *testing.T) {
 	}
 	bad := config.Default()
 	negative := resource.MustParse("-1")
-	bad.NamespaceQuotas = []config.NamespaceQuota{{DefaultPriority: 3, DefaultPinned: true, MaxBytes: &negative}}
+	bad.NamespaceQuotas = []config.NamespaceQuota{{DefaultPriority: 3, DefaultPinned: true, MaxBytes: &negative},
+		{Namespaces: []string{"x"}, AllowPin: true, MaxCachesPerNode: ptr.To[int32](257)}}
 	err := bad.Validate()
-	for _, want := range []string{"namespaceQuotas[0].namespaces", "namespaceQuotas[0].defaultPriority", "namespaceQuotas[0].defaultPinned", "namespaceQuotas[0].maxBytes"} {
+	for _, want := range []string{"namespaceQuotas[0].namespaces", "namespaceQuotas[0].defaultPriority", "namespaceQuotas[0].defaultPinned", "namespaceQuotas[0].maxBytes",
+		"namespaceQuotas[1].maxBytesPerNode: Required value: allowPin needs a per-node limit", "namespaceQuotas[1].maxCachesPerNode"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("a quota without namespaces, its default above its maximum, pinned without allowPin, a negative size: %v; want %s named", err, want)
+			t.Errorf("a quota without namespaces, its default above its maximum, pinned without allowPin, a negative size, pins without a per-node limit, 257 slots: %v; want %s named", err, want)
 		}
+	}
+	// A namespace's share of a node's cache slots: its quota's, else the default.
+	o.NamespaceQuotas[0].MaxCachesPerNode = ptr.To[int32](8)
+	if n, setting := o.CacheSlots("prod"); n != 8 || setting != "namespaceQuotas[0].maxCachesPerNode" {
+		t.Errorf("prod's slots: %d (%s); want 8", n, setting)
+	}
+	if n, setting := o.CacheSlots("dev"); n != config.DefaultCachesPerNode || !strings.Contains(setting, "namespaceQuotas[2].maxCachesPerNode") {
+		t.Errorf("dev's slots: %d (%s); want the default %d", n, setting, config.DefaultCachesPerNode)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -68,8 +69,44 @@ func (c *Config) PullSecrets() []corev1.LocalObjectReference {
 }
 
 // CacheSource returns the typed address of a model source, as the agents and the init container
-// read it. An FSx source must name a file system the configuration maps to a mount.
+// read it. An FSx source must name a file system the configuration maps to a mount. A value
+// longer than a node's request holds is a *SpecError naming the source's field.
 func (c *Config) CacheSource(s inferencev1.ModelSourceConfig) (prewarmv1alpha1.CacheSource, error) {
+	out, err := c.cacheSource(s)
+	if err != nil {
+		return out, err
+	}
+	errs := out.Validate(field.NewPath("source"))
+	if len(errs) == 0 {
+		return out, nil
+	}
+	e := errs[0]
+	f := sourceFields[strings.TrimPrefix(e.Field, "source.")]
+	if f == "" || e.Type != field.ErrorTypeTooLong {
+		return out, &SpecError{Field: "modelSourceConfig", Message: "modelSourceConfig: " + e.Error()}
+	}
+	return out, &SpecError{Field: f, Message: fmt.Sprintf("modelSourceConfig.%s is too long: it %s, the most a node's cache request holds", f, e.Detail)}
+}
+
+// sourceFields name, for each field of a node's cache request's source, the model source's field
+// it is copied from.
+var sourceFields = map[string]string{
+	"bucket": "s3Storage.bucketName", "region": "s3Storage.region", "prefix": "modelLocation",
+	"repoID": "huggingFaceModel.modelId", "revision": "huggingFaceModel.commitSHA",
+	"fileSystemID": "fsxStorage.fileSystemId", "path": "modelLocation",
+}
+
+// SpecError says that a value of a user's object cannot be served as written: Message names the
+// field, its limit and what to write.
+type SpecError struct {
+	// Field is the object's field, under its spec.
+	Field   string
+	Message string
+}
+
+func (e *SpecError) Error() string { return e.Message }
+
+func (c *Config) cacheSource(s inferencev1.ModelSourceConfig) (prewarmv1alpha1.CacheSource, error) {
 	loc := strings.Trim(s.ModelLocation, "/")
 	out := prewarmv1alpha1.CacheSource{Type: s.ModelSourceType}
 	switch s.ModelSourceType {

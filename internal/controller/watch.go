@@ -18,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // EnqueueAll maps any event to every object of a kind (listed from the cache into a fresh list
@@ -113,10 +115,11 @@ const (
 	EventEvictionPolicyLimited = "EvictionPolicyLimited"
 )
 
-// Event records an Event about obj when rec is set (the reconcilers' tests run without one).
+// Event records an Event about obj when rec is set (the reconcilers' tests run without one). The
+// note is clipped to what an Event holds: it often quotes a user's values or an error.
 func Event(rec events.EventRecorder, obj runtime.Object, eventType, reason, action, note string) {
 	if rec != nil {
-		rec.Eventf(obj, nil, eventType, reason, action, "%s", note)
+		rec.Eventf(obj, nil, eventType, reason, action, "%s", text.Clip(note, text.MaxEventNote))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -25,7 +26,7 @@ func TestEvictionAnnotationsReachTheNodesWithinTheGrant(t *testing.T) {
 	c := server.Client
 	rc := newReconcilers(t, ctx, "evict-operator", "evict-a", "evict-b").with(func(cfg *controller.Config) {
 		cfg.NamespaceQuotas = []config.NamespaceQuota{
-			{Namespaces: []string{"evict-a"}, MaxPriority: 20, AllowPin: true},
+			{Namespaces: []string{"evict-a"}, MaxPriority: 20, AllowPin: true, MaxBytesPerNode: resource.NewQuantity(1<<40, resource.BinarySI)},
 			{Namespaces: []string{"*"}, MaxPriority: 5},
 		}
 	})

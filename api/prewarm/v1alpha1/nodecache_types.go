@@ -406,8 +406,14 @@ const (
 	// ReasonWaitingForCredentials: the cache's credentials are sealed to an earlier key of the
 	// agent (it restarted); the controller seals them to the current key.
 	ReasonWaitingForCredentials = "WaitingForCredentials"
-	// ReasonNodeCacheFull says the node is already asked for MaxCachesPerNode other caches.
+	// ReasonNodeCacheFull says the node's request list has no room for the cache: it is already
+	// asked for MaxCachesPerNode other caches, or for its namespace's share of them, or the
+	// list would take more bytes than a NodeCache holds.
 	ReasonNodeCacheFull = "NodeCacheFull"
+	// ReasonRequestInvalid: the node's request for the cache is one the API server refuses (a
+	// value past the NodeCache schema's limits, or an admission policy): the node is not asked,
+	// and the node's other caches are written without it.
+	ReasonRequestInvalid = "RequestInvalid"
 	// ReasonNoLocalDisk: the cache's root is not a disk of its own on this node (it does not
 	// exist, or it is on the node's root filesystem or the kubelet's), and the operator
 	// configuration does not allow that root there (cacheRoots[].allowRootFilesystem). The node
@@ -429,7 +435,7 @@ const (
 func Terminal(reason string) bool {
 	switch reason {
 	case ReasonInsufficientCapacity, ReasonHostPathNotAllowed, ReasonSourceNotAllowed, ReasonSourceNotFound, ReasonAccessDenied,
-		ReasonInvalidSource, ReasonNodeCacheFull, ReasonSourceChanged, ReasonNoLocalDisk, ReasonBudgetExceeded:
+		ReasonInvalidSource, ReasonNodeCacheFull, ReasonRequestInvalid, ReasonSourceChanged, ReasonNoLocalDisk, ReasonBudgetExceeded:
 		return true
 	}
 	return false

@@ -2,6 +2,7 @@ package serving
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 )
 
 // checkDerived refuses, before anything is created, a parent whose Deployment or Service the API
@@ -29,6 +31,11 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 	}
 	if p := checkSpec(m); p != nil {
 		return p
+	}
+	if spec := (*controller.SpecError)(nil); m.source.ModelSourceType != inferencev1.ModelSourceKubernetesVolume {
+		if _, err := r.Config.CacheSource(m.source); errors.As(err, &spec) {
+			return &problem{inferencev1.ReasonInvalidSpec, spec.Message}
+		}
 	}
 	if v := m.worker.ModelVolumeMount.Name; slices.Contains([]string{cacheVolumeName, fsxVolumeName}, v) {
 		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(

@@ -3,6 +3,7 @@ package weightscache
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,29 +11,32 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // ask asks each target node for the cache and each retained node to keep it, and withdraws the
 // request from every other node of the fleet that has it, through r.Requests. It returns the
-// nodes it could not ask because they are already asked for MaxCachesPerNode other caches.
-func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]bool, error) {
-	changes, full, err := r.asks(s)
+// nodes it could not ask, and why: their list has no room for the cache, or would be refused
+// with it.
+func (r *Reconciler) ask(ctx context.Context, s *state) (map[string]refusal, error) {
+	changes, unasked, err := r.asks(s)
 	if err != nil {
 		return nil, err
 	}
-	noRoom, err := r.Requests.Put(ctx, r.Client, slices.Concat(changes, withdrawals(s, r.Requests.pendingFor(s.fleet.uid))))
-	for node := range noRoom {
-		full[node] = true
+	left, err := r.Requests.Put(ctx, r.Client, slices.Concat(changes, withdrawals(s, r.Requests.pendingFor(s.fleet.uid))))
+	maps.Copy(unasked, left)
+	if len(unasked) > 0 && (s.decision.requeue == 0 || s.decision.requeue > leftOutFor) {
+		s.decision.requeue = leftOutFor // room may come on those nodes, which tell nothing of it
 	}
-	return full, err
+	return unasked, err
 }
 
 // asks are the requests to write: each target's and retained node's that differs from what
-// it has. full are the nodes that cannot take another cache.
-func (r *Reconciler) asks(s *state) ([]change, map[string]bool, error) {
+// it has. unasked are the nodes whose list has no room for it, or would be refused with it.
+func (r *Reconciler) asks(s *state) ([]change, map[string]refusal, error) {
 	f, p := s.fleet, &s.decision
 	var writes []change
-	full := map[string]bool{}
+	unasked := map[string]refusal{}
 	// The targets the namespace's quota keeps the cache off hold no copy: they are no one's
 	// peers, and only those whose pods ask for the cache are asked, to tell them why.
 	held := slices.DeleteFunc(slices.Clone(p.targets), func(n *corev1.Node) bool { _, no := p.quota.refused[n.Name]; return no })
@@ -40,6 +44,7 @@ func (r *Reconciler) asks(s *state) ([]change, map[string]bool, error) {
 	if !r.Config.Peers.Disabled {
 		peers = assignPeers(f, held, p.peerAddrs, r.Config.Peers.GroupSize)
 	}
+	now := r.Now()
 	for _, n := range slices.Concat(p.targets, p.retainedNodes) {
 		want := p.entry
 		asked := f.request(n.Name)
@@ -47,7 +52,7 @@ func (r *Reconciler) asks(s *state) ([]change, map[string]bool, error) {
 			if no.reason != prewarmv1alpha1.ReasonBudgetExceeded || !demanded(f.nodeCache(n.Name), s.m) {
 				continue
 			}
-			want.Refused = &prewarmv1alpha1.CacheRefusal{Reason: no.reason, Message: clip(no.message, 1024)}
+			want.Refused = &prewarmv1alpha1.CacheRefusal{Reason: no.reason, Message: text.Clip(no.message, text.MaxMessage)}
 		}
 		if keep, ok := p.retained[n.Name]; ok {
 			want.RetainedSince = keep.since
@@ -65,14 +70,41 @@ func (r *Reconciler) asks(s *state) ([]change, map[string]bool, error) {
 		if asked != nil && (equality.Semantic.DeepEqual(*asked, want) || pinNotNeeded(*asked, want, f.report(n.Name))) {
 			continue
 		}
-		if nc := f.nodeCache(n.Name); asked == nil && nc != nil && len(nc.Spec.Caches) >= prewarmv1alpha1.MaxCachesPerNode {
-			full[n.Name] = true
+		if why, left := r.Requests.leftOutOf(n.Name, want, now); left {
+			unasked[n.Name] = why // told by the writer: not asked again for a while
+			continue
+		}
+		if why, ok := r.fits(f.nodeCache(n.Name), asked, want); !ok {
+			unasked[n.Name] = why
 			continue
 		}
 		writes = append(writes, change{node: n.Name, nodeUID: n.UID, uid: f.uid, entry: &want})
 	}
-	return writes, full, nil
+	return writes, unasked, nil
 }
+
+// fits says whether node's NodeCache nc, as the informer shows it, can take request want (asked:
+// the node's request for the cache now), and why not: the writer checks again as it writes,
+// with the changes of other caches, but a cache that cannot fit says so at once.
+func (r *Reconciler) fits(nc *prewarmv1alpha1.NodeCache, asked *prewarmv1alpha1.CacheRequest, want prewarmv1alpha1.CacheRequest) (refusal, bool) {
+	left := map[string]refusal{}
+	if invalid(want, left) {
+		return left[want.UID], false
+	}
+	if asked != nil || nc == nil {
+		return refusal{}, true
+	}
+	held := 0
+	for _, e := range nc.Spec.Caches {
+		if e.Namespace == want.Namespace {
+			held++
+		}
+	}
+	return r.slots().room(want.Namespace, held, len(nc.Spec.Caches))
+}
+
+// slots is the share of a node's list each namespace may take, from the configuration.
+func (r *Reconciler) slots() Slots { return r.Config.CacheSlots }
 
 // withdrawals withdraw the cache from the nodes that have a request for it, or one not written
 // yet, and are neither targets nor retained.

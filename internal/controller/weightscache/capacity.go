@@ -11,6 +11,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // Once the model's size is known (size.go), the controller checks each target node's room for it
@@ -201,20 +202,9 @@ func (r *Reconciler) capacityPhase(s *state) {
 	status, reason, msg := v.condition()
 	prev := apimeta.FindStatusCondition(s.m.Status.Conditions, inferencev1.ConditionCapacityAvailable)
 	apimeta.SetStatusCondition(&s.status.Conditions, metav1.Condition{
-		Type: inferencev1.ConditionCapacityAvailable, Status: status, Reason: reason, Message: clip(msg, maxConditionMessage), ObservedGeneration: s.m.Generation,
+		Type: inferencev1.ConditionCapacityAvailable, Status: status, Reason: reason, Message: text.Clip(msg, text.MaxConditionMessage), ObservedGeneration: s.m.Generation,
 	})
 	if status == metav1.ConditionFalse && (prev == nil || prev.Status != metav1.ConditionFalse) {
-		s.events.Tell(corev1.EventTypeWarning, inferencev1.ReasonCapacityShortfall, "Check", clip(msg, maxConditionMessage))
+		s.events.Tell(corev1.EventTypeWarning, inferencev1.ReasonCapacityShortfall, "Check", text.Clip(msg, text.MaxConditionMessage))
 	}
 }
-
-// clip keeps a message within n bytes, the most the API allows where it goes.
-func clip(msg string, n int) string {
-	if len(msg) > n {
-		return msg[:n]
-	}
-	return msg
-}
-
-// maxConditionMessage is the most a condition's message holds.
-const maxConditionMessage = 32000

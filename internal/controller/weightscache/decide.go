@@ -2,6 +2,7 @@ package weightscache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/placement"
 )
 
@@ -112,7 +114,11 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 		return p, nil
 	}
 	if srcErr != nil {
-		p.verdict = &verdict{inferencev1.ReasonSourceNotAllowed, srcErr.Error(), true}
+		reason := inferencev1.ReasonSourceNotAllowed
+		if spec := (*controller.SpecError)(nil); errors.As(srcErr, &spec) {
+			reason = inferencev1.ReasonInvalidSpec // a value no node's request holds: asked of none
+		}
+		p.verdict = &verdict{reason, srcErr.Error(), true}
 		return p, nil
 	}
 	if p.access, err = r.sourceAccess(ctx, m, src); err != nil {

@@ -17,6 +17,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // A namespace's quota (namespaceQuotas) may limit the bytes its caches hold in the cluster
@@ -295,10 +296,10 @@ func (r *Reconciler) budgetPhase(s *state) {
 	}
 	prev := apimeta.FindStatusCondition(s.m.Status.Conditions, inferencev1.ConditionWithinBudget)
 	apimeta.SetStatusCondition(&s.status.Conditions, metav1.Condition{
-		Type: inferencev1.ConditionWithinBudget, Status: status, Reason: reason, Message: clip(msg, maxConditionMessage), ObservedGeneration: s.m.Generation,
+		Type: inferencev1.ConditionWithinBudget, Status: status, Reason: reason, Message: text.Clip(msg, text.MaxConditionMessage), ObservedGeneration: s.m.Generation,
 	})
 	if status == metav1.ConditionFalse && (prev == nil || prev.Status != metav1.ConditionFalse) {
-		s.events.Tell(corev1.EventTypeWarning, inferencev1.ReasonBudgetExceeded, "Check", clip(msg, maxConditionMessage))
+		s.events.Tell(corev1.EventTypeWarning, inferencev1.ReasonBudgetExceeded, "Check", text.Clip(msg, text.MaxConditionMessage))
 	}
 }
 

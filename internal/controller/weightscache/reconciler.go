@@ -118,6 +118,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(&livenessScan{r: r, flips: flips, every: cmp.Or(r.LivenessScan, 15*time.Second)}); err != nil {
 		return err
 	}
+	// A request the writer leaves out of a node's list is reported on its own cache.
+	leftOut := make(chan event.GenericEvent)
+	if r.Requests != nil {
+		r.Requests.Slots, r.Requests.LeftOut = r.slots(), leftOut
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("weightscache").
 		For(&inferencev1.ModelDataCacheConfig{}).
@@ -125,6 +130,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			builder.WithPredicates(predicate.Or(controller.NodePlacementChanged, controller.NodeAddressesChanged))).
 		Watches(&prewarmv1alpha1.NodeCache{}, nodeCacheEvents{r}).
 		WatchesRawSource(source.Channel(flips, handler.EventHandler(nodeCacheEvents{r}))).
+		WatchesRawSource(source.Channel(leftOut, &handler.EnqueueRequestForObject{})).
 		Complete(r)
 }
 
@@ -135,9 +141,10 @@ type state struct {
 	deleting bool
 	fleet    *fleet
 	decision decision
-	// full are the nodes that could not be asked: already asked for MaxCachesPerNode caches.
-	full   map[string]bool
-	status inferencev1.ModelDataCacheConfigStatus
+	// unasked are the nodes that could not be asked, and why: their request list has no room
+	// for the cache, or would be refused with it.
+	unasked map[string]refusal
+	status  inferencev1.ModelDataCacheConfigStatus
 	// ready are the nodes that hold the cache Ready, listed in status.nodes or not.
 	ready map[string]bool
 	// events tell of the nodes' transitions, once the status that shows them is written.
@@ -215,7 +222,7 @@ func (r *Reconciler) askPhase(ctx context.Context, s *state) (err error) {
 			s.decision.requeue = quotaRecheck // room may come as other caches of the namespace go
 		}
 	}
-	s.full, err = r.ask(ctx, s)
+	s.unasked, err = r.ask(ctx, s)
 	if err == nil && s.decision.quota.cluster != nil {
 		r.quota.remember(s.fleet.uid, s.decision.quota.cluster.copies, r.Now())
 	}
@@ -308,6 +315,7 @@ func (r *Reconciler) finishDeletion(ctx context.Context, s *state) (ctrl.Result,
 		return ctrl.Result{}, err
 	}
 	r.sizes.forget(string(m.UID))
+	r.Requests.forget(string(m.UID))
 	r.quota.forget(string(m.UID))
 	if err := controller.RemoveFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
 		return ctrl.Result{}, err

@@ -2,23 +2,31 @@ package weightscache
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -283,8 +291,8 @@ func TestRequestsLeaveAFullListAsItIs(t *testing.T) {
 		{node: "n1", uid: cacheUID(1000), entry: request(1000)},
 		{node: "n1", uid: cacheUID(1), entry: changed},
 	})
-	if err != nil || !full["n1"] {
-		t.Fatalf("Put past the limit: %v, full %v; want n1 full", err, full)
+	if err != nil || full["n1"].reason != prewarmv1alpha1.ReasonNodeCacheFull {
+		t.Fatalf("Put past the limit: %v, left out %v; want n1 full", err, full)
 	}
 	nc, err := readNodeCache(ctx, api.Client, "n1")
 	if err != nil {
@@ -335,5 +343,209 @@ func TestWithdrawalsIncludeRequestsNotWrittenYet(t *testing.T) {
 	}
 	if want := []string{"written", "pending"}; !slices.Equal(got, want) {
 		t.Errorf("withdrawn from %v; want %v", got, want)
+	}
+}
+
+// requestIn is test cache i's request, of namespace ns.
+func requestIn(i int, ns string) *prewarmv1alpha1.CacheRequest {
+	e := request(i)
+	e.Namespace = ns
+	return e
+}
+
+// refusePolicy makes the API server refuse, with a ValidatingAdmissionPolicy, every NodeCache
+// whose list asks for a cache named name: a refusal the writer knows nothing of beforehand, and
+// that names no entry.
+func refusePolicy(t *testing.T, ctx context.Context, c client.Client, name string) {
+	t.Helper()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-" + name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{prewarmv1alpha1.GroupVersion.Group}, APIVersions: []string{"*"}, Resources: []string{"nodecaches"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: fmt.Sprintf("!has(object.spec.caches) || object.spec.caches.all(c, c.name != %q)", name),
+				Message:    "the policy refuses caches named " + name,
+			}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}},
+	}
+	for _, o := range []client.Object{policy, binding} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The policy holds once the API server refuses a NodeCache with such a cache.
+	probe := requestIn(999, "probe")
+	probe.Name = name
+	eventually(t, ctx, "the policy in force", func() (bool, string) {
+		nc := &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "policy-probe"},
+			Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{*probe}}}
+		err := c.Create(ctx, nc)
+		if err == nil {
+			_ = c.Delete(ctx, nc)
+		}
+		return err != nil && strings.Contains(err.Error(), "refuses caches named"), fmt.Sprint(err)
+	})
+}
+
+// One cache's request never keeps a node's other requests from being written. A request the
+// NodeCache schema would refuse (a repository id past its cap, sealed credentials past theirs),
+// one past its namespace's share of the node's slots, and one an admission policy refuses (the
+// writer finds it by splitting the node's changes) are each left out and reported on their own
+// cache; every other namespace's request in the same write is written.
+func TestOneRequestNeverHoldsUpTheNode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	api, nodeUIDs := startAPI(t, ctx, "n1")
+	refusePolicy(t, ctx, api.Client, "refused-by-policy")
+
+	left := make(chan event.GenericEvent, 16)
+	q := &Requests{Client: api.Client, Window: time.Millisecond, LeftOut: left,
+		Slots: func(ns string) (int, string) { return 3, "the test's share" }}
+	go func() { _ = q.Start(ctx) }()
+
+	longID := requestIn(1, "careless")
+	longID.Source = prewarmv1alpha1.CacheSource{Type: "huggingface", RepoID: strings.Repeat("x", 300)}
+	bigCredentials := requestIn(2, "careless")
+	bigCredentials.Credentials = &prewarmv1alpha1.SealedCredentials{KeyID: "k", Digest: "d", Sealed: strings.Repeat("A", prewarmv1alpha1.MaxSealedLength+1)}
+	policy := requestIn(3, "hostile")
+	policy.Name = "refused-by-policy"
+	var changes []change
+	for _, e := range []*prewarmv1alpha1.CacheRequest{longID, bigCredentials, policy,
+		requestIn(10, "many"), requestIn(11, "many"), requestIn(12, "many"), requestIn(13, "many"), requestIn(14, "many"),
+		requestIn(20, "team-a"), requestIn(21, "team-b")} {
+		changes = append(changes, change{node: "n1", nodeUID: nodeUIDs["n1"], uid: e.UID, entry: e})
+	}
+	if _, err := q.Put(ctx, nil, changes); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{cacheUID(10), cacheUID(11), cacheUID(12), cacheUID(20), cacheUID(21)}
+	eventually(t, ctx, "n1 asked for the caches that fit", func() (bool, string) {
+		got, err := uidsOf(ctx, api.Client, "n1")
+		return err == nil && slices.Equal(got, want), fmt.Sprintf("%v (%v)", got, err)
+	})
+	told := map[string]bool{}
+	for len(told) < 5 {
+		select {
+		case e := <-left:
+			told[e.Object.GetNamespace()+"/"+e.Object.GetName()] = true
+		case <-ctx.Done():
+			t.Fatalf("told of %v only", told)
+		}
+	}
+	for _, tc := range []struct {
+		entry          *prewarmv1alpha1.CacheRequest
+		reason, saying string
+	}{
+		{longID, prewarmv1alpha1.ReasonRequestInvalid, "spec.caches[" + cacheUID(1) + "].source.repoID: Too long: may not be more than 256"},
+		{bigCredentials, prewarmv1alpha1.ReasonRequestInvalid, "credentials.sealed: Too long"},
+		{policy, prewarmv1alpha1.ReasonRequestInvalid, "the policy refuses caches named refused-by-policy"},
+		{requestIn(13, "many"), prewarmv1alpha1.ReasonNodeCacheFull, "3 caches of namespace many, its share of the node's 256 cache slots (the test's share)"},
+		{requestIn(14, "many"), prewarmv1alpha1.ReasonNodeCacheFull, "its share"},
+	} {
+		why, ok := q.leftOutOf("n1", *tc.entry, time.Now())
+		if !ok || why.reason != tc.reason || !strings.Contains(why.message, tc.saying) {
+			t.Errorf("cache %s/%s left out %v: %+v; want %s saying %q", tc.entry.Namespace, tc.entry.Name, ok, why, tc.reason, tc.saying)
+		}
+		if !told[tc.entry.Namespace+"/"+tc.entry.Name] {
+			t.Errorf("cache %s/%s was not told; told %v", tc.entry.Namespace, tc.entry.Name, told)
+		}
+	}
+	// A request changed since (a shorter id) is asked again, and written.
+	fixed := *longID
+	fixed.Source.RepoID = "org/model"
+	if _, ok := q.leftOutOf("n1", fixed, time.Now()); ok {
+		t.Error("a changed request is still reported left out")
+	}
+	if _, err := q.Put(ctx, nil, []change{{node: "n1", uid: fixed.UID, entry: &fixed}}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "n1 asked for the fixed cache", func() (bool, string) {
+		got, err := uidsOf(ctx, api.Client, "n1")
+		return err == nil && slices.Contains(got, cacheUID(1)), fmt.Sprintf("%v (%v)", got, err)
+	})
+}
+
+// One namespace's many caches leave other namespaces their slots: 300 caches of one namespace
+// and one of another asked of a node together, the other namespace's cache is written, the
+// first namespace's take its default share, and the rest are left out as NodeCacheFull. A list
+// that would take more bytes than a NodeCache holds leaves its last requests out the same way.
+func TestANamespacesCachesLeaveOthersTheirSlots(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	api, nodeUIDs := startAPI(t, ctx, "n1", "n2")
+	q := &Requests{Client: api.Client, Window: time.Millisecond, Slots: config.Default().CacheSlots}
+	go func() { _ = q.Start(ctx) }()
+
+	var changes []change
+	for i := range 300 {
+		changes = append(changes, change{node: "n1", nodeUID: nodeUIDs["n1"], uid: cacheUID(i), entry: requestIn(i, "greedy")})
+	}
+	other := requestIn(5000, "other") // after every greedy cache in UID order
+	changes = append(changes, change{node: "n1", nodeUID: nodeUIDs["n1"], uid: other.UID, entry: other})
+	if _, err := q.Put(ctx, nil, changes); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "n1 asked for the other namespace's cache", func() (bool, string) {
+		got, err := uidsOf(ctx, api.Client, "n1")
+		return err == nil && slices.Contains(got, other.UID) && len(got) == config.DefaultCachesPerNode+1, fmt.Sprintf("%d caches (%v)", len(got), err)
+	})
+	why, ok := q.leftOutOf("n1", *requestIn(299, "greedy"), time.Now())
+	if !ok || why.reason != prewarmv1alpha1.ReasonNodeCacheFull || !strings.Contains(why.message, "maxCachesPerNode") {
+		t.Errorf("the greedy namespace's last cache: %v %+v; want NodeCacheFull naming the setting", ok, why)
+	}
+
+	// Requests of 7 KiB each (sealed credentials near their cap): MaxRequestBytes holds about 70,
+	// the first ones in UID order.
+	changes = nil
+	for i := range 100 {
+		e := requestIn(i, fmt.Sprintf("ns-%d", i))
+		e.Credentials = &prewarmv1alpha1.SealedCredentials{KeyID: "k", Digest: "d", Sealed: strings.Repeat("A", 7<<10)}
+		changes = append(changes, change{node: "n2", nodeUID: nodeUIDs["n2"], uid: e.UID, entry: e})
+	}
+	if _, err := q.Put(ctx, nil, changes); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "n2 asked for the caches that fit its bytes", func() (bool, string) {
+		got, err := uidsOf(ctx, api.Client, "n2")
+		return err == nil && len(got) > 60 && len(got) < 100 && got[len(got)-1] == cacheUID(len(got)-1), fmt.Sprintf("%d caches (%v)", len(got), err)
+	})
+	nc, err := readNodeCache(ctx, api.Client, "n2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := json.Marshal(nc.Spec.Caches); len(b) > MaxRequestBytes {
+		t.Errorf("n2's list takes %d bytes; want at most %d", len(b), MaxRequestBytes)
+	}
+	last := changes[99].entry
+	if why, ok := q.leftOutOf("n2", *last, time.Now()); !ok || why.reason != prewarmv1alpha1.ReasonNodeCacheFull || !strings.Contains(why.message, "512 KiB") {
+		t.Errorf("the last cache on n2: %v %+v; want NodeCacheFull naming the byte limit", ok, why)
+	}
+}
+
+// The index of the entry a schema refusal names is read from the refusal's field.
+func TestRefusedEntry(t *testing.T) {
+	written := &prewarmv1alpha1.NodeCache{Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{*request(1), *request(2)}}}
+	err := apierrors.NewInvalid(schema.GroupKind{Group: "prewarm.io", Kind: "NodeCache"}, "n1", field.ErrorList{
+		field.TooLong(field.NewPath("spec", "caches").Index(1).Child("source", "repoID"), "", 256)})
+	if got := refusedEntry(err, written); got != cacheUID(2) {
+		t.Errorf("refusedEntry = %q; want cache 2's", got)
+	}
+	if !refusedForContent(err) {
+		t.Error("a schema refusal is not taken for one")
+	}
+	race := apierrors.NewGenericServerResponse(422, "", schema.GroupResource{}, "", "testing value /metadata/generation failed: test failed", 0, false)
+	if refusedForContent(race) {
+		t.Error("a failed generation test is taken for a refusal of the list's content")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -31,7 +32,7 @@ func (r *Reconciler) gather(ctx context.Context, s *state) error {
 	if st.ResolvedRevision == "" {
 		st.ResolvedRevision = agreedRevision(s.fleet, targets)
 	}
-	b := nodeEntries{fleet: s.fleet, full: s.full, refused: s.decision.quota.refused, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now(),
+	b := nodeEntries{fleet: s.fleet, unasked: s.unasked, refused: s.decision.quota.refused, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now(),
 		gone: map[string]string{}}
 	for _, name := range slices.Concat(nodeNames(targets), slices.Collect(maps.Keys(retained))) {
 		agent, err := r.liveness().Of(ctx, name, s.fleet.nodeCache(name))
@@ -118,7 +119,8 @@ func agreedRevision(f *fleet, targets []*corev1.Node) string {
 // nodeEntries builds the status's per-node entries.
 type nodeEntries struct {
 	fleet *fleet
-	full  map[string]bool
+	// unasked are the nodes whose list could not take the cache, and why.
+	unasked map[string]refusal
 	// refused are the targets the namespace's quota keeps the cache off.
 	refused  map[string]refusal
 	previous map[string]inferencev1.NodeCacheStatus
@@ -137,9 +139,14 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 	ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: keep != nil}
 	rep, reported := b.fleet.nodeCache(name).Report(b.fleet.uid)
 	switch {
-	case b.full[name]:
-		ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonNodeCacheFull
-		ns.Message = fmt.Sprintf("the node is already asked for %d other caches, the most one node holds; delete caches it need not hold, or narrow this cache's placement", prewarmv1alpha1.MaxCachesPerNode)
+	case b.unasked[name].reason != "" && !reported:
+		no := b.unasked[name]
+		ns.State, ns.Reason, ns.Message = no.state, no.reason, no.message
+	case b.unasked[name].reason != "":
+		// The node holds or fetches the cache as asked before; its new request was left out.
+		no := b.unasked[name]
+		ns.State, ns.Reason, ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond, ns.DiskBytes = rep.State, rep.Reason, rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond, rep.DiskBytes
+		ns.Message = text.Clip(fmt.Sprintf("%s; its new request was left out (%s): %s", rep.Message, no.reason, no.message), text.MaxMessage)
 	case b.gone[name] != "" && (!reported || rep.State != inferencev1.CacheFailed || !prewarmv1alpha1.Terminal(rep.Reason)):
 		// A node whose agent is gone cannot serve its pods' model volumes: not counted Ready.
 		// A failure waiting will not fix stays one.
@@ -306,9 +313,7 @@ func summarize(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelD
 }
 
 func setCondition(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.ModelDataCacheConfig, status metav1.ConditionStatus, reason, msg string) {
-	if len(msg) > 32000 {
-		msg = msg[:32000]
-	}
+	msg = text.Clip(msg, text.MaxConditionMessage)
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
 		Type: inferencev1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: m.Generation,
 	})
