@@ -408,6 +408,47 @@ func TestOnlyAuthenticatedPeersGetAnything(t *testing.T) {
 	}
 }
 
+// A key the server does not offer is answered 404 before the token or the peer is checked:
+// asking for keys at random costs those checks (the API server, in the agent) nothing.
+func TestAKeyNotOfferedIsAnsweredBeforeAnyCheck(t *testing.T) {
+	var checks atomic.Int64
+	s := peer.NewServer(peer.ServerOptions{
+		Authorize: func(*http.Request) (string, error) { checks.Add(1); return "b", nil },
+		Admit:     func(*http.Request, string, string) error { checks.Add(1); return nil },
+	})
+	s.Offer("cache-uid", &engine.Plan{Revision: "r1"})
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	for i := range 100 {
+		for _, auth := range []string{"", "Bearer " + goodToken + ":b"} {
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("%s%scache-%d/have?revision=r1", srv.URL, peer.Prefix, i), nil)
+			if auth != "" {
+				req.Header.Set("Authorization", auth)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusNotFound {
+				t.Fatalf("a key not offered, %q: HTTP %d; want 404", auth, resp.StatusCode)
+			}
+		}
+	}
+	if n := checks.Load(); n != 0 {
+		t.Errorf("200 requests for keys not offered: %d checks; want none", n)
+	}
+	// The offered key is checked (and answered 409: another revision than asked).
+	resp, err := http.Get(srv.URL + peer.Prefix + "cache-uid/have?revision=r0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || checks.Load() != 2 {
+		t.Errorf("the offered key: HTTP %d after %d checks; want 409 after 2", resp.StatusCode, checks.Load())
+	}
+}
+
 func TestAServerSendsToAtMostKPeersAtOnce(t *testing.T) {
 	m := newModel(t, 256<<10)
 	// 1 peer at a time, slowly: the first transfer is still going when the second peer asks.

@@ -14,7 +14,9 @@
 //	    200 with the part's bytes and X-Prewarm-Crc32c: the CRC32C they had when written
 //
 // Both need Authorization: Bearer <token>, which the Server's Authorize checks (the agent asks
-// the API server: a service account token of prewarm's agents, for prewarm's peer audience).
+// the API server: a service account token of prewarm's agents, for prewarm's peer audience),
+// and its Admit, when set, for the key; a key the Server does not offer is answered 404 before
+// either is asked.
 // A Server sends a part only when it holds it whole with its CRC32C, to at most MaxPeers peers
 // at once, within its upload rate; a busy Server answers 429.
 package peer
@@ -48,17 +50,18 @@ const CRCHeader = "X-Prewarm-Crc32c"
 // is answered 401. Other errors are answered 403.
 var ErrUnauthenticated = errors.New("no valid peer token")
 
-// ErrTooManyRequests is returned by an Authorize or Admit that will not check now (too many to
-// check): the request is answered 429, to be retried after a second.
-var ErrTooManyRequests = errors.New("too many peer tokens to check; retry")
+// ErrTooManyRequests is returned by an Authorize or Admit that will not or cannot check now
+// (too many to check, or what it asks cannot answer): the request is answered 429, to be
+// retried after a second.
+var ErrTooManyRequests = errors.New("cannot check the peer now; retry")
 
 // ServerOptions configure a Server.
 type ServerOptions struct {
 	// Authorize says which peer a request comes from, or why it is refused. Required.
 	Authorize func(r *http.Request) (peer string, err error)
 	// Admit, when set, says whether peer may be sent anything of the cache named key (nil: it
-	// may); a refusal is answered as Authorize's are, before the server says whether it offers
-	// key at all.
+	// may); a refusal is answered as Authorize's are. Neither is asked about a key the Server
+	// does not offer: that is answered 404 first.
 	Admit func(r *http.Request, peer, key string) error
 	// MaxPeers is K: how many peers are sent parts at once (default 4).
 	MaxPeers int
@@ -110,7 +113,7 @@ func NewServer(o ServerOptions) *Server {
 		parts: prometheus.NewCounter(prometheus.CounterOpts{Name: "prewarm_peer_served_parts_total",
 			Help: "Parts this node sent to its peers."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prewarm_peer_refused_total",
-			Help: "Peer requests refused, by reason (unauthenticated, forbidden, not-asked: the asker's node is not asked for the cache, unchecked: too many to check, busy, missing, revision)."}, []string{"reason"}),
+			Help: "Peer requests refused, by reason (unauthenticated, forbidden, not-asked: the asker's node is not asked for the cache, unchecked: too many to check or the check failed, answered 429, busy, missing: not offered, revision)."}, []string{"reason"}),
 	}
 	if o.BytesPerSecond > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(o.BytesPerSecond), int(min(o.BytesPerSecond, chunk)))
@@ -170,14 +173,23 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "read-only", http.StatusMethodNotAllowed)
 		return
 	}
-	who, err := s.opts.Authorize(r)
-	if err != nil {
-		s.refuse(w, err, "forbidden")
-		return
-	}
 	key, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, Prefix), "/")
 	if !strings.HasPrefix(r.URL.Path, Prefix) || !keyPattern.MatchString(key) {
 		http.NotFound(w, r)
+		return
+	}
+	// What this node does not offer is answered first: a request for it costs no check of
+	// the token or of the peer, so asking for keys at random costs the checks' API server
+	// nothing.
+	plan := s.Offered(key)
+	if plan == nil {
+		s.refused.WithLabelValues("missing").Inc()
+		http.Error(w, "this node does not offer "+key, http.StatusNotFound)
+		return
+	}
+	who, err := s.opts.Authorize(r)
+	if err != nil {
+		s.refuse(w, err, "forbidden")
 		return
 	}
 	if s.opts.Admit != nil {
@@ -185,12 +197,6 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			s.refuse(w, err, "not-asked")
 			return
 		}
-	}
-	plan := s.Offered(key)
-	if plan == nil {
-		s.refused.WithLabelValues("missing").Inc()
-		http.Error(w, "this node does not offer "+key, http.StatusNotFound)
-		return
 	}
 	if rev := r.URL.Query().Get("revision"); rev != plan.Revision {
 		s.refused.WithLabelValues("revision").Inc()
