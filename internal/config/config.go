@@ -445,7 +445,17 @@ type Controller struct {
 	// default) reports it (CapacityAvailable, WithinBudget) and deploys, the pods reading the
 	// model from the source; Refuse reports it and deploys nothing until a node has room.
 	CapacityShortfall string `json:"capacityShortfall,omitempty"`
+	// PrefetchSizeLimit bounds the memory-backed volume a parent with prefetchEnabled copies its
+	// model into when the model's size is not known as its pods are made (no weights cache, or
+	// one that has not reported the size yet): the volume's sizeLimit is this, or the worker's
+	// memory limit when that is lower (64Gi: a model of some 30 billion 16-bit parameters). A
+	// model the controller knows sizes its volume itself. The copy counts against the node's
+	// memory; a larger model fails the pods' prefetch init container, naming this setting.
+	PrefetchSizeLimit *resource.Quantity `json:"prefetchSizeLimit,omitempty"`
 }
+
+// PrefetchSizeLimitBytes is the prefetch size limit in bytes.
+func (c Controller) PrefetchSizeLimitBytes() int64 { return bytesOf(c.PrefetchSizeLimit) }
 
 // Values of Controller.CapacityShortfall.
 const (
@@ -635,6 +645,7 @@ func (o *OperatorConfiguration) defaults() {
 	number(&c.ClientBurst, 400)
 	number(&c.ConcurrentReconciles, 4)
 	text(&c.CapacityShortfall, CapacityShortfallWarn)
+	quantity(&c.PrefetchSizeLimit, "64Gi")
 	quantity(&a.Reserve, "2Gi")
 	number(&a.MaxParallel, 2)
 	number(&a.Concurrency, engine.DefaultConcurrency) // the engine's measured defaults
@@ -836,6 +847,7 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, positive(agent.Child("recheckInterval"), a.RecheckInterval)...)
 	errs = append(errs, positive(agent.Child("retryInterval"), a.RetryInterval)...)
 	errs = append(errs, positive(agent.Child("mountWait"), a.MountWait)...)
+	errs = append(errs, atLeast(ctl.Child("prefetchSizeLimit"), c.PrefetchSizeLimit, 16<<20)...)
 	errs = append(errs, atLeast(agent.Child("reserve"), a.Reserve, 0)...)
 	errs = append(errs, atLeast(agent.Child("partSize"), a.PartSize, 1<<20)...)
 	errs = append(errs, atLeast(agent.Child("verifyRate"), a.VerifyRate, 0)...)

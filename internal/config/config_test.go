@@ -37,7 +37,8 @@ fsx:
 		t.Errorf("CacheRootAllowed(/etc) = %v, %q", ok, why)
 	}
 	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0].Path != config.DefaultCacheRoot ||
-		def.Controller.GateTimeout.Duration != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 {
+		def.Controller.GateTimeout.Duration != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 ||
+		def.Controller.PrefetchSizeLimitBytes() != 64<<30 {
 		t.Errorf("defaults %+v", def)
 	}
 
@@ -54,6 +55,7 @@ fsx:
 		{"controller: {gateTimeout: -5m}", "controller.gateTimeout"},
 		{"controller: {gateTimeout: soon}", "controller.gateTimeout"},
 		{"agent: {reserve: lots}", "agent.reserve"},
+		{"controller: {prefetchSizeLimit: 1Mi}", "controller.prefetchSizeLimit"},
 		{"operatorNamespace: Prewarm_NS", `operatorNamespace: Invalid value: "Prewarm_NS"`},
 	} {
 		if _, err := config.Parse([]byte(tc.conf)); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -167,28 +168,42 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 }
 
 func newPrefetchCommand() *cobra.Command {
-	var from, to string
+	var (
+		o         agent.PrefetchOptions
+		sizeLimit string
+	)
 	cmd := &cobra.Command{
 		Use:   "prefetch",
 		Short: "Copy the model from the pod's model volume into memory (HyperPod's prefetchEnabled)",
 		Long: `prefetch is the init container of the pods of a parent with modelSourceConfig.prefetchEnabled:
 it copies every file of --from (the pod's model volume) into --to (the memory-backed volume
-model-weights-copy), from which the inference server reads the model.`,
+model-weights-copy), from which the inference server reads the model. It first empties --to of
+whatever an earlier attempt left there, so a restarted prefetch starts over. A model larger
+than --size-limit is refused before anything is copied, the error quoting --size-limit-from.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if sizeLimit != "" {
+				q, err := resource.ParseQuantity(sizeLimit)
+				if err != nil || q.Sign() < 0 {
+					return fmt.Errorf("--size-limit %q: want a size such as 16Gi", sizeLimit)
+				}
+				o.SizeLimit = q.Value()
+			}
 			start := time.Now()
-			res, err := agent.Prefetch(from, to)
+			res, err := agent.Prefetch(o)
 			if err != nil {
 				return err
 			}
 			took := time.Since(start)
 			_, err = fmt.Fprintf(cmd.OutOrStdout(), "model copied into memory at %s in %s: %d files, %s (%s/s)\n",
-				to, took.Round(time.Millisecond), res.Files, engine.HumanBytes(res.Bytes), engine.HumanBytes(int64(float64(res.Bytes)/max(took.Seconds(), 1e-3))))
+				o.To, took.Round(time.Millisecond), res.Files, engine.HumanBytes(res.Bytes), engine.HumanBytes(int64(float64(res.Bytes)/max(took.Seconds(), 1e-3))))
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", "", "the pod's model volume (read-only)")
-	cmd.Flags().StringVar(&to, "to", "", "the memory-backed volume the inference server reads")
+	cmd.Flags().StringVar(&o.From, "from", "", "the pod's model volume (read-only)")
+	cmd.Flags().StringVar(&o.To, "to", "", "the memory-backed volume the inference server reads")
+	cmd.Flags().StringVar(&sizeLimit, "size-limit", "", "the memory volume's size limit (a quantity such as 16Gi; empty: none)")
+	cmd.Flags().StringVar(&o.SizeLimitFrom, "size-limit-from", "", "what set --size-limit and how to raise it, quoted by the error of a model that does not fit")
 	_ = cmd.MarkFlagRequired("from")
 	_ = cmd.MarkFlagRequired("to")
 	return cmd

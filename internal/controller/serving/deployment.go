@@ -46,6 +46,9 @@ const (
 	PrefetchContainerName = "prewarm-prefetch"
 	// prefetchFrom and prefetchTo are where that init container sees the two volumes.
 	prefetchFrom, prefetchTo = "/var/lib/prewarm/model-source", "/var/lib/prewarm/model-copy"
+	// prefetchMemory is what the prefetch init container needs besides the files it writes: its
+	// memory request, and its memory limit above the volume's sizeLimit.
+	prefetchMemory = 128 << 20
 )
 
 // selector is the label set that selects a parent's pods.
@@ -170,11 +173,17 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 }
 
 // prefetchModel makes the worker read the model from memory (HyperPod's prefetchEnabled): a
-// memory-backed emptyDir, model-weights-copy, sized from the model, that an init container fills
-// from the model volume (the node's cache, or the download of a cold pod) before the worker
-// starts; the worker mounts it where it would have mounted the model. A model larger than the
-// worker's memory limit cannot be held there (the copy counts against the pod's memory): the
-// parent says so and nothing is deployed.
+// memory-backed emptyDir, model-weights-copy, that an init container fills from the model volume
+// (the node's cache, or the download of a cold pod) before the worker starts; the worker mounts
+// it where it would have mounted the model. A model larger than the worker's memory limit cannot
+// be held there (the copy counts against the pod's memory): the parent says so and nothing is
+// deployed.
+//
+// The volume always has a sizeLimit: the model's size and a margin, or, when the model's size is
+// not known yet, controller.prefetchSizeLimit (or the worker's memory limit, when lower); the
+// init container refuses a model larger than that, naming what set it. The init container's
+// memory limit is that sizeLimit and what the copy itself needs: the files it writes into the
+// volume count against its own memory while it runs.
 func (r *Reconciler) prefetchModel(m *model, cache *inferencev1.ModelDataCacheConfig, worker *corev1.Container, spec *corev1.PodSpec) error {
 	i := slices.IndexFunc(worker.VolumeMounts, func(v corev1.VolumeMount) bool { return v.MountPath == m.mountPath() })
 	if i < 0 {
@@ -188,22 +197,36 @@ func (r *Reconciler) prefetchModel(m *model, cache *inferencev1.ModelDataCacheCo
 			size = c.ModelBytes
 		}
 	}
-	empty := &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}
-	if size > 0 {
-		if limit, ok := worker.Resources.Limits[corev1.ResourceMemory]; ok && size >= limit.Value() {
+	workerLimit, limited := worker.Resources.Limits[corev1.ResourceMemory]
+	var sizeLimit int64
+	var sizeLimitFrom string
+	switch {
+	case size > 0:
+		if limited && size >= workerLimit.Value() {
 			return &problem{inferencev1.ReasonPrefetchDoesNotFit, fmt.Sprintf(
 				"prefetchEnabled copies the model (%s) into the pod's memory, which the worker's memory limit (%s) cannot hold: raise worker.resources.limits.memory above the model's size, or turn prefetchEnabled off",
-				engine.HumanBytes(size), limit.String())}
+				engine.HumanBytes(size), workerLimit.String())}
 		}
 		// The files, and tmpfs's own bookkeeping.
-		empty.SizeLimit = resource.NewQuantity(size+size/100+16<<20, resource.BinarySI)
+		sizeLimit = size + size/100 + 16<<20
+		sizeLimitFrom = fmt.Sprintf("sized from the model's size as its weights cache reported it, %s", engine.HumanBytes(size))
+	case limited && workerLimit.Value() < r.Config.Controller.PrefetchSizeLimitBytes():
+		sizeLimit = workerLimit.Value()
+		sizeLimitFrom = "the model's size was not known when the pod was made, so the limit is the worker's memory limit, which the copy shares with the server: raise worker.resources.limits.memory above the model's size, or turn prefetchEnabled off"
+	default:
+		sizeLimit = r.Config.Controller.PrefetchSizeLimitBytes()
+		sizeLimitFrom = "the model's size was not known when the pod was made, so the limit is controller.prefetchSizeLimit of the operator configuration: raise it above the model's size, or give the parent a weights cache, whose size then sizes the volume"
 	}
-	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: PrefetchVolumeName, VolumeSource: corev1.VolumeSource{EmptyDir: empty}})
+	limit := resource.NewQuantity(sizeLimit, resource.BinarySI)
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: PrefetchVolumeName, VolumeSource: corev1.VolumeSource{
+		EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: limit},
+	}})
 	prefetch := corev1.Container{
 		Name: PrefetchContainerName, Image: r.Config.AgentImage(),
-		Args: []string{"prefetch", "--from=" + prefetchFrom, "--to=" + prefetchTo},
+		Args: []string{"prefetch", "--from=" + prefetchFrom, "--to=" + prefetchTo, "--size-limit=" + limit.String(), "--size-limit-from=" + sizeLimitFrom},
 		Resources: corev1.ResourceRequirements{
-			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m"), corev1.ResourceMemory: *resource.NewQuantity(prefetchMemory, resource.BinarySI)},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(sizeLimit+prefetchMemory, resource.BinarySI)},
 		},
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: model.Name, MountPath: prefetchFrom, SubPath: model.SubPath, ReadOnly: true},

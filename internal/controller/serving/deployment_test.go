@@ -387,7 +387,7 @@ func TestPrefetchTemplate(t *testing.T) {
 		t.Fatalf("volumes %+v: want model-weights-copy, in memory, sized from the 16 GiB model", spec.Volumes)
 	}
 	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != PrefetchContainerName ||
-		!slices.Equal(spec.InitContainers[0].Args, []string{"prefetch", "--from=" + prefetchFrom, "--to=" + prefetchTo}) {
+		!slices.Equal(spec.InitContainers[0].Args[:3], []string{"prefetch", "--from=" + prefetchFrom, "--to=" + prefetchTo}) {
 		t.Fatalf("init containers %+v", spec.InitContainers)
 	}
 	mounts := spec.InitContainers[0].VolumeMounts
@@ -414,5 +414,71 @@ func TestPrefetchTemplate(t *testing.T) {
 	var p *problem
 	if !errors.As(err, &p) || p.reason != inferencev1.ReasonPrefetchDoesNotFit || !strings.Contains(p.message, "17.2 GB") || !strings.Contains(p.message, "8Gi") {
 		t.Errorf("a model beyond the memory limit: %v", err)
+	}
+}
+
+// The memory volume of prefetchEnabled always has a sizeLimit, and the init container that fills
+// it a memory request and a limit: the volume's sizeLimit (the files it writes count against its
+// memory) and what the copy itself needs. The sizeLimit is the model's size and a margin; when
+// the size is not known, controller.prefetchSizeLimit, or the worker's memory limit when lower.
+// The init container is told the limit and what set it, for its error.
+func TestPrefetchBounds(t *testing.T) {
+	const gi = int64(1) << 30
+	for _, tc := range []struct {
+		name        string
+		modelBytes  int64 // 0: not known
+		cache       bool
+		workerLimit string // "": none
+		configLimit string // "": the default
+		want        int64
+		wantFrom    string
+	}{
+		{name: "known size", cache: true, modelBytes: 16 * gi, workerLimit: "64Gi", want: 16*gi + 16*gi/100 + 16<<20, wantFrom: "weights cache reported it, 17.2 GB"},
+		{name: "cold pod", workerLimit: "128Gi", want: 64 * gi, wantFrom: "controller.prefetchSizeLimit"},
+		{name: "cold pod, no worker limit", configLimit: "32Gi", want: 32 * gi, wantFrom: "controller.prefetchSizeLimit"},
+		{name: "size not reported yet, worker limit lower", cache: true, workerLimit: "8Gi", want: 8 * gi, wantFrom: "worker.resources.limits.memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind}}}
+			if tc.configLimit != "" {
+				r.Config.Controller.PrefetchSizeLimit = ptr.To(resource.MustParse(tc.configLimit))
+			}
+			r.Config.Defaults()
+			iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+			iec.Spec.ModelSourceConfig.PrefetchEnabled = ptr.To(true)
+			delete(iec.Spec.Worker.Resources.Limits, corev1.ResourceMemory)
+			if tc.workerLimit != "" {
+				iec.Spec.Worker.Resources.Limits[corev1.ResourceMemory] = resource.MustParse(tc.workerLimit)
+			}
+			var cache *inferencev1.ModelDataCacheConfig
+			if tc.cache {
+				cache = &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Name: "m-cache", UID: "cafe-1"}}
+				cache.Status.TotalBytes = tc.modelBytes
+			}
+			tmpl, err := r.podTemplate(fromEndpoint(iec), cache, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == PrefetchVolumeName })
+			if i < 0 || tmpl.Spec.Volumes[i].EmptyDir == nil || tmpl.Spec.Volumes[i].EmptyDir.SizeLimit == nil {
+				t.Fatalf("volume %s missing or without a sizeLimit (%d of %d volumes)", PrefetchVolumeName, i, len(tmpl.Spec.Volumes))
+			}
+			if got := tmpl.Spec.Volumes[i].EmptyDir.SizeLimit.Value(); got != tc.want {
+				t.Errorf("sizeLimit %d; want %d", got, tc.want)
+			}
+			j := slices.IndexFunc(tmpl.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == PrefetchContainerName })
+			if j < 0 {
+				t.Fatalf("init containers %+v: no %s", tmpl.Spec.InitContainers, PrefetchContainerName)
+			}
+			c := tmpl.Spec.InitContainers[j]
+			limit, request := c.Resources.Limits[corev1.ResourceMemory], c.Resources.Requests[corev1.ResourceMemory]
+			if limit.Value() != tc.want+prefetchMemory || request.Value() != prefetchMemory {
+				t.Errorf("prefetch memory limit %s, request %s; want the sizeLimit and %d bytes, and %d bytes", limit.String(), request.String(), prefetchMemory, prefetchMemory)
+			}
+			args := strings.Join(c.Args, " ")
+			if !strings.Contains(args, "--size-limit="+resource.NewQuantity(tc.want, resource.BinarySI).String()+" ") || !strings.Contains(args, tc.wantFrom) {
+				t.Errorf("prefetch args %q: want the size limit and what set it (%q)", args, tc.wantFrom)
+			}
+		})
 	}
 }
