@@ -419,7 +419,7 @@ func (j *job) classify(err error) (string, string, time.Duration) {
 		return prewarmv1alpha1.ReasonVerificationFailed, err.Error(), 0
 	case errors.Is(err, engine.ErrSourceChanged):
 		return prewarmv1alpha1.ReasonSourceChanged, err.Error() + "; the objects were rewritten under the same location: use a new modelLocation for new weights", o.MaxRetryInterval
-	case errors.Is(err, engine.ErrInvalidModel), errors.Is(err, errNotConfined), permanentRefusal(err):
+	case errors.Is(err, engine.ErrInvalidModel), errors.Is(err, source.ErrTooManyFiles), errors.Is(err, errNotConfined), permanentRefusal(err):
 		return prewarmv1alpha1.ReasonInvalidSource, err.Error(), o.MaxRetryInterval
 	case source.Retryable(err):
 		return prewarmv1alpha1.ReasonSourceUnreachable, err.Error(), 0

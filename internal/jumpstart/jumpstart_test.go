@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/jsfixture"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 )
@@ -91,9 +92,7 @@ func TestParseRefusesWhatIsNotJumpStarts(t *testing.T) {
 // names the nearest; an unknown version lists those there are; the manifest is revalidated with
 // its ETag (a 304 costs no body) and read again when it changed.
 func TestResolverReadsJumpStartsBuckets(t *testing.T) {
-	if _, err := s3fixture.BinDir(); err != nil {
-		t.Skip(err)
-	}
+	testutil.NeedsTestBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, err := s3fixture.Start(filepath.Join(t.TempDir(), "s3"))

@@ -398,7 +398,8 @@ const (
 	// agent fetches those files again.
 	ReasonCacheDamaged = "CacheDamaged"
 	// ReasonInvalidSource: the source answers, but what it holds cannot be cached as listed
-	// (a reserved or escaping file name, a request the source refuses for good).
+	// (a reserved or escaping file name, more files than one model may have, a request the
+	// source refuses for good).
 	ReasonInvalidSource = "InvalidSource"
 	// ReasonSourceChanged: the source now holds other content than the revision the cache is
 	// pinned to (objects rewritten under the same location); the node does not serve it.

@@ -3,9 +3,12 @@
 package hub
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -19,6 +22,9 @@ type Checker struct {
 	Endpoint string
 	// Now is the clock.
 	Now func() time.Time
+	// Timeout bounds one question to the Hub (resolving the revision and listing its file
+	// tree); default DefaultTimeout.
+	Timeout time.Duration
 
 	mu    sync.Mutex
 	cache map[string]hubAnswer
@@ -35,6 +41,11 @@ const (
 	hubSuccessTTL = 10 * time.Minute
 	hubFailureTTL = 20 * time.Second
 )
+
+// DefaultTimeout bounds one question to the Hub: a reconcile that asks holds one of the
+// controller's workers until the Hub answers. The Hub lists a repository's tree in pages of a
+// thousand files, each in well under a second.
+const DefaultTimeout = 30 * time.Second
 
 // Resolve returns the commit that revision (a branch, tag or commit; empty means main) of repo
 // is at, reading the repository's file tree with token: an error says the token (or its
@@ -62,14 +73,21 @@ func (h *Checker) Resolve(ctx context.Context, repo, revision, token string) (st
 	}
 	h.mu.Unlock()
 
+	timeout := cmp.Or(h.Timeout, DefaultTimeout)
+	askCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	src, err := hf.New(hf.Options{RepoID: repo, Revision: revision, Endpoint: h.Endpoint, Token: token})
 	var commit string
 	if err == nil {
-		listing, lerr := src.List(ctx)
+		listing, lerr := src.List(askCtx)
 		commit, err = listing.Revision, lerr
 	}
-	if ctx.Err() != nil {
-		return "", ctx.Err() // not remembered: the caller gave up, the Hub did not answer
+	switch {
+	case ctx.Err() != nil:
+		return "", ctx.Err() // not remembered: the caller gave up, not the Hub
+	case err != nil && errors.Is(askCtx.Err(), context.DeadlineExceeded):
+		// Remembered as any failure: the next reconciles do not wait for the Hub again at once.
+		err = fmt.Errorf("the Hugging Face Hub did not list %s at %s within %s: %w", repo, revision, timeout, err)
 	}
 	h.mu.Lock()
 	if h.cache == nil {

@@ -47,6 +47,8 @@ type Hub struct {
 	Served atomic.Int64
 	// PageSize is how many tree entries one page holds (small, to exercise pagination).
 	PageSize int
+	// TreePages counts the pages of file trees served.
+	TreePages atomic.Int64
 
 	mu    sync.Mutex
 	repos map[string]*Repo
@@ -260,6 +262,7 @@ func (h *Hub) serveTree(w http.ResponseWriter, r *http.Request, repoID, rev stri
 		entries = append(entries, e)
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Path < entries[j].Path })
+	h.TreePages.Add(1)
 	start, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
 	end := min(len(entries), start+h.PageSize)
 	if end < len(entries) {

@@ -90,8 +90,8 @@ func init() {
 	}
 }
 
-// specKey is where v's spec file is in the content bucket.
-func specKey(v Version) string {
+// SpecKey is where v's spec file is in the content bucket.
+func SpecKey(v Version) string {
 	return fmt.Sprintf("community_models/%s/specs_v%s.json", v.ModelID, v.Version)
 }
 
@@ -140,11 +140,28 @@ func Manifest(versions []Version) ([]byte, error) {
 	var headers []map[string]any
 	for _, v := range versions {
 		headers = append(headers, map[string]any{
-			"model_id": v.ModelID, "version": v.Version, "min_version": "2.189.0", "spec_key": specKey(v),
+			"model_id": v.ModelID, "version": v.Version, "min_version": "2.189.0", "spec_key": SpecKey(v),
 			"deprecated": false, "search_keywords": []string{"Text Generation"},
 		})
 	}
 	return json.MarshalIndent(headers, "", " ")
+}
+
+// Objects are the content bucket's manifest and spec files for versions, by key.
+func Objects(versions []Version) (map[string][]byte, error) {
+	manifest, err := Manifest(versions)
+	if err != nil {
+		return nil, err
+	}
+	objects := map[string][]byte{"models_manifest.json": manifest}
+	for _, v := range versions {
+		body, err := json.MarshalIndent(spec(v), "", " ")
+		if err != nil {
+			return nil, err
+		}
+		objects[SpecKey(v)] = body
+	}
+	return objects, nil
 }
 
 // Publish creates the region's buckets on srv and puts the manifest, the spec files and every
@@ -155,21 +172,16 @@ func Publish(ctx context.Context, srv *s3fixture.Server) error {
 			return err
 		}
 	}
-	manifest, err := Manifest(Versions)
+	objects, err := Objects(Versions)
 	if err != nil {
 		return err
 	}
-	if err := srv.PutBytes(ctx, Bucket, "models_manifest.json", manifest); err != nil {
-		return err
+	for key, body := range objects {
+		if err := srv.PutBytes(ctx, Bucket, key, body); err != nil {
+			return err
+		}
 	}
 	for _, v := range Versions {
-		body, err := json.MarshalIndent(spec(v), "", " ")
-		if err != nil {
-			return err
-		}
-		if err := srv.PutBytes(ctx, Bucket, specKey(v), body); err != nil {
-			return err
-		}
 		for name, data := range v.Files {
 			if err := srv.PutBytes(ctx, v.Bucket(), v.Prefix+name, data); err != nil {
 				return err

@@ -147,10 +147,51 @@ func (e *NotFoundError) Unwrap() error { return e.Err }
 // Is makes errors.Is(err, ErrNotFound) true.
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
+// DefaultMaxFiles is the most files a source lists for one model unless told otherwise. A
+// listing with more fails with a *TooManyFilesError as soon as it passes the bound, so a prefix
+// or repository of millions of files costs neither the memory of their listing nor a request
+// per file. Models hold tens to a few thousand files; the largest public repositories a few
+// tens of thousands.
+const DefaultMaxFiles = 100_000
+
+// ErrTooManyFiles is matched (errors.Is) by errors for a listing with more files than its
+// source allows: listing again will not help.
+var ErrTooManyFiles = errors.New("too many files")
+
+// TooManyFilesError says a source holds more files than one model may have.
+type TooManyFilesError struct {
+	// Source names the source (its String).
+	Source string
+	// Max is the bound the listing passed.
+	Max int
+	// Hint says what to do instead.
+	Hint string
+}
+
+func (e *TooManyFilesError) Error() string {
+	msg := fmt.Sprintf("%s holds more than %d files, the most prewarm lists for one model", e.Source, e.Max)
+	if e.Hint != "" {
+		msg += ": " + e.Hint
+	}
+	return msg
+}
+
+// Is makes errors.Is(err, ErrTooManyFiles) true.
+func (e *TooManyFilesError) Is(target error) bool { return target == ErrTooManyFiles }
+
+// MaxFiles is n, or DefaultMaxFiles when n is not positive.
+func MaxFiles(n int) int {
+	if n <= 0 {
+		return DefaultMaxFiles
+	}
+	return n
+}
+
 // Retryable reports whether err is worth another try: server errors, throttling, timeouts,
-// resets and bodies cut short. Access and not-found errors, and cancellation, are not.
+// resets and bodies cut short. Access, not-found and too-many-files errors, and cancellation,
+// are not.
 func Retryable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrNotFound) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrAccessDenied) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrTooManyFiles) {
 		return false
 	}
 	var se *StatusError

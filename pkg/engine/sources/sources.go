@@ -116,6 +116,9 @@ type Options struct {
 	AccessKeyID, SecretAccessKey, SessionToken string
 	// Connections sizes the S3 connection pool.
 	Connections int
+	// MaxFiles is the most files a listing may hold (default source.DefaultMaxFiles): more
+	// fail it with a *source.TooManyFilesError.
+	MaxFiles int
 }
 
 // Open returns the source s names.
@@ -129,9 +132,15 @@ func Open(ctx context.Context, s Spec, o Options) (source.Source, error) {
 			Bucket: s.Bucket, Prefix: s.Prefix, Region: s.Region,
 			Endpoint: o.Endpoint, PathStyle: o.PathStyle, MaxConnections: o.Connections,
 			AccessKeyID: o.AccessKeyID, SecretAccessKey: o.SecretAccessKey, SessionToken: o.SessionToken,
+			MaxFiles: o.MaxFiles,
 		})
 	case HuggingFace:
-		return hf.New(hf.Options{RepoID: s.Repo, Revision: s.Revision, Endpoint: o.Endpoint, Token: o.Token})
+		return hf.New(hf.Options{RepoID: s.Repo, Revision: s.Revision, Endpoint: o.Endpoint, Token: o.Token, MaxFiles: o.MaxFiles})
 	}
-	return fs.New(filepath.Clean(s.Path))
+	src, err := fs.New(filepath.Clean(s.Path))
+	if err != nil {
+		return nil, err
+	}
+	src.MaxFiles = o.MaxFiles
+	return src, nil
 }

@@ -19,6 +19,11 @@ import (
 // the file it points to only when that file is inside the root; a link that leads out of the
 // tree, or nowhere, is skipped (and named in Skipped).
 type Source struct {
+	// MaxFiles is the most files List returns; a tree with more fails the listing with a
+	// *source.TooManyFilesError when the walk passes the bound. Zero means
+	// source.DefaultMaxFiles.
+	MaxFiles int
+
 	root string
 	dir  *os.Root // opened once; every read goes through it
 	// skipped are the links the last List skipped.
@@ -75,8 +80,9 @@ func (s *Source) Close() error { return s.dir.Close() }
 
 func (s *Source) String() string { return s.root }
 
-// List walks the tree and returns its regular files.
+// List walks the tree and returns its regular files, up to MaxFiles of them.
 func (s *Source) List(ctx context.Context) (source.Listing, error) {
+	maxFiles := source.MaxFiles(s.MaxFiles)
 	var files []source.File
 	var skipped []string
 	root := s.dir
@@ -103,6 +109,9 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 		if !info.Mode().IsRegular() {
 			return nil
 		}
+		if len(files) == maxFiles {
+			return &source.TooManyFilesError{Source: s.root, Max: maxFiles, Hint: "point the source at the model's own directory"}
+		}
 		files = append(files, source.File{
 			Path:    filepath.ToSlash(p),
 			Size:    info.Size(),
@@ -110,7 +119,11 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 		})
 		return nil
 	})
-	if err != nil {
+	var tooMany *source.TooManyFilesError
+	switch {
+	case errors.As(err, &tooMany):
+		return source.Listing{}, tooMany
+	case err != nil:
 		return source.Listing{}, fmt.Errorf("listing %s: %w", s.root, err)
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })

@@ -147,3 +147,26 @@ func TestMissingDirectoryIsNotFound(t *testing.T) {
 		t.Fatalf("err = %v; want not found, naming the directory", err)
 	}
 }
+
+// A tree with more files than MaxFiles fails the listing, naming the directory and the bound;
+// one of exactly MaxFiles files is listed.
+func TestListStopsAtMaxFiles(t *testing.T) {
+	root := t.TempDir()
+	for _, name := range []string{"a", "b", "c/d", "c/e"} {
+		write(t, filepath.Join(root, name), []byte(name))
+	}
+	src, err := fssrc.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.MaxFiles = 3
+	_, err = src.List(context.Background())
+	var tooMany *source.TooManyFilesError
+	if !errors.As(err, &tooMany) || !errors.Is(err, source.ErrTooManyFiles) || !strings.Contains(err.Error(), root+" holds more than 3 files") {
+		t.Fatalf("List: %v; want a TooManyFilesError naming %s and the bound", err, root)
+	}
+	src.MaxFiles = 4
+	if l, err := src.List(context.Background()); err != nil || len(l.Files) != 4 {
+		t.Errorf("exactly MaxFiles files: %d listed, %v", len(l.Files), err)
+	}
+}

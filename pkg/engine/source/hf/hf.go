@@ -33,7 +33,16 @@ type Options struct {
 	Token string
 	// HTTPClient replaces http.DefaultClient.
 	HTTPClient *http.Client
+	// MaxFiles is the most files List returns; a repository with more fails the listing with a
+	// *source.TooManyFilesError at the page that passes the bound. Default
+	// source.DefaultMaxFiles.
+	MaxFiles int
 }
+
+// MaxAnswerBytes bounds one answer of the Hub's API that List reads (the revision's
+// information, one page of the file tree): the Hub's pages hold at most a thousand entries, a
+// few hundred kilobytes.
+const MaxAnswerBytes = 32 << 20
 
 // Source is one repository at one revision.
 type Source struct {
@@ -76,6 +85,7 @@ func New(opts Options) (*Source, error) {
 		}
 		return nil
 	}
+	opts.MaxFiles = source.MaxFiles(opts.MaxFiles)
 	s := &Source{opts: opts, client: &withPolicy}
 	if commitPattern.MatchString(opts.Revision) {
 		s.commit = opts.Revision
@@ -155,7 +165,7 @@ type treeEntry struct {
 func (s *Source) repoURL() string { return s.opts.Endpoint + "/api/models/" + s.opts.RepoID }
 
 // List resolves the revision to a commit (once) and lists the commit's files, following the
-// tree's pagination.
+// tree's pagination, up to MaxFiles files.
 func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	if s.commit == "" {
 		resp, err := s.get(ctx, http.MethodGet, s.repoURL()+"/revision/"+url.PathEscape(s.opts.Revision), nil)
@@ -163,9 +173,7 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 			return source.Listing{}, err
 		}
 		var info revisionInfo
-		err = json.NewDecoder(resp.Body).Decode(&info)
-		resp.Body.Close()
-		if err != nil {
+		if err := decode(resp, &info); err != nil {
 			return source.Listing{}, fmt.Errorf("%s: revision %s: %w", s.opts.RepoID, s.opts.Revision, err)
 		}
 		if !commitPattern.MatchString(info.SHA) {
@@ -182,14 +190,16 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 			return source.Listing{}, err
 		}
 		var page []treeEntry
-		err = json.NewDecoder(resp.Body).Decode(&page)
-		resp.Body.Close()
-		if err != nil {
+		if err := decode(resp, &page); err != nil {
 			return source.Listing{}, fmt.Errorf("%s: reading the file tree: %w", s.opts.RepoID, err)
 		}
 		for _, e := range page {
 			if e.Type != "file" {
 				continue
+			}
+			if len(files) == s.opts.MaxFiles {
+				return source.Listing{}, &source.TooManyFilesError{Source: s.String(), Max: s.opts.MaxFiles,
+					Hint: "a repository this large is not cached; copy the model's own files to a repository or an S3 prefix of their own"}
 			}
 			f := source.File{Path: e.Path, Size: e.Size, Version: e.OID}
 			if e.LFS != nil {
@@ -209,6 +219,19 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 		return source.Listing{}, &source.NotFoundError{Err: fmt.Errorf("%s has no files at %s", s.opts.RepoID, s.commit)}
 	}
 	return source.Listing{Files: files, Revision: s.commit}, nil
+}
+
+// decode reads one JSON answer of at most MaxAnswerBytes into v, and closes it.
+func decode(resp *http.Response, v any) error {
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes+1))
+	if err != nil {
+		return err
+	}
+	if len(data) > MaxAnswerBytes {
+		return fmt.Errorf("the answer is larger than %d MiB, the most prewarm reads of one", MaxAnswerBytes>>20)
+	}
+	return json.Unmarshal(data, v)
 }
 
 var linkNext = regexp.MustCompile(`<([^>]+)>\s*;\s*rel="?next"?`)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -214,5 +215,76 @@ func TestTreePagesStayOnTheHub(t *testing.T) {
 	}
 	if n := leaked.Load(); n != 0 {
 		t.Errorf("the token was sent to another origin %d times", n)
+	}
+}
+
+// A repository with more files than MaxFiles fails the listing at the page that passes the
+// bound, without reading the pages after it, and the engine writes nothing; one of exactly
+// MaxFiles files is fetched.
+func TestListStopsAtMaxFiles(t *testing.T) {
+	hub := hubfixture.Start()
+	defer hub.Close()
+	many := map[string][]byte{}
+	for i := range 10 {
+		many[fmt.Sprintf("shard-%02d.json", i)] = []byte(fmt.Sprintf(`{"shard":%d}`, i))
+	}
+	hub.AddCommit("org/many", "main", many)
+
+	dest, _, err := fetch(t, hf.Options{RepoID: "org/many", Endpoint: hub.URL, MaxFiles: 4})
+	var tooMany *source.TooManyFilesError
+	if !errors.As(err, &tooMany) || !errors.Is(err, source.ErrTooManyFiles) || source.Retryable(err) {
+		t.Fatalf("err = %v; want a TooManyFilesError, not retryable", err)
+	}
+	if !strings.Contains(err.Error(), "hf://org/many@") || !strings.Contains(err.Error(), "more than 4 files") {
+		t.Errorf("message %q does not name the repository and the bound", err)
+	}
+	// Pages of 3 entries: the 5th file is on the 2nd page.
+	if n := hub.TreePages.Load(); n != 2 {
+		t.Errorf("%d pages of the tree read; want 2 (the listing stops at the page that passes the bound)", n)
+	}
+	if _, err := os.Stat(dest); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dest: %v; want nothing written", err)
+	}
+	assertNothingBeside(t, filepath.Dir(dest))
+
+	if _, res, err := fetch(t, hf.Options{RepoID: "org/many", Endpoint: hub.URL, MaxFiles: 10}); err != nil || res.Files != 10 {
+		t.Errorf("exactly MaxFiles files: %+v %v; want all 10 fetched", res, err)
+	}
+}
+
+// assertNothingBeside fails if dir holds anything (a partial download, a journal).
+func assertNothingBeside(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("left behind: %s", e.Name())
+	}
+}
+
+// An answer of the Hub's API larger than MaxAnswerBytes is not read past the bound.
+func TestListRefusesAnOversizedAnswer(t *testing.T) {
+	const commit = "0123456789abcdef0123456789abcdef01234567"
+	hub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A JSON list padded with whitespace past the bound, streamed.
+		blank := bytes.Repeat([]byte(" "), 1<<20)
+		_, _ = w.Write([]byte("["))
+		for range hf.MaxAnswerBytes>>20 + 8 {
+			if _, err := w.Write(blank); err != nil {
+				return
+			}
+		}
+		_, _ = w.Write([]byte("]"))
+	}))
+	defer hub.Close()
+	src, err := hf.New(hf.Options{RepoID: "org/model", Revision: commit, Endpoint: hub.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = src.List(context.Background())
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("larger than %d MiB", hf.MaxAnswerBytes>>20)) {
+		t.Errorf("List: %v; want an error naming the bound", err)
 	}
 }

@@ -48,12 +48,17 @@ type Options struct {
 	// ListPageSize is the number of keys asked for per ListObjectsV2 page; default the
 	// server's (1000 on S3).
 	ListPageSize int32
+	// MaxFiles is the most objects List returns; more fail the listing with a
+	// *source.TooManyFilesError, before any is asked for its checksums. Default
+	// source.DefaultMaxFiles.
+	MaxFiles int
 }
 
 // Source is a prefix of a bucket.
 type Source struct {
 	client   *s3.Client
 	pageSize int32
+	maxFiles int
 	bucket   string
 	prefix   string   // "" or ending in "/"
 	etags    sync.Map // relative path -> ETag seen by List
@@ -119,14 +124,15 @@ func New(ctx context.Context, opts Options) (*Source, error) {
 	if prefix != "" && !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
-	return &Source{client: client, bucket: opts.Bucket, prefix: prefix, pageSize: opts.ListPageSize}, nil
+	return &Source{client: client, bucket: opts.Bucket, prefix: prefix, pageSize: opts.ListPageSize, maxFiles: source.MaxFiles(opts.MaxFiles)}, nil
 }
 
 func (s *Source) String() string { return "s3://" + s.bucket + "/" + s.prefix }
 
 var md5ETag = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
-// List pages through the prefix, then asks each object for its full-object checksums.
+// List pages through the prefix, then asks each object for its full-object checksums. A
+// prefix of more than MaxFiles objects fails as soon as a page passes the bound.
 func (s *Source) List(ctx context.Context) (source.Listing, error) {
 	var files []source.File
 	in := &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: &s.prefix}
@@ -144,6 +150,10 @@ func (s *Source) List(ctx context.Context) (source.Listing, error) {
 			rel := strings.TrimPrefix(key, s.prefix)
 			if rel == "" || strings.HasSuffix(key, "/") {
 				continue // the prefix itself, or a "directory" marker
+			}
+			if len(files) == s.maxFiles {
+				return source.Listing{}, &source.TooManyFilesError{Source: s.String(), Max: s.maxFiles,
+					Hint: "narrow the prefix (modelLocation) to the model's own files"}
 			}
 			files = append(files, source.File{Path: rel, Size: aws.ToInt64(o.Size), Version: strings.Trim(aws.ToString(o.ETag), `"`)})
 		}

@@ -188,6 +188,49 @@ func TestListFollowsPages(t *testing.T) {
 	}
 }
 
+// A prefix with more objects than MaxFiles fails the listing at the page that passes the bound,
+// before any object is asked for its checksums, and the engine writes nothing; a prefix of
+// exactly MaxFiles objects is fetched.
+func TestListStopsAtMaxFiles(t *testing.T) {
+	var listCalls, heads atomic.Int64
+	proxy, err := shaper.Start(server.Endpoint, shaper.Options{Fault: func(r *http.Request, _ int64) (int, int64) {
+		switch {
+		case r.URL.Query().Has("list-type"):
+			listCalls.Add(1)
+		case r.Method == http.MethodHead:
+			heads.Add(1)
+		}
+		return 0, -1
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	_, err = newSource(t, proxy.URL, func(o *s3src.Options) { o.ListPageSize, o.MaxFiles = 1, 2 }).List(context.Background())
+	var tooMany *source.TooManyFilesError
+	if !errors.As(err, &tooMany) || !errors.Is(err, source.ErrTooManyFiles) || source.Retryable(err) {
+		t.Fatalf("List: %v; want a TooManyFilesError, not retryable", err)
+	}
+	if !strings.Contains(err.Error(), "s3://"+bucket+"/"+prefix+"/ holds more than 2 files") || !strings.Contains(err.Error(), "modelLocation") {
+		t.Errorf("message %q does not name the prefix, the bound and the field to narrow", err)
+	}
+	if n, h := listCalls.Load(), heads.Load(); n != 3 || h != 0 {
+		t.Errorf("%d pages listed and %d HEADs; want 3 pages of one key (the third passes the bound) and no HEAD", n, h)
+	}
+
+	dest := filepath.Join(t.TempDir(), "m")
+	_, err = testEngine().Fetch(context.Background(), engine.Request{Source: newSource(t, server.Endpoint, func(o *s3src.Options) { o.MaxFiles = len(model) - 1 }), Dest: dest})
+	if !errors.Is(err, source.ErrTooManyFiles) {
+		t.Fatalf("Fetch: %v; want ErrTooManyFiles", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(dest)); len(entries) != 0 {
+		t.Errorf("Fetch left %v; want nothing written", entries)
+	}
+	if _, err := testEngine().Fetch(context.Background(), engine.Request{Source: newSource(t, server.Endpoint, func(o *s3src.Options) { o.MaxFiles = len(model) }), Dest: dest}); err != nil {
+		t.Errorf("exactly MaxFiles objects: %v", err)
+	}
+}
+
 func TestFetchFromS3(t *testing.T) {
 	dest := filepath.Join(t.TempDir(), "m")
 	res, err := testEngine().Fetch(context.Background(), engine.Request{Source: newSource(t, server.Endpoint), Dest: dest})
