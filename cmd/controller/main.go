@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -85,7 +86,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader, so that only one replica reconciles at a time")
-	fs.StringVar(&o.leaderElectNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace)")
+	fs.StringVar(&o.leaderElectNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the operator namespace, where prewarm's Role grants it)")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -155,23 +156,27 @@ func newManager(o *options) (ctrl.Manager, error) {
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:     scheme.New(),
 		Controller: ctrlconfig.Controller{MaxConcurrentReconciles: cfg.Controller.ConcurrentReconciles},
-		// The controller watches only its own image cache pods, not every pod of the cluster.
+		// The kinds prewarm's Role grants only in the operator namespace are watched only there
+		// (a cluster-wide watch would be forbidden).
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			// Only its own image cache pods, not every pod of the cluster.
 			&corev1.Pod{}: {
 				Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}},
 				Label:      imageCachePods,
 			},
-			// ConfigMaps and Secrets: only the operator namespace (the catalog, prewarm's copies).
+			// ConfigMaps and Secrets: the catalog, prewarm's copies.
 			&corev1.ConfigMap{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
 			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
+			// DaemonSets: the image caches' pullers.
+			&appsv1.DaemonSet{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}},
 			// Leases: only the agents' (controller.Liveness), not the cluster's node leases.
 			&coordinationv1.Lease{}: {Namespaces: map[string]cache.Config{cfg.OperatorNamespace: {}}, Label: agentLeases},
 		}},
 		Metrics:                 metricsserver.Options{BindAddress: o.metricsAddr},
 		HealthProbeBindAddress:  o.probeAddr,
 		LeaderElection:          o.leaderElect,
-		LeaderElectionID:        "prewarm-controller.prewarm.io",
-		LeaderElectionNamespace: o.leaderElectNS,
+		LeaderElectionID:        controller.LeaderElectionID,
+		LeaderElectionNamespace: cmp.Or(o.leaderElectNS, cfg.OperatorNamespace),
 		// Leaving the Lease on shutdown lets a new replica take over at once.
 		LeaderElectionReleaseOnCancel: true,
 		Logger:                        ctrl.Log,

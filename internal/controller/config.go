@@ -165,7 +165,15 @@ const (
 	FieldManager = "prewarm-controller"
 )
 
-// The controller's own needs beyond its reconcilers: leader election and events.
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// LeaderElectionID names the Lease, in the operator namespace, that the controller's replicas
+// elect their leader with.
+const LeaderElectionID = "prewarm-controller.prewarm.io"
+
+// The controller's own needs beyond its reconcilers: leader election and events. Leases only in
+// the operator namespace (a Role): it creates, reads and renews its leader election Lease and
+// no other (the agents' it only watches: Liveness), and cannot read the cluster's node or
+// control-plane Leases.
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=hyperpod-inference-system,resources=leases,verbs=create
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=hyperpod-inference-system,resources=leases,resourceNames=prewarm-controller.prewarm.io,verbs=get;update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch

@@ -17,6 +17,10 @@ import (
 // its NodeCache status every minute instead) counts as alive after its last write.
 const LegacyHeartbeat = 3 * time.Minute
 
+// The agents' Leases are read from an informer of the operator namespace's Leases labelled
+// prewarm.io/agent-lease (cmd/controller).
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=hyperpod-inference-system,resources=leases,verbs=list;watch
+
 // Liveness tells whether the agent of a node is alive: it has renewed its Lease (named after the
 // node, in the operator namespace) within the Lease's duration.
 type Liveness struct {

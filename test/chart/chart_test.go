@@ -261,7 +261,13 @@ func TestAPIPriorityMatchesItsKustomizeCopy(t *testing.T) {
 
 func render(t *testing.T, args ...string) []*unstructured.Unstructured {
 	t.Helper()
-	out := runHelm(t, append([]string{"template", "prewarm", "charts/prewarm", "--namespace", namespace, "--kube-version", kubeVersion}, args...)...)
+	return renderIn(t, namespace, args...)
+}
+
+// renderIn renders the chart as a release in namespace ns.
+func renderIn(t *testing.T, ns string, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out := runHelm(t, append([]string{"template", "prewarm", "charts/prewarm", "--namespace", ns, "--kube-version", kubeVersion}, args...)...)
 	return decode(t, out)
 }
 

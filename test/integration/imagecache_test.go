@@ -139,3 +139,67 @@ func TestImageCacheLifecycle(t *testing.T) {
 		}
 	}
 }
+
+// An InferenceImageCache written outside the operator namespace (where prewarm's Role lets it
+// keep DaemonSets) gets no DaemonSet and no finalizer, even with a live parent: its status says
+// Failed, naming the operator namespace and what to write instead, and stays as it is.
+func TestImageCacheOutsideTheOperatorNamespaceIsRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := server.Client
+	rc := newReconcilers(t, ctx, "refused-operator", "refused-team")
+	r := &imagecache.Reconciler{Client: testutil.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
+	upNode(t, ctx, "refused-node", "ml.ic-refused.xlarge")
+
+	parent := testutil.MakeInferenceEndpointConfig("refused-team", "served").Obj()
+	if err := c.Create(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	ic := testutil.MakeInferenceImageCache("refused-team", "iic-own")
+	ic.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.ic-refused.xlarge"}}
+	ic.Spec.ParentReferences = []inferencev1.ParentReference{{Kind: "InferenceEndpointConfig", Namespace: "refused-team", Name: "served", UID: string(parent.UID)}}
+	if err := c.Create(ctx, ic); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(ic)
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if err := c.Get(ctx, key, ic); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(inferencev1.InferenceImageCacheStatus{
+		ObservedGeneration: 1, Phase: inferencev1.ImageFailed,
+		Conditions: []metav1.Condition{{Type: inferencev1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: 1,
+			Reason: imagecache.ReasonNotInOperatorNamespace,
+			Message: "prewarm keeps InferenceImageCaches in its operator namespace refused-operator only, and pulls nothing for one in refused-team: " +
+				"to pin an image for this namespace's pods, write a ModelImageCache here instead"}},
+	}, ic.Status, cmpopts.IgnoreFields(metav1.Condition{}, "LastTransitionTime")); diff != "" {
+		t.Errorf("status (-want +got):\n%s", diff)
+	}
+	if len(ic.Finalizers) > 0 {
+		t.Errorf("finalizers %v; want none", ic.Finalizers)
+	}
+	dss := &appsv1.DaemonSetList{}
+	if err := c.List(ctx, dss, client.InNamespace("refused-team")); err != nil {
+		t.Fatal(err)
+	}
+	if len(dss.Items) > 0 {
+		t.Errorf("DaemonSet %s/%s made for an image cache outside the operator namespace", dss.Items[0].Namespace, dss.Items[0].Name)
+	}
+	// Reconciled again, a second later, it is not written again (its condition keeps its time).
+	rv := ic.ResourceVersion
+	written := ic.Status.Conditions[0].LastTransitionTime.Time
+	if err := testutil.Eventually(ctx, 5*time.Second, func() (bool, error) { return time.Now().Truncate(time.Second).After(written), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if err := c.Get(ctx, key, ic); err != nil {
+		t.Fatal(err)
+	}
+	if ic.ResourceVersion != rv {
+		t.Errorf("a second reconcile wrote the refused image cache again (resourceVersion %s, then %s)", rv, ic.ResourceVersion)
+	}
+}

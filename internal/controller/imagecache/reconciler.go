@@ -41,8 +41,8 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches/status;inferenceimagecaches/finalizers,verbs=get;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=jumpstartmodels,verbs=get;list;watch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelimagecaches,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,namespace=hyperpod-inference-system,resources=daemonsets,verbs=list;watch;create;patch;delete
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=pods,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=scheduling.k8s.io,resources=priorityclasses,verbs=get;list;watch
 
@@ -105,6 +105,11 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) error {
 	}
 	if !c.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, c)
+	}
+	if c.Namespace != r.Config.OperatorNamespace {
+		// prewarm makes image caches in the operator namespace only, where its Role lets it
+		// keep their DaemonSets; one written elsewhere gets none, and says so.
+		return r.writeStatus(ctx, c, notInOperatorNamespace(c, r.Config.OperatorNamespace))
 	}
 	if err := controller.AddFinalizer(ctx, r.Client, c, inferencev1.CacheFinalizer); err != nil {
 		return err
@@ -229,9 +234,13 @@ func (r *Reconciler) finalize(ctx context.Context, c *inferencev1.InferenceImage
 	if err := r.writeStatus(ctx, c, *st); err != nil {
 		return err
 	}
-	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}}
-	if err := r.Client.Delete(ctx, ds, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
-		return err
+	// A cache outside the operator namespace has no DaemonSet of prewarm's (one made before
+	// prewarm kept to that namespace is the cache's, and goes with it).
+	if c.Namespace == r.Config.OperatorNamespace {
+		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name}}
+		if err := r.Client.Delete(ctx, ds, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
+			return err
+		}
 	}
 	label := inferencev1.ImageCacheReadyLabel(string(c.UID))
 	labelled, err := controller.LabelledNodes(ctx, r.Client, label)

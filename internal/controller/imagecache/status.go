@@ -24,7 +24,24 @@ const (
 	ReasonNoPod = "NoPod"
 	// ReasonPulled: the image is on the node, pinned by a running container.
 	ReasonPulled = "Pulled"
+	// ReasonNotInOperatorNamespace: an InferenceImageCache outside the operator namespace, where
+	// prewarm makes none and keeps no DaemonSet.
+	ReasonNotInOperatorNamespace = "NotInOperatorNamespace"
 )
+
+// notInOperatorNamespace is the status of an image cache written outside the operator
+// namespace: failed, nothing pulled, and what to write instead.
+func notInOperatorNamespace(c *inferencev1.InferenceImageCache, operatorNS string) inferencev1.InferenceImageCacheStatus {
+	// The condition as it stands, so that its transition time holds from one reconcile to the next.
+	st := inferencev1.InferenceImageCacheStatus{ObservedGeneration: c.Generation, Phase: inferencev1.ImageFailed, Conditions: slices.Clone(c.Status.Conditions)}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+		Type: inferencev1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: c.Generation,
+		Reason: ReasonNotInOperatorNamespace,
+		Message: fmt.Sprintf("prewarm keeps InferenceImageCaches in its operator namespace %s only, and pulls nothing for one in %s: "+
+			"to pin an image for this namespace's pods, write a ModelImageCache here instead", operatorNS, c.Namespace),
+	})
+	return st
+}
 
 // pullFailures are the container waiting reasons that mean the image cannot be pulled.
 var pullFailures = []string{"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable", "SignatureValidationFailed"}

@@ -80,9 +80,6 @@ func ImageCacheName(image string, p inferencev1.Placement) string {
 // if missing, with the parent in its references and its pull secrets available.
 func (r *Reconciler) ensureImageCache(ctx context.Context, m *model) (*inferencev1.InferenceImageCache, error) {
 	ns := r.Config.OperatorNamespace
-	if err := r.ensureNamespace(ctx, ns); err != nil {
-		return nil, err
-	}
 	name := ImageCacheName(m.worker.Image, m.placement)
 	ref := inferencev1.ParentReference{Kind: m.kind, Namespace: m.owner.GetNamespace(), Name: m.owner.GetName(), UID: m.uid()}
 	c := &inferencev1.InferenceImageCache{}
@@ -211,19 +208,6 @@ func (r *Reconciler) dropPullSecretCopies(ctx context.Context, c *inferencev1.In
 		kept[s.Name] = true
 	}
 	c.Spec.ImagePullSecrets = slices.DeleteFunc(c.Spec.ImagePullSecrets, func(s corev1.LocalObjectReference) bool { return !kept[s.Name] })
-	return nil
-}
-
-func (r *Reconciler) ensureNamespace(ctx context.Context, name string) error {
-	ns := &corev1.Namespace{}
-	err := r.Client.Get(ctx, types.NamespacedName{Name: name}, ns)
-	if !apierrors.IsNotFound(err) {
-		return err
-	}
-	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{controller.ManagedByLabel: controller.ManagedBy}}}
-	if err := r.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
 	return nil
 }
 

@@ -37,7 +37,7 @@ type JumpStartReconciler struct {
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=jumpstartmodels,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=jumpstartmodels/status;jumpstartmodels/finalizers,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=configmaps,verbs=list;watch
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *JumpStartReconciler) SetupWithManager(mgr ctrl.Manager) error {
