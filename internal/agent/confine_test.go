@@ -214,50 +214,86 @@ func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
 }
 
 // A sourceAccess rule that allows a namespace one directory of an FSx file system is held on
-// the disk, not only on the path as written: a link under the allowed directory that leads to
-// another directory of the same file system (another team's) is refused, while the same
-// namespace's model under the allowed directory is cached.
+// the disk, not only on the path as written. The file system is its tenants' to write, so a
+// symbolic link anywhere from the mount down to the model's directory is refused, wherever it
+// leads: one under the allowed directory to another team's directory, one that is a directory of
+// the rule's own path (to another directory of the file system, or to the node's root), even one
+// that stays inside the allowed directory. Each fails the cache with a terminal InvalidSource
+// naming the link, while the same namespace's model under real directories is cached.
 func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 	ctx, api := startAPI(t)
 	const (
-		uidOwn    = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb"
-		uidStolen = "cccccccc-cccc-4ccc-8ccc-cccccccccccc"
-		root      = "/opt/dlami/nvme"
+		uidOwn      = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb"
+		uidStolen   = "cccccccc-cccc-4ccc-8ccc-cccccccccccc"
+		uidRuleLink = "dddddddd-dddd-4ddd-8ddd-dddddddddddd"
+		uidHostRoot = "eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee"
+		uidInside   = "ffffffff-ffff-4fff-8fff-ffffffffffff"
+		root        = "/opt/dlami/nvme"
 	)
 	host := t.TempDir()
+	fsx := filepath.Join(host, "fsx")
 	model := map[string][]byte{"config.json": []byte(`{"a":1}`), "model.safetensors": gen.Bytes(10, 1<<20)}
-	writeFiles(t, filepath.Join(host, "fsx", "team-a", "secret-model"), model)
-	writeFiles(t, filepath.Join(host, "fsx", "shared", "open-model"), model)
+	writeFiles(t, filepath.Join(fsx, "team-a", "secret-model"), model)
+	writeFiles(t, filepath.Join(fsx, "shared", "open-model"), model)
+	writeFiles(t, filepath.Join(fsx, "elsewhere", "team-c", "model"), model)
+	writeFiles(t, filepath.Join(host, "team-d", "model"), map[string][]byte{"config.json": []byte(`{"host":1}`)})
 	if err := os.MkdirAll(filepath.Join(host, root), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// shared/x -> ../team-a: lexically under shared, on disk team-a's.
-	if err := os.Symlink("../team-a", filepath.Join(host, "fsx", "shared", "x")); err != nil {
-		t.Fatal(err)
+	for link, target := range map[string]string{
+		// shared/x -> ../team-a: lexically under shared, on disk team-a's.
+		filepath.Join(fsx, "shared", "x"): "../team-a",
+		// shared/same -> .: under shared on disk too, but a link all the same.
+		filepath.Join(fsx, "shared", "same"): ".",
+		// The first directory of team-c's rule path (projects/team-c), which team-c's tenants
+		// can write, replaced by a link to another directory of the file system.
+		filepath.Join(fsx, "projects"): "elsewhere",
+		// The first directory of team-d's rule path replaced by a link to the node's root (here
+		// the test's host directory).
+		filepath.Join(fsx, "scratch"): host,
+	} {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg := testConfig(root)
 	cfg.SourceAccess = []config.SourceRule{
 		{Namespaces: []string{"team-a"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "team-a"}},
 		{Namespaces: []string{"team-b"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "shared"}},
+		{Namespaces: []string{"team-c"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "projects/team-c"}},
+		{Namespaces: []string{"team-d"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "scratch/team-d"}},
 	}
 	askNode(t, ctx, api, "node-1",
 		prewarmv1alpha1.CacheRequest{UID: uidOwn, Namespace: "team-b", Name: "own", Root: root, Source: fsxSource("shared/open-model")},
 		prewarmv1alpha1.CacheRequest{UID: uidStolen, Namespace: "team-b", Name: "stolen", Root: root, Source: fsxSource("shared/x/secret-model")},
+		prewarmv1alpha1.CacheRequest{UID: uidInside, Namespace: "team-b", Name: "inside", Root: root, Source: fsxSource("shared/same/open-model")},
+		prewarmv1alpha1.CacheRequest{UID: uidRuleLink, Namespace: "team-c", Name: "rule-link", Root: root, Source: fsxSource("projects/team-c/model")},
+		prewarmv1alpha1.CacheRequest{UID: uidHostRoot, Namespace: "team-d", Name: "host-root", Root: root, Source: fsxSource("scratch/team-d/model")},
 	)
 	runAgent(t, ctx, api, "node-1", agent.Options{
 		Config: cfg, HostPrefix: host,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
-	status, wait := watchStatus(t, ctx, api, "node-1", uidOwn, uidStolen)
-	wait("both settled", func() bool {
-		return status(uidOwn).State == inferencev1.CacheReady && status(uidStolen).State == inferencev1.CacheFailed
+	refused := map[string]string{uidStolen: "shared/x", uidInside: "shared/same", uidRuleLink: "projects", uidHostRoot: "scratch"}
+	statusOf, wait := watchStatus(t, ctx, api, "node-1", uidOwn, uidStolen, uidInside, uidRuleLink, uidHostRoot)
+	wait("all settled", func() bool {
+		for uid := range refused {
+			if statusOf(uid).State != inferencev1.CacheFailed {
+				return false
+			}
+		}
+		return statusOf(uidOwn).State == inferencev1.CacheReady
 	})
-	if st := status(uidStolen); st.Reason != prewarmv1alpha1.ReasonInvalidSource || !strings.Contains(st.Message, "shared/x/secret-model") {
-		t.Errorf("a source whose link leads out of its rule's directory: %+v; want InvalidSource naming it", st)
-	}
-	if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uidStolen)); len(e) != 0 {
-		t.Errorf("the other team's model was cached through the link: %v", e)
+	for uid, link := range refused {
+		st := statusOf(uid)
+		if st.Reason != prewarmv1alpha1.ReasonInvalidSource || !prewarmv1alpha1.Terminal(st.Reason) ||
+			!strings.Contains(st.Message, link+" (/fsx/"+link+" on the node) is a symbolic link") {
+			t.Errorf("a source through the link %s: %+v; want a terminal InvalidSource naming the link", link, st)
+		}
+		if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uid)); len(e) != 0 {
+			t.Errorf("cache %s holds %v through the link %s; want nothing", uid, e, link)
+		}
 	}
 }
 
