@@ -5,12 +5,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -219,7 +225,8 @@ func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
 // leads: one under the allowed directory to another team's directory, one that is a directory of
 // the rule's own path (to another directory of the file system, or to the node's root), even one
 // that stays inside the allowed directory. Each fails the cache with a terminal InvalidSource
-// naming the link, while the same namespace's model under real directories is cached.
+// naming the link, while the same namespace's model under real directories is cached. A pod
+// without a weights cache gets the same directory, checked the same way, as its FSx volume.
 func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 	ctx, api := startAPI(t)
 	const (
@@ -238,6 +245,9 @@ func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 	writeFiles(t, filepath.Join(fsx, "elsewhere", "team-c", "model"), model)
 	writeFiles(t, filepath.Join(host, "team-d", "model"), map[string][]byte{"config.json": []byte(`{"host":1}`)})
 	if err := os.MkdirAll(filepath.Join(host, root), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-c"}}); err != nil {
 		t.Fatal(err)
 	}
 	for link, target := range map[string]string{
@@ -270,8 +280,8 @@ func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 		prewarmv1alpha1.CacheRequest{UID: uidRuleLink, Namespace: "team-c", Name: "rule-link", Root: root, Source: fsxSource("projects/team-c/model")},
 		prewarmv1alpha1.CacheRequest{UID: uidHostRoot, Namespace: "team-d", Name: "host-root", Root: root, Source: fsxSource("scratch/team-d/model")},
 	)
-	runAgent(t, ctx, api, "node-1", agent.Options{
-		Config: cfg, HostPrefix: host,
+	a := runAgent(t, ctx, api, "node-1", agent.Options{
+		Config: cfg, HostPrefix: host, EventInterval: time.Hour,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
@@ -294,6 +304,54 @@ func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 		if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uid)); len(e) != 0 {
 			t.Errorf("cache %s holds %v through the link %s; want nothing", uid, e, link)
 		}
+	}
+
+	// The volume of a pod without a weights cache (its FSx directory): the same directory, held
+	// the same way, for the pods of the namespace the rule allows.
+	pod := func(ns, path string) agent.MountRequest {
+		return agent.MountRequest{FileSystemID: testFSx, FSxPath: path, PodNamespace: ns, PodName: "cold", PodUID: types.UID("uid-" + ns)}
+	}
+	dir, err := a.FSxToMount(ctx, pod("team-b", "shared/open-model"))
+	if err != nil {
+		t.Fatalf("the FSx directory of a pod of team-b: %v", err)
+	}
+	got, _ := dir.Stat()
+	dir.Close()
+	if want, _ := os.Stat(filepath.Join(fsx, "shared", "open-model")); got == nil || !os.SameFile(got, want) {
+		t.Errorf("the FSx directory opened for the pod: %v; want shared/open-model", got)
+	}
+	for _, x := range []struct {
+		req  agent.MountRequest
+		code codes.Code
+		says string
+	}{
+		{pod("team-c", "projects/team-c/model"), codes.PermissionDenied, "projects (/fsx/projects on the node) is a symbolic link"},
+		{pod("team-d", "scratch/team-d/model"), codes.PermissionDenied, "scratch (/fsx/scratch on the node) is a symbolic link"},
+		{pod("team-b", "shared/same/open-model"), codes.PermissionDenied, "shared/same (/fsx/shared/same on the node) is a symbolic link"},
+		{pod("team-b", "team-a/secret-model"), codes.PermissionDenied, "no sourceAccess rule lets namespace team-b read it"},
+		{pod("team-b", "shared/../team-a/secret-model"), codes.PermissionDenied, `not under "shared", the directory its rule allows`},
+		{pod("team-b", "../etc"), codes.PermissionDenied, "want a path inside the file system"},
+		{pod("team-b", "shared/missing"), codes.NotFound, "/fsx/shared/missing does not exist"},
+		{agent.MountRequest{FileSystemID: "fs-ffffffffffffffff0", FSxPath: "shared", PodNamespace: "team-b", PodName: "cold"}, codes.FailedPrecondition, "fs-ffffffffffffffff0"},
+	} {
+		if d, err := a.FSxToMount(ctx, x.req); status.Code(err) != x.code || !strings.Contains(err.Error(), x.says) {
+			if d != nil {
+				d.Close()
+			}
+			t.Errorf("FSx volume %s of a pod of %s: %v; want %s saying %q", x.req.FSxPath, x.req.PodNamespace, err, x.code, x.says)
+		}
+	}
+	err = testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
+		list := &eventsv1.EventList{}
+		if err := api.Client.List(ctx, list, client.InNamespace("team-c")); err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(list.Items, func(e eventsv1.Event) bool {
+			return e.Regarding.Name == "cold" && e.Reason == agent.EventSourceRefused && strings.Contains(e.Note, "is a symbolic link")
+		}), nil
+	})
+	if err != nil {
+		t.Errorf("event %s on team-c/cold: %v", agent.EventSourceRefused, err)
 	}
 }
 
