@@ -5,12 +5,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -214,50 +220,138 @@ func TestAgentConfinesPathsAndReverifiesContent(t *testing.T) {
 }
 
 // A sourceAccess rule that allows a namespace one directory of an FSx file system is held on
-// the disk, not only on the path as written: a link under the allowed directory that leads to
-// another directory of the same file system (another team's) is refused, while the same
-// namespace's model under the allowed directory is cached.
+// the disk, not only on the path as written. The file system is its tenants' to write, so a
+// symbolic link anywhere from the mount down to the model's directory is refused, wherever it
+// leads: one under the allowed directory to another team's directory, one that is a directory of
+// the rule's own path (to another directory of the file system, or to the node's root), even one
+// that stays inside the allowed directory. Each fails the cache with a terminal InvalidSource
+// naming the link, while the same namespace's model under real directories is cached. A pod
+// without a weights cache gets the same directory, checked the same way, as its FSx volume.
 func TestAgentHoldsFSxSourcesToTheirRulesDirectory(t *testing.T) {
 	ctx, api := startAPI(t)
 	const (
-		uidOwn    = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb"
-		uidStolen = "cccccccc-cccc-4ccc-8ccc-cccccccccccc"
-		root      = "/opt/dlami/nvme"
+		uidOwn      = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb"
+		uidStolen   = "cccccccc-cccc-4ccc-8ccc-cccccccccccc"
+		uidRuleLink = "dddddddd-dddd-4ddd-8ddd-dddddddddddd"
+		uidHostRoot = "eeeeeeee-eeee-4eee-8eee-eeeeeeeeeeee"
+		uidInside   = "ffffffff-ffff-4fff-8fff-ffffffffffff"
+		root        = "/opt/dlami/nvme"
 	)
 	host := t.TempDir()
+	fsx := filepath.Join(host, "fsx")
 	model := map[string][]byte{"config.json": []byte(`{"a":1}`), "model.safetensors": gen.Bytes(10, 1<<20)}
-	writeFiles(t, filepath.Join(host, "fsx", "team-a", "secret-model"), model)
-	writeFiles(t, filepath.Join(host, "fsx", "shared", "open-model"), model)
+	writeFiles(t, filepath.Join(fsx, "team-a", "secret-model"), model)
+	writeFiles(t, filepath.Join(fsx, "shared", "open-model"), model)
+	writeFiles(t, filepath.Join(fsx, "elsewhere", "team-c", "model"), model)
+	writeFiles(t, filepath.Join(host, "team-d", "model"), map[string][]byte{"config.json": []byte(`{"host":1}`)})
 	if err := os.MkdirAll(filepath.Join(host, root), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// shared/x -> ../team-a: lexically under shared, on disk team-a's.
-	if err := os.Symlink("../team-a", filepath.Join(host, "fsx", "shared", "x")); err != nil {
+	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-c"}}); err != nil {
 		t.Fatal(err)
+	}
+	for link, target := range map[string]string{
+		// shared/x -> ../team-a: lexically under shared, on disk team-a's.
+		filepath.Join(fsx, "shared", "x"): "../team-a",
+		// shared/same -> .: under shared on disk too, but a link all the same.
+		filepath.Join(fsx, "shared", "same"): ".",
+		// The first directory of team-c's rule path (projects/team-c), which team-c's tenants
+		// can write, replaced by a link to another directory of the file system.
+		filepath.Join(fsx, "projects"): "elsewhere",
+		// The first directory of team-d's rule path replaced by a link to the node's root (here
+		// the test's host directory).
+		filepath.Join(fsx, "scratch"): host,
+	} {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cfg := testConfig(root)
 	cfg.SourceAccess = []config.SourceRule{
 		{Namespaces: []string{"team-a"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "team-a"}},
 		{Namespaces: []string{"team-b"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "shared"}},
+		{Namespaces: []string{"team-c"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "projects/team-c"}},
+		{Namespaces: []string{"team-d"}, FSx: &config.FSxRule{FileSystemID: testFSx, Path: "scratch/team-d"}},
 	}
 	askNode(t, ctx, api, "node-1",
 		prewarmv1alpha1.CacheRequest{UID: uidOwn, Namespace: "team-b", Name: "own", Root: root, Source: fsxSource("shared/open-model")},
 		prewarmv1alpha1.CacheRequest{UID: uidStolen, Namespace: "team-b", Name: "stolen", Root: root, Source: fsxSource("shared/x/secret-model")},
+		prewarmv1alpha1.CacheRequest{UID: uidInside, Namespace: "team-b", Name: "inside", Root: root, Source: fsxSource("shared/same/open-model")},
+		prewarmv1alpha1.CacheRequest{UID: uidRuleLink, Namespace: "team-c", Name: "rule-link", Root: root, Source: fsxSource("projects/team-c/model")},
+		prewarmv1alpha1.CacheRequest{UID: uidHostRoot, Namespace: "team-d", Name: "host-root", Root: root, Source: fsxSource("scratch/team-d/model")},
 	)
-	runAgent(t, ctx, api, "node-1", agent.Options{
-		Config: cfg, HostPrefix: host,
+	a := runAgent(t, ctx, api, "node-1", agent.Options{
+		Config: cfg, HostPrefix: host, EventInterval: time.Hour,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 200 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,
 	})
-	status, wait := watchStatus(t, ctx, api, "node-1", uidOwn, uidStolen)
-	wait("both settled", func() bool {
-		return status(uidOwn).State == inferencev1.CacheReady && status(uidStolen).State == inferencev1.CacheFailed
+	refused := map[string]string{uidStolen: "shared/x", uidInside: "shared/same", uidRuleLink: "projects", uidHostRoot: "scratch"}
+	statusOf, wait := watchStatus(t, ctx, api, "node-1", uidOwn, uidStolen, uidInside, uidRuleLink, uidHostRoot)
+	wait("all settled", func() bool {
+		for uid := range refused {
+			if statusOf(uid).State != inferencev1.CacheFailed {
+				return false
+			}
+		}
+		return statusOf(uidOwn).State == inferencev1.CacheReady
 	})
-	if st := status(uidStolen); st.Reason != prewarmv1alpha1.ReasonInvalidSource || !strings.Contains(st.Message, "shared/x/secret-model") {
-		t.Errorf("a source whose link leads out of its rule's directory: %+v; want InvalidSource naming it", st)
+	for uid, link := range refused {
+		st := statusOf(uid)
+		if st.Reason != prewarmv1alpha1.ReasonInvalidSource || !prewarmv1alpha1.Terminal(st.Reason) ||
+			!strings.Contains(st.Message, link+" (/fsx/"+link+" on the node) is a symbolic link") {
+			t.Errorf("a source through the link %s: %+v; want a terminal InvalidSource naming the link", link, st)
+		}
+		if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uid)); len(e) != 0 {
+			t.Errorf("cache %s holds %v through the link %s; want nothing", uid, e, link)
+		}
 	}
-	if e, _ := os.ReadDir(prewarmv1alpha1.ModelDir(filepath.Join(host, root), uidStolen)); len(e) != 0 {
-		t.Errorf("the other team's model was cached through the link: %v", e)
+
+	// The volume of a pod without a weights cache (its FSx directory): the same directory, held
+	// the same way, for the pods of the namespace the rule allows.
+	pod := func(ns, path string) agent.MountRequest {
+		return agent.MountRequest{FileSystemID: testFSx, FSxPath: path, PodNamespace: ns, PodName: "cold", PodUID: types.UID("uid-" + ns)}
+	}
+	dir, err := a.FSxToMount(ctx, pod("team-b", "shared/open-model"))
+	if err != nil {
+		t.Fatalf("the FSx directory of a pod of team-b: %v", err)
+	}
+	got, _ := dir.Stat()
+	dir.Close()
+	if want, _ := os.Stat(filepath.Join(fsx, "shared", "open-model")); got == nil || !os.SameFile(got, want) {
+		t.Errorf("the FSx directory opened for the pod: %v; want shared/open-model", got)
+	}
+	for _, x := range []struct {
+		req  agent.MountRequest
+		code codes.Code
+		says string
+	}{
+		{pod("team-c", "projects/team-c/model"), codes.PermissionDenied, "projects (/fsx/projects on the node) is a symbolic link"},
+		{pod("team-d", "scratch/team-d/model"), codes.PermissionDenied, "scratch (/fsx/scratch on the node) is a symbolic link"},
+		{pod("team-b", "shared/same/open-model"), codes.PermissionDenied, "shared/same (/fsx/shared/same on the node) is a symbolic link"},
+		{pod("team-b", "team-a/secret-model"), codes.PermissionDenied, "no sourceAccess rule lets namespace team-b read it"},
+		{pod("team-b", "shared/../team-a/secret-model"), codes.PermissionDenied, `not under "shared", the directory its rule allows`},
+		{pod("team-b", "../etc"), codes.PermissionDenied, "want a path inside the file system"},
+		{pod("team-b", "shared/missing"), codes.NotFound, "/fsx/shared/missing does not exist"},
+		{agent.MountRequest{FileSystemID: "fs-ffffffffffffffff0", FSxPath: "shared", PodNamespace: "team-b", PodName: "cold"}, codes.FailedPrecondition, "fs-ffffffffffffffff0"},
+	} {
+		if d, err := a.FSxToMount(ctx, x.req); status.Code(err) != x.code || !strings.Contains(err.Error(), x.says) {
+			if d != nil {
+				d.Close()
+			}
+			t.Errorf("FSx volume %s of a pod of %s: %v; want %s saying %q", x.req.FSxPath, x.req.PodNamespace, err, x.code, x.says)
+		}
+	}
+	err = testutil.Eventually(ctx, 30*time.Second, func() (bool, error) {
+		list := &eventsv1.EventList{}
+		if err := api.Client.List(ctx, list, client.InNamespace("team-c")); err != nil {
+			return false, err
+		}
+		return slices.ContainsFunc(list.Items, func(e eventsv1.Event) bool {
+			return e.Regarding.Name == "cold" && e.Reason == agent.EventSourceRefused && strings.Contains(e.Note, "is a symbolic link")
+		}), nil
+	})
+	if err != nil {
+		t.Errorf("event %s on team-c/cold: %v", agent.EventSourceRefused, err)
 	}
 }
 

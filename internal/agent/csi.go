@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -29,12 +30,19 @@ const (
 	// EventCacheDamaged: re-verification found files of a cache the pod uses damaged on disk;
 	// they are fetched again, and what the pod read of them before may have been damaged.
 	EventCacheDamaged = "CacheDamaged"
+	// EventSourceMounted and EventSourceRefused: an FSx directory volume (a cold pod's source)
+	// was mounted, or refused.
+	EventSourceMounted = "SourceMounted"
+	EventSourceRefused = "SourceRefused"
 )
 
 // MountRequest is what a kubelet asks of the node plugin for one pod's model volume.
 type MountRequest struct {
 	// CacheUID is the cache the volume names (its volume attribute).
 	CacheUID string
+	// FileSystemID and FSxPath are, for a volume that names an FSx directory instead of a
+	// cache, the file system and the directory in it (its volume attributes).
+	FileSystemID, FSxPath string
 	// Pod is the pod, from the pod info the kubelet passes (podInfoOnMount).
 	PodNamespace, PodName string
 	PodUID                types.UID
@@ -129,6 +137,36 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 	return filepath.Join(cacheDir, prewarmv1alpha1.ModelSubdir), false, nil
 }
 
+// FSxToMount opens the FSx directory req names, for the node plugin to mount read-only in a pod
+// of req.PodNamespace: a pod without a weights cache reads an FSx model there (its init
+// container downloads it into the pod). The directory is opened as the node's own downloads open
+// an FSx source (openFSx): only when a sourceAccess rule allows it for the pod's namespace, and
+// through real directories only from the file system's mount, never through a link. The node
+// plugin mounts the directory as opened, so nothing renamed or linked on the file system after
+// the check changes what the pod sees, and no path of the file system is resolved by the
+// kubelet on the node (as a hostPath volume would be).
+func (a *Agent) FSxToMount(_ context.Context, req MountRequest) (*os.File, error) {
+	// The path is the pod's to write, at any length: the answer (and the event) is bounded.
+	refuse := func(code codes.Code, err error) error { return a.refuse(req, code, truncate(err.Error(), 1024)) }
+	if req.PodNamespace == "" {
+		return nil, refuse(codes.InvalidArgument, errors.New("no pod namespace in the volume context: the CSIDriver must have podInfoOnMount: true"))
+	}
+	cs := prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: req.FileSystemID, Path: req.FSxPath}
+	if _, err := a.opts.Config.FSxMountPath(cs.FileSystemID); err != nil {
+		return nil, refuse(codes.FailedPrecondition, err)
+	}
+	dir, err := a.opts.openFSx(req.PodNamespace, cs)
+	switch {
+	case err == nil:
+		return dir, nil
+	case errors.Is(err, errNotConfined):
+		return nil, refuse(codes.PermissionDenied, err)
+	case errors.Is(err, source.ErrNotFound):
+		return nil, refuse(codes.NotFound, err)
+	}
+	return nil, refuse(codes.FailedPrecondition, err)
+}
+
 // runsCold reports whether a node whose copy of a cache failed for reason serves its pods a
 // copy of their own, read from the source: the node cannot hold the cache (no local disk, no
 // room even after evicting what the policy lets go, its namespace's per-node limit reached),
@@ -171,16 +209,27 @@ func progressOf(st prewarmv1alpha1.CacheStatus) string {
 // refuse records why a pod's model volume is not mounted, and returns it as a gRPC status.
 func (a *Agent) refuse(req MountRequest, code codes.Code, msg string) error {
 	typ, reason := corev1.EventTypeWarning, EventCacheRefused
-	if code == codes.Unavailable || code == codes.NotFound {
+	switch {
+	case req.FileSystemID != "":
+		reason = EventSourceRefused
+	case code == codes.Unavailable || code == codes.NotFound:
 		typ, reason = corev1.EventTypeNormal, EventCacheWaiting
 	}
 	a.event(req, typ, reason, msg)
 	return status.Error(code, msg)
 }
 
-// Mounted records that the node plugin is done with the model ModelToMount gave req: mounted
-// at target, or not (err).
+// Mounted records that the node plugin is done with the model ModelToMount (or the directory
+// FSxToMount) gave req: mounted at target, or not (err).
 func (a *Agent) Mounted(req MountRequest, model, target string, err error) {
+	if req.FileSystemID != "" {
+		if err == nil {
+			src := prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: req.FileSystemID, Path: req.FSxPath}
+			a.event(req, corev1.EventTypeNormal, EventSourceMounted, truncate(fmt.Sprintf("FSx directory %s mounted read-only from node %s's mount of the file system", src, a.opts.NodeName), 1024))
+			ctrl.Log.WithName("csi").Info("mounted FSx directory", "source", src.String(), "pod", req.PodNamespace+"/"+req.PodName, "target", target)
+		}
+		return
+	}
 	a.mu.Lock()
 	s := a.scratches[req.CacheUID]
 	scratch := s != nil && s.ready && model == s.model()

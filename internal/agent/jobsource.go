@@ -155,22 +155,22 @@ func (j *job) slot(ctx context.Context) (func(), error) {
 	}
 }
 
-// openSource opens the cache's source. File sources are opened inside their allowed root, so
-// no link on the way leads out of it.
+// openSource opens the cache's source. An FSx source is opened through real directories only,
+// inside what its sourceAccess rule allows (fileSource), and read inside its own directory.
 func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 	o := &j.a.opts
 	cs := j.req.Source
 	if cs.Type == inferencev1.ModelSourceFSx {
-		root, rel, err := o.fileSource(j.req.Namespace, cs)
+		dir, err := o.fileSource(j.req.Namespace, cs)
 		if err != nil {
 			return nil, nil, err
 		}
-		src, err := fs.NewIn(root, rel, cs.String())
+		src, err := fs.NewIn(dir, ".", cs.String())
 		if err != nil {
-			root.Close()
+			dir.Close()
 			return nil, nil, err
 		}
-		return src, func() { src.Close(); root.Close() }, nil
+		return src, func() { src.Close(); dir.Close() }, nil
 	}
 	spec, srcOpts, err := o.sourceSpec(cs)
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"golang.org/x/sys/unix"
+
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -90,65 +92,72 @@ func (o *Options) openCacheParent(root string) (*os.Root, error) {
 	return r.OpenRoot(prewarmv1alpha1.Directory)
 }
 
-// fileSource resolves an FSx source of namespace ns inside what the sourceAccess rule allowing
-// it opens (its directory of the file system's mount): it returns the os.Root of that directory
-// and the model's path below it. Links on the way are followed only while they stay inside it,
-// so a link under an allowed path never leads to a directory the rule does not allow.
-func (o *Options) fileSource(ns string, cs prewarmv1alpha1.CacheSource) (*os.Root, string, error) {
+// fileSource opens the directory of an FSx source of namespace ns, for the engine to read: see
+// openFSx. It is an os.Root of that directory, so that links inside the model stay inside it.
+func (o *Options) fileSource(ns string, cs prewarmv1alpha1.CacheSource) (*os.Root, error) {
+	dir, err := o.openFSx(ns, cs)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	// The directory as opened, not its path again: /proc/self/fd/N leads to that directory
+	// whatever has been renamed or linked since.
+	root, err := os.OpenRoot(fmt.Sprintf("/proc/self/fd/%d", dir.Fd()))
+	if err != nil {
+		return nil, fmt.Errorf("source %s: %w", cs, err)
+	}
+	return root, nil
+}
+
+// openFSx opens the directory of FSx source cs, which namespace ns reads, when a sourceAccess
+// rule allows it: the source's path is under the rule's path, and no component of it, from the
+// file system's mount down to the model's directory, is a symbolic link. A rule is matched on
+// the path as written and the file system is the tenants' to write, so a link on the way (a
+// directory of the rule's path replaced by a link to another team's directory, or to the node's
+// root) would lead where the rule does not allow; it fails the cache with a terminal
+// InvalidSource that names the link.
+func (o *Options) openFSx(ns string, cs prewarmv1alpha1.CacheSource) (*os.File, error) {
 	mount, err := o.Config.FSxMountPath(cs.FileSystemID)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if cs.Path != "" && !filepath.IsLocal(cs.Path) {
-		return nil, "", &confineError{fmt.Sprintf("source %s: want a path inside the file system", cs)}
+		return nil, &confineError{fmt.Sprintf("source %s: want a path inside the file system", cs)}
 	}
 	dir, ok := o.Config.FSxAllowedDir(ns, cs)
 	if !ok {
-		return nil, "", &confineError{fmt.Sprintf("source %s: no sourceAccess rule lets namespace %s read it", cs, ns)}
+		return nil, &confineError{fmt.Sprintf("source %s: no sourceAccess rule lets namespace %s read it", cs, ns)}
 	}
-	rel, err := filepath.Rel(filepath.FromSlash(dir), filepath.Clean(filepath.FromSlash(cs.Path)))
-	if err != nil || !filepath.IsLocal(rel) {
-		return nil, "", &confineError{fmt.Sprintf("source %s: not under %q, the directory its rule allows", cs, dir)}
+	rel := filepath.Clean(filepath.FromSlash(cs.Path))
+	if under, err := filepath.Rel(filepath.FromSlash(dir), rel); err != nil || !filepath.IsLocal(under) {
+		return nil, &confineError{fmt.Sprintf("source %s: not under %q, the directory its rule allows", cs, dir)}
 	}
-	root, err := o.openAllowedDir(mount, dir, cs)
-	if err != nil {
-		return nil, "", err
-	}
-	info, err := root.Stat(rel)
-	if err != nil {
-		root.Close()
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, "", &source.NotFoundError{Err: fmt.Errorf("source %s: %w", cs, err)}
-		}
-		return nil, "", &confineError{fmt.Sprintf("source %s: %v (a source may not lead out of %s)", cs, err, mount)}
-	}
-	if !info.IsDir() {
-		root.Close()
-		return nil, "", fmt.Errorf("source %s is not a directory", cs)
-	}
-	return root, rel, nil
-}
-
-// openAllowedDir opens directory dir (a sourceAccess rule's, "" for all) of the FSx mount,
-// looked up inside the mount.
-func (o *Options) openAllowedDir(mount, dir string, cs prewarmv1alpha1.CacheSource) (*os.Root, error) {
-	root, err := os.OpenRoot(o.local(mount))
+	m, err := os.Open(o.local(mount))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("FSx file system %s is not mounted at %s on this node: %w", cs.FileSystemID, mount, err)
 		}
 		return nil, fmt.Errorf("opening the mount %s of FSx file system %s: %w", mount, cs.FileSystemID, err)
 	}
-	if dir == "" {
-		return root, nil
+	if rel == "." {
+		return m, nil
 	}
-	defer root.Close()
-	sub, err := root.OpenRoot(filepath.FromSlash(dir))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, &source.NotFoundError{Err: fmt.Errorf("source %s: %w", cs, err)}
-		}
-		return nil, &confineError{fmt.Sprintf("source %s: %v (a source may not lead out of %s)", cs, err, mount)}
+	defer m.Close()
+	f, err := openBeneath(m, rel)
+	var ce *componentError
+	if !errors.As(err, &ce) {
+		return f, err
 	}
-	return sub, nil
+	node := filepath.Join(mount, ce.path)
+	switch {
+	case ce.link != "":
+		return nil, &confineError{fmt.Sprintf(
+			"source %s: %s (%s on the node) is a symbolic link (to %s); prewarm reads an FSx source only through real directories from the file system's mount, so that no link leads it out of the directory its sourceAccess rule allows: replace the link with the directory, or name the directory it leads to",
+			cs, ce.path, node, ce.link)}
+	case errors.Is(ce.err, fs.ErrNotExist):
+		return nil, &source.NotFoundError{Err: fmt.Errorf("source %s: %s does not exist", cs, node)}
+	case errors.Is(ce.err, unix.ENOTDIR):
+		return nil, fmt.Errorf("source %s: %s is not a directory", cs, node)
+	}
+	return nil, fmt.Errorf("source %s: opening %s: %w", cs, node, ce.err)
 }

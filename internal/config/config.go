@@ -546,7 +546,9 @@ type S3Rule struct {
 type FSxRule struct {
 	// FileSystemID is the file system.
 	FileSystemID string `json:"fileSystemId"`
-	// Path, when set, limits the rule to that directory of the file system and below.
+	// Path, when set, limits the rule to that directory of the file system and below, relative
+	// to the file system's mount. The agents open it, and the models under it, through real
+	// directories only: a symbolic link on the way is refused.
 	Path string `json:"path,omitempty"`
 }
 
@@ -938,6 +940,9 @@ func (o OperatorConfiguration) validateSourceAccess() field.ErrorList {
 			}
 		case r.FSx != nil && !slices.ContainsFunc(o.FSx, func(m FSxMount) bool { return m.FileSystemID == r.FSx.FileSystemID }):
 			errs = append(errs, field.Invalid(at.Child("fsx", "fileSystemId"), r.FSx.FileSystemID, "not under fsx"))
+		case r.FSx != nil && slices.Contains(strings.Split(r.FSx.Path, "/"), ".."):
+			errs = append(errs, field.Invalid(at.Child("fsx", "path"), r.FSx.Path,
+				`want a directory of the file system, relative to its mount, without ".." segments (team-a/models)`))
 		}
 	}
 	return errs

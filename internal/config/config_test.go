@@ -137,6 +137,7 @@ sourceAccess:
 		"sourceAccess: [{namespaces: ['*'], s3: {bucket: 'a/b'}}]",
 		"sourceAccess: [{namespaces: ['*'], s3: {bucket: '[x'}}]",
 		"sourceAccess: [{namespaces: ['*'], fsx: {fileSystemId: fs-9}}]",
+		"fsx: [{fileSystemId: fs-0123456789abcdef0, mountPath: /fsx}]\nsourceAccess: [{namespaces: ['*'], fsx: {fileSystemId: fs-0123456789abcdef0, path: shared/../../etc}}]",
 	} {
 		if _, err := config.Parse([]byte(bad)); err == nil {
 			t.Errorf("%s: accepted", bad)

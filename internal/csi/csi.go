@@ -1,6 +1,7 @@
 // Package csi is prewarm's CSI node plugin: it serves a pod the one weights cache its model
-// volume names, bind-mounted read-only, after the node's agent says the pod may have it. It
-// registers itself with the kubelet through the kubelet's plugin registration socket.
+// volume names, or the one FSx directory a pod without a cache downloads its model from,
+// bind-mounted read-only, after the node's agent says the pod may have it. It registers itself
+// with the kubelet through the kubelet's plugin registration socket.
 //
 // Only the node service is offered, for CSI ephemeral volumes: there is nothing to create,
 // attach or stage; a volume is a read-only view of a directory the agent has verified.
@@ -41,8 +42,11 @@ const (
 type Models interface {
 	// ModelToMount returns the verified model directory req may mount, or a gRPC status error.
 	ModelToMount(ctx context.Context, req agent.MountRequest) (string, error)
-	// Mounted is told, after every model ModelToMount gave, whether the volume was mounted
-	// (err nil) or not.
+	// FSxToMount opens the FSx directory req may mount, or returns a gRPC status error. The
+	// plugin mounts the directory as opened, and closes it.
+	FSxToMount(ctx context.Context, req agent.MountRequest) (*os.File, error)
+	// Mounted is told, after every model ModelToMount (or directory FSxToMount) gave, whether
+	// the volume was mounted (err nil) or not.
 	Mounted(req agent.MountRequest, model, target string, err error)
 }
 
@@ -191,9 +195,17 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	}
 	mr := agent.MountRequest{
 		CacheUID:     vc[prewarmv1alpha1.VolumeAttributeCacheUID],
+		FileSystemID: vc[prewarmv1alpha1.VolumeAttributeFSxFileSystemID], FSxPath: vc[prewarmv1alpha1.VolumeAttributeFSxPath],
 		PodNamespace: vc[podNamespaceKey], PodName: vc[podNameKey], PodUID: types.UID(vc[podUIDKey]),
 	}
+	if mr.FileSystemID != "" && mr.CacheUID != "" {
+		return nil, status.Errorf(codes.InvalidArgument, "a prewarm volume names a cache (%s) or an FSx file system (%s), not both",
+			prewarmv1alpha1.VolumeAttributeCacheUID, prewarmv1alpha1.VolumeAttributeFSxFileSystemID)
+	}
 	log := s.o.Log.WithValues("cache", mr.CacheUID, "pod", mr.PodNamespace+"/"+mr.PodName, "volume", req.GetVolumeId())
+	if mr.FileSystemID != "" {
+		log = s.o.Log.WithValues("fsx", mr.FileSystemID, "path", mr.FSxPath, "pod", mr.PodNamespace+"/"+mr.PodName, "volume", req.GetVolumeId())
+	}
 	// Mounted already (a retry after a lost answer): it is read-only, or it is not ours.
 	if mounted, err := isMountPoint(target); err != nil {
 		return nil, status.Errorf(codes.Internal, "checking the target %s: %v", target, err)
@@ -204,6 +216,9 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		}
 		log.V(1).Info("already mounted")
 		return &csipb.NodePublishVolumeResponse{}, nil
+	}
+	if mr.FileSystemID != "" {
+		return s.publishFSx(ctx, mr, target, log)
 	}
 	model, err := s.models.ModelToMount(ctx, mr)
 	if err != nil {
@@ -223,6 +238,28 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		return nil, status.Errorf(codes.Internal, "mounting %s at %s: %v", model, target, err)
 	}
 	s.models.Mounted(mr, model, target, nil)
+	return &csipb.NodePublishVolumeResponse{}, nil
+}
+
+// publishFSx mounts the FSx directory the volume names, as the agent opened it: the file
+// system is its tenants' to write, so the directory is never looked up by its path again (a
+// link put there since would be followed).
+func (s *Server) publishFSx(ctx context.Context, mr agent.MountRequest, target string, log logr.Logger) (*csipb.NodePublishVolumeResponse, error) {
+	dir, err := s.models.FSxToMount(ctx, mr)
+	if err != nil {
+		log.Info("refused", "why", err.Error())
+		return nil, err
+	}
+	defer dir.Close()
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		s.models.Mounted(mr, dir.Name(), target, err)
+		return nil, status.Errorf(codes.Internal, "making the target %s: %v", target, err)
+	}
+	if err := bindFDReadOnly(int(dir.Fd()), target); err != nil {
+		s.models.Mounted(mr, dir.Name(), target, err)
+		return nil, status.Errorf(codes.Internal, "mounting %s at %s: %v", dir.Name(), target, err)
+	}
+	s.models.Mounted(mr, dir.Name(), target, nil)
 	return &csipb.NodePublishVolumeResponse{}, nil
 }
 

@@ -22,10 +22,19 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
-// models is the agent's decision, faked: namespace "team-a" may mount cache "uid-a".
+// models is the agent's decision, faked: namespace "team-a" may mount cache "uid-a", and the
+// FSx directory fsx opens.
 type models struct {
 	dir     string
+	fsx     func(agent.MountRequest) (*os.File, error)
 	mounted []string
+}
+
+func (m *models) FSxToMount(_ context.Context, req agent.MountRequest) (*os.File, error) {
+	if m.fsx == nil {
+		return nil, status.Error(codes.NotFound, "no FSx here")
+	}
+	return m.fsx(req)
 }
 
 func (m *models) ModelToMount(_ context.Context, req agent.MountRequest) (string, error) {
@@ -211,6 +220,115 @@ func TestNodePlugin(t *testing.T) {
 	}
 	if fi, err := os.Stat(o.Endpoint); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket %v %v, want mode 0600", fi, err)
+	}
+}
+
+// A cold pod's FSx volume is the directory the agent opened, not whatever its path leads to by
+// the time the plugin mounts it: the file system is its tenants' to write, and a directory
+// replaced by a link to the node's files between the agent's check and the mount changes
+// nothing. The mount is read-only, nosuid and nodev; a volume naming both a cache and an FSx
+// directory is refused.
+func TestNodePluginMountsTheFSxDirectoryAsOpened(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	t.Setenv("PATH", "")
+	dir := t.TempDir()
+	kubelet := filepath.Join(dir, "kubelet")
+	model := filepath.Join(dir, "fsx", "shared", "model")
+	secret := filepath.Join(dir, "node-secrets")
+	for path, body := range map[string]string{filepath.Join(model, "config.json"): `{"a":1}`, filepath.Join(secret, "key"): "secret"} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &models{fsx: func(req agent.MountRequest) (*os.File, error) {
+		if req.FileSystemID != "fs-1" || req.FSxPath != "shared/model" || req.PodNamespace != "team-a" {
+			return nil, status.Error(codes.PermissionDenied, "not yours")
+		}
+		f, err := os.Open(model)
+		if err != nil {
+			return nil, err
+		}
+		// Right after the check: the model's directory goes, and a link to the node's files
+		// takes its path.
+		if err := os.Rename(model, model+".moved"); err != nil {
+			return nil, err
+		}
+		return f, os.Symlink(secret, model)
+	}}
+	o := Options{NodeName: "node-1", KubeletDir: kubelet, Version: "test", Log: logr.Discard(),
+		Endpoint: filepath.Join(kubelet, "plugins", prewarmv1alpha1.CSIDriverName, "csi.sock")}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- New(o, m).Start(sctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("server: %v", err)
+		}
+	}()
+	if err := testutil.Eventually(ctx, 10*time.Second, func() (bool, error) { _, err := os.Stat(o.Endpoint); return err == nil, nil }); err != nil {
+		t.Fatalf("socket: %v", err)
+	}
+	node := csipb.NewNodeClient(dial(t, o.Endpoint))
+	target := filepath.Join(kubelet, "pods", "pod-uid-1", "volumes", "kubernetes.io~csi", "prewarm-fsx", "mount")
+	t.Cleanup(func() { _ = unix.Unmount(target, unix.MNT_DETACH) })
+	if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(extra map[string]string) error {
+		vc := map[string]string{
+			prewarmv1alpha1.VolumeAttributeFSxFileSystemID: "fs-1", prewarmv1alpha1.VolumeAttributeFSxPath: "shared/model",
+			podNamespaceKey: "team-a", podNameKey: "pod", podUIDKey: "pod-uid-1", ephemeralKey: "true",
+		}
+		for k, v := range extra {
+			vc[k] = v
+		}
+		_, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{
+			VolumeId: "csi-1", TargetPath: target, VolumeContext: vc, Readonly: true,
+			VolumeCapability: &csipb.VolumeCapability{AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}}},
+		})
+		return err
+	}
+	if err := publish(map[string]string{prewarmv1alpha1.VolumeAttributeCacheUID: "uid-a"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a volume naming a cache and an FSx directory: %v, want InvalidArgument", err)
+	}
+	if err := publish(map[string]string{podNamespaceKey: "team-b"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a pod the agent refuses: %v, want its refusal", err)
+	}
+	if mounted, _ := isMountPoint(target); mounted {
+		t.Fatal("mounted for a refused volume")
+	}
+	if err := publish(nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(target, "config.json")); err != nil || string(b) != `{"a":1}` {
+		t.Errorf("the model through the volume: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(target, "key")); err == nil {
+		t.Error("the volume shows the node's files the link led to, not the directory the agent opened")
+	}
+	if err := os.WriteFile(filepath.Join(target, "new"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Errorf("writing into the volume: %v, want EROFS", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(target, &st); err != nil || st.Flags&unix.ST_NOSUID == 0 || st.Flags&unix.ST_NODEV == 0 {
+		t.Errorf("mount flags %#x (%v), want nosuid and nodev", st.Flags, err)
+	}
+	if len(m.mounted) != 1 {
+		t.Errorf("the agent was told of %d mounts, want 1", len(m.mounted))
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: "csi-1", TargetPath: target}); err != nil {
+		t.Fatalf("unpublish: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(model+".moved", "config.json")); err != nil {
+		t.Errorf("unpublish touched the FSx directory: %v", err)
 	}
 }
 

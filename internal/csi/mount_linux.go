@@ -24,6 +24,12 @@ func bindReadOnly(model, target string) error {
 		return fmt.Errorf("opening %s: %w", model, err)
 	}
 	defer unix.Close(fd)
+	return bindFDReadOnly(fd, target)
+}
+
+// bindFDReadOnly is bindReadOnly of the directory open as fd: what is mounted is that
+// directory, whatever its path leads to now.
+func bindFDReadOnly(fd int, target string) error {
 	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
 	if errors.Is(err, unix.ENOSYS) {
 		return bindRemount(fd, target)

@@ -2,8 +2,8 @@ package v1alpha1
 
 import corev1 "k8s.io/api/core/v1"
 
-// prewarm's CSI driver: the node agent serves each pod the one weights cache it asks for, as a
-// read-only CSI ephemeral volume.
+// prewarm's CSI driver: the node agent serves each pod the one weights cache it asks for, or
+// the one FSx directory its cold download reads, as a read-only CSI ephemeral volume.
 const (
 	// CSIDriverName is the name of prewarm's CSI driver (its CSIDriver object, and the driver of
 	// the inference pods' model volume).
@@ -13,6 +13,12 @@ const (
 	VolumeAttributeCacheUID = "cacheUID"
 	// VolumeAttributeCacheName is the cache's name, for people reading the pod (the UID decides).
 	VolumeAttributeCacheName = "cacheName"
+	// VolumeAttributeFSxFileSystemID and VolumeAttributeFSxPath name, instead of a cache, an
+	// FSx file system and a directory in it (the model's): the volume is that directory, read
+	// from the file system's mount on the node, when a sourceAccess rule allows it for the pod's
+	// namespace. The init container of a pod without a weights cache reads an FSx model there.
+	VolumeAttributeFSxFileSystemID = "fsxFileSystemId"
+	VolumeAttributeFSxPath         = "fsxPath"
 )
 
 // VolumeCacheUID returns the cache a pod volume names, when it is prewarm's CSI volume, or "".

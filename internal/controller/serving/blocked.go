@@ -53,8 +53,8 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
 				"spec.kubernetes.initContainers has a container named %q, the name of prewarm's own init container: choose another name", k.Name)}
 		}
-		// prewarm's volumes carry prewarm's access (a host path of the FSx mount): only its own
-		// container mounts them.
+		// prewarm's volumes carry prewarm's access (a directory of an FSx file system): only its
+		// own container mounts them.
 		for _, vm := range k.VolumeMounts {
 			if vm.Name == cacheVolumeName || vm.Name == fsxVolumeName {
 				return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(

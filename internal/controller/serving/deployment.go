@@ -37,6 +37,9 @@ const (
 	// WorkerContainerName is the name of the inference container.
 	WorkerContainerName = "worker"
 	fsxVolumeName       = "prewarm-fsx"
+	// fsxSourcePath is where the init container of a pod without a weights cache sees the FSx
+	// directory it reads the model from.
+	fsxSourcePath = "/var/lib/prewarm/fsx"
 	// cacheVolumeName is reserved: the name of the cache volume of earlier pod templates.
 	cacheVolumeName = "prewarm-cache"
 	// PrefetchVolumeName is the memory-backed volume the worker reads the model from with
@@ -374,27 +377,31 @@ func (r *Reconciler) prepareSource(m *model, cs prewarmv1alpha1.CacheSource, src
 			}}})
 		}
 	case inferencev1.ModelSourceFSx:
-		// Only the file system's own mount is mounted, read-only.
-		mount, err := r.Config.FSxMountPath(cs.FileSystemID)
-		if err != nil {
+		if _, err := r.Config.FSxMountPath(cs.FileSystemID); err != nil {
 			return err
 		}
-		// The mount is prewarm's access, not the namespace's: only what the namespace may read
-		// there is mounted (the directory of the rule that allows it), so that no link under the
-		// allowed path leads out of it.
+		// The file system's mount is prewarm's access, not the namespace's: the pod gets only
+		// the model's directory, and only when a rule allows it for the namespace. It comes as
+		// prewarm's CSI volume, not a hostPath: the node's agent opens the directory through real
+		// directories only (no link on the way, which a tenant could have put there) and mounts
+		// it as opened, read-only; the kubelet resolves no path of the file system.
 		if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), cs); !ok {
 			return errors.New(why)
 		}
-		dir, _ := r.Config.FSxAllowedDir(m.owner.GetNamespace(), cs)
-		allowed := filepath.Join(mount, filepath.FromSlash(dir))
-		prepare.Args = append(prepare.Args, "--source-dir="+filepath.Join(mount, cs.Path))
+		prepare.Args = append(prepare.Args, "--source-dir="+fsxSourcePath)
 		if cs.Revision != "" {
 			prepare.Args = append(prepare.Args, "--content-revision="+cs.Revision)
 		}
 		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: fsxVolumeName, VolumeSource: corev1.VolumeSource{
-			HostPath: &corev1.HostPathVolumeSource{Path: allowed, Type: ptr.To(corev1.HostPathDirectory)},
+			CSI: &corev1.CSIVolumeSource{
+				Driver: prewarmv1alpha1.CSIDriverName, ReadOnly: ptr.To(true),
+				VolumeAttributes: map[string]string{
+					prewarmv1alpha1.VolumeAttributeFSxFileSystemID: cs.FileSystemID,
+					prewarmv1alpha1.VolumeAttributeFSxPath:         cs.Path,
+				},
+			},
 		}})
-		prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: allowed, ReadOnly: true})
+		prepare.VolumeMounts = append(prepare.VolumeMounts, corev1.VolumeMount{Name: fsxVolumeName, MountPath: fsxSourcePath, ReadOnly: true})
 	}
 	return nil
 }

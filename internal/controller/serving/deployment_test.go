@@ -165,10 +165,13 @@ func TestPodTemplate(t *testing.T) {
 		t.Errorf("worker mounts %+v; want the downloaded model at /opt/ml/model", tmpl.Spec.Containers[0].VolumeMounts)
 	}
 
-	// FSx without a cache: the file system's own mount, read-only, and nothing when it is not
-	// configured.
+	// FSx without a cache: the model's directory, as prewarm's CSI volume (which the node's agent
+	// opens without following a link), read-only, and nothing when the file system is not
+	// configured or no rule allows it. Never a hostPath: the kubelet would resolve the path on
+	// the node, following any link a tenant put on the way (a directory of the rule's path
+	// replaced by a link to the node's root).
 	fsx := *m
-	fsx.source = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx, ModelLocation: "llama",
+	fsx.source = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx, ModelLocation: "team-a/llama",
 		FSxStorage: &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef1"}}
 	if _, err := r.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "fs-0123456789abcdef1 is not in prewarm's configuration") {
 		t.Errorf("an FSx file system the configuration does not map: %v; want it refused, saying how to configure it", err)
@@ -178,32 +181,37 @@ func TestPodTemplate(t *testing.T) {
 	if _, err := withFSx.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "for namespace ns") {
 		t.Errorf("an FSx source no sourceAccess rule allows for the namespace: %v; want it refused", err)
 	}
-	withFSx.Config.SourceAccess = []config.SourceRule{{Namespaces: []string{"ns"}, FSx: &config.FSxRule{FileSystemID: "fs-0123456789abcdef1"}}}
-	tmpl, err = withFSx.podTemplate(&fsx, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	prep = tmpl.Spec.InitContainers[0]
-	if !slices.Contains(prep.Args, "--source-dir=/fsx/b/llama") {
-		t.Errorf("prepare args %v; want the model under fs-…1's mount", prep.Args)
-	}
-	if !slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/b" }) ||
-		slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/a" }) ||
-		!slices.ContainsFunc(prep.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/fsx/b" && vm.ReadOnly }) {
-		t.Errorf("volumes %+v mounts %+v; want only fs-…1's mount, read-only", tmpl.Spec.Volumes, prep.VolumeMounts)
-	}
-	// A rule allowing one directory: only that directory of the mount reaches the pod, so no
-	// link in it leads to the rest of the file system.
-	withFSx.Config.SourceAccess = []config.SourceRule{{Namespaces: []string{"ns"}, FSx: &config.FSxRule{FileSystemID: "fs-0123456789abcdef1", Path: "llama"}}}
-	if tmpl, err = withFSx.podTemplate(&fsx, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	prep = tmpl.Spec.InitContainers[0]
-	if !slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/b/llama" }) ||
-		slices.ContainsFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/fsx/b" }) ||
-		!slices.ContainsFunc(prep.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.MountPath == "/fsx/b/llama" && vm.ReadOnly }) ||
-		!slices.Contains(prep.Args, "--source-dir=/fsx/b/llama") {
-		t.Errorf("volumes %+v mounts %+v args %v; want only the rule's directory /fsx/b/llama, read-only", tmpl.Spec.Volumes, prep.VolumeMounts, prep.Args)
+	for _, rule := range []string{"", "team-a"} {
+		withFSx.Config.SourceAccess = []config.SourceRule{{Namespaces: []string{"ns"}, FSx: &config.FSxRule{FileSystemID: "fs-0123456789abcdef1", Path: rule}}}
+		tmpl, err = withFSx.podTemplate(&fsx, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prep = tmpl.Spec.InitContainers[0]
+		want := corev1.Volume{Name: "prewarm-fsx", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+			Driver: prewarmv1alpha1.CSIDriverName, ReadOnly: ptr.To(true),
+			VolumeAttributes: map[string]string{
+				prewarmv1alpha1.VolumeAttributeFSxFileSystemID: "fs-0123456789abcdef1",
+				prewarmv1alpha1.VolumeAttributeFSxPath:         "team-a/llama",
+			},
+		}}}
+		i := slices.IndexFunc(tmpl.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "prewarm-fsx" })
+		if i < 0 {
+			t.Fatalf("rule %q: volumes %+v; want prewarm's CSI volume of the model's FSx directory", rule, tmpl.Spec.Volumes)
+		}
+		if diff := cmp.Diff(want, tmpl.Spec.Volumes[i]); diff != "" {
+			t.Errorf("rule %q: the FSx volume (-want +got):\n%s", rule, diff)
+		}
+		for _, v := range tmpl.Spec.Volumes {
+			if v.HostPath != nil {
+				t.Errorf("rule %q: hostPath volume %+v; the kubelet would follow links on the file system", rule, v)
+			}
+		}
+		if !slices.ContainsFunc(prep.VolumeMounts, func(vm corev1.VolumeMount) bool {
+			return vm.Name == "prewarm-fsx" && vm.MountPath == "/var/lib/prewarm/fsx" && vm.ReadOnly
+		}) || !slices.Contains(prep.Args, "--source-dir=/var/lib/prewarm/fsx") {
+			t.Errorf("rule %q: prepare mounts %+v args %v; want the FSx volume read-only, as the source directory", rule, prep.VolumeMounts, prep.Args)
+		}
 	}
 
 	// Without a cache: the init container always downloads; no host path at all.
