@@ -88,6 +88,7 @@ type HuggingFaceModel struct {
 	// modelId is the repository, as org/name (e.g. meta-llama/Llama-3.1-8B-Instruct).
 	// +required
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_.-]+/[a-zA-Z0-9_.-]+$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-zA-Z0-9_.-]+/[a-zA-Z0-9_.-]+$')`,message="modelId must be a Hugging Face repository as org/name (letters, digits, '_', '.' and '-'), e.g. meta-llama/Llama-3.1-8B-Instruct"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('..')",message="modelId must not contain '..': no Hub repository is named so"
 	ModelID string `json:"modelId"`
 
@@ -95,6 +96,7 @@ type HuggingFaceModel struct {
 	// branch is resolved once to a commit and that commit is used on every node.
 	// +optional
 	// +kubebuilder:validation:Pattern=`^[0-9a-f]{40}$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[0-9a-f]{40}$')`,message="commitSHA must be a full commit id, 40 lower-case hex digits; leave it empty to pin the default branch's commit"
 	CommitSHA string `json:"commitSHA,omitempty"`
 
 	// tokenSecretRef names a key of a Secret, in the parent's namespace, that holds a Hub access
@@ -232,6 +234,7 @@ type ModelInvocationPort struct {
 	// +optional
 	// +kubebuilder:default=http
 	// +kubebuilder:validation:Pattern=`^http$|^grpc$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^http$|^grpc$')`,message="modelInvocationPort.name must be http or grpc"
 	Name string `json:"name,omitempty"`
 }
 
@@ -282,11 +285,13 @@ type KubernetesSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')`,message="serviceAccountName must be a ServiceAccount's name: lower-case letters, digits, '-' and '.', e.g. model-server"
 	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 
 	// schedulerName is the scheduler that places the pods.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')`,message="schedulerName must be a scheduler's name: lower-case letters, digits, '-' and '.', e.g. default-scheduler"
 	SchedulerName string `json:"schedulerName,omitempty"`
 }

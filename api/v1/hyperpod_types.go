@@ -46,6 +46,11 @@ type HyperPodFeatures struct {
 // that every manifest written for HyperPod is accepted here and a malformed one is refused the same
 // way. prewarm does not act on them: a parent that sets one gets an Unsupported condition and an
 // event naming it (docs/hyperpod-compatibility.md lists every field and what prewarm does with it).
+//
+// Beside each of HyperPod's patterns here and in the other types, a CEL rule of the same pattern
+// says what to write (the pattern's own refusal says only "should match '<pattern>'"). It refuses
+// nothing the pattern accepts, and leaves values over 64 Ki characters to the pattern alone so
+// that its cost never refuses one either (test/compat checks each rule is its pattern's twin).
 
 // CloudWatchDimension is one dimension of a CloudWatch metric.
 type CloudWatchDimension struct {
@@ -236,6 +241,7 @@ type SageMakerEndpointCapture struct {
 	// +optional
 	InitialSamplingPercentage *int32 `json:"initialSamplingPercentage,omitempty"`
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9:/_-]*$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-zA-Z0-9:/_-]*$')`,message="kmsKeyId must be a KMS key id or ARN: letters, digits, ':', '/', '_' and '-', e.g. arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 	// +kubebuilder:validation:MaxLength=2048
 	// +optional
 	KMSKeyID *string `json:"kmsKeyId,omitempty"`
@@ -248,6 +254,7 @@ type DataCapture struct {
 	// +optional
 	ModelPod *ModelPodCapture `json:"modelPod,omitempty"`
 	// +kubebuilder:validation:Pattern=`^s3://([^/]+)(/[^,=]*)?$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^s3://([^/]+)(/[^,=]*)?$')`,message="s3Uri must look like s3://bucket/prefix, with no ',' or '=' in the prefix"
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	S3URI *string `json:"s3Uri,omitempty"`
@@ -258,6 +265,7 @@ type DataCapture struct {
 // DNSConfig is HyperPod's Route 53 record for the endpoint. prewarm does not act on it.
 type DNSConfig struct {
 	// +kubebuilder:validation:Pattern=`^Z[A-Z0-9]+$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^Z[A-Z0-9]+$')`,message="hostedZoneId must be a Route 53 hosted zone id: Z and upper-case letters or digits, e.g. Z0123456789ABCDEFGHIJ"
 	// +required
 	HostedZoneID string `json:"hostedZoneId"`
 }
@@ -278,6 +286,7 @@ type IntelligentRoutingSpec struct {
 // L2CacheSpec is the second tier of the KV cache.
 type L2CacheSpec struct {
 	// +kubebuilder:validation:Pattern=`(?i)redis|tieredstorage`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'(?i)redis|tieredstorage')`,message="l2CacheBackend must name redis or tieredstorage"
 	// +optional
 	L2CacheBackend *string `json:"l2CacheBackend,omitempty"`
 	// +optional
@@ -303,6 +312,7 @@ type KVCacheSpec struct {
 type LoadBalancer struct {
 	// +kubebuilder:default="/ping"
 	// +kubebuilder:validation:Pattern=`^/.*`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^/.*')`,message="healthCheckPath must be a path starting with /, e.g. /ping"
 	// +optional
 	HealthCheckPath *string `json:"healthCheckPath,omitempty"`
 	// +kubebuilder:validation:Minimum=1
@@ -319,6 +329,7 @@ type LoadBalancer struct {
 type ModelMetrics struct {
 	// +kubebuilder:default="/metrics"
 	// +kubebuilder:validation:Pattern=`^/[a-zA-Z0-9\-_.\/]*$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^/[a-zA-Z0-9\-_.\/]*$')`,message="path must be a path starting with /, of letters, digits, '-', '_', '.' and '/', e.g. /metrics"
 	// +optional
 	Path *string `json:"path,omitempty"`
 	// +kubebuilder:default=8080
@@ -394,9 +405,11 @@ type PDSpec struct {
 // CustomCertificateConfig is an ACM certificate for the endpoint.
 type CustomCertificateConfig struct {
 	// +kubebuilder:validation:Pattern=`^arn:aws:acm:[a-z0-9-]+:[0-9]{12}:certificate/[a-fA-F0-9-]+$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^arn:aws:acm:[a-z0-9-]+:[0-9]{12}:certificate/[a-fA-F0-9-]+$')`,message="acmArn must be an ACM certificate ARN, e.g. arn:aws:acm:us-west-2:111122223333:certificate/12345678-1234-1234-1234-123456789012"
 	// +required
 	ACMArn string `json:"acmArn"`
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$')`,message="domainName must be a lower-case DNS name, e.g. model.example.com"
 	// +kubebuilder:validation:MaxLength=253
 	// +required
 	DomainName string `json:"domainName"`
@@ -407,6 +420,7 @@ type TLSConfig struct {
 	// +optional
 	CustomCertificateConfig *CustomCertificateConfig `json:"customCertificateConfig,omitempty"`
 	// +kubebuilder:validation:Pattern=`^s3://([^/]+)/?(.*)$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^s3://([^/]+)/?(.*)$')`,message="tlsCertificateOutputS3Uri must look like s3://bucket/prefix"
 	// +optional
 	TLSCertificateOutputS3URI *string `json:"tlsCertificateOutputS3Uri,omitempty"`
 }
@@ -523,6 +537,7 @@ type TLSCertificateStatus struct {
 type SageMakerEndpoint struct {
 	// +kubebuilder:default=""
 	// +kubebuilder:validation:Pattern=`^$|^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^$|^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$')`,message="name must be letters, digits and hyphens, starting and ending with a letter or digit, e.g. llama-endpoint"
 	// +kubebuilder:validation:MaxLength=63
 	// +optional
 	Name *string `json:"name,omitempty"`

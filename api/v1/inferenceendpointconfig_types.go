@@ -14,6 +14,7 @@ type InferenceEndpointConfigSpec struct {
 	// +required
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}')`,message="modelName must start with a letter or digit, e.g. llama-3-8b"
 	ModelName string `json:"modelName"`
 
 	// modelVersion is the model's version, accepted for compatibility.
@@ -33,10 +34,11 @@ type InferenceEndpointConfigSpec struct {
 	ModelCacheConfig *ModelCacheConfig `json:"modelCacheConfig,omitempty"`
 
 	// instanceType places the model on nodes whose node.kubernetes.io/instance-type label has
-	// this value, e.g. ml.g5.24xlarge; it wins over instanceTypes. With nodeAffinity too, a node
-	// must satisfy both.
+	// this value, e.g. ml.g5.24xlarge. It and instanceTypes are mutually exclusive (a parent with
+	// both is refused, InvalidSpec). With nodeAffinity too, a node must satisfy both.
 	// +optional
 	// +kubebuilder:validation:Pattern=`^ml\..*`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^ml\..*')`,message="instanceType must look like ml.g5.24xlarge: ml. and the instance type"
 	InstanceType string `json:"instanceType,omitempty"`
 
 	// instanceTypes places the model on nodes of any of these instance types.
@@ -85,6 +87,7 @@ type InferenceEndpointConfigSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^$|^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^$|^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$')`,message="endpointName must be letters, digits and hyphens, starting and ending with a letter or digit, e.g. llama-endpoint"
 	EndpointName string `json:"endpointName,omitempty"`
 
 	// invocationEndpoint is the request path of the model server; default "invocations".

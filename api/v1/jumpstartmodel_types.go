@@ -57,6 +57,7 @@ type JumpStartModelRef struct {
 	// +required
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$')`,message="modelId must be a JumpStart model id: letters, digits and hyphens, e.g. meta-textgeneration-llama-3-1-8b-instruct"
 	ModelID string `json:"modelId"`
 
 	// acceptEula accepts the model's end-user licence; gated models need it to be true.
@@ -69,6 +70,7 @@ type JumpStartModelRef struct {
 	// +kubebuilder:default=SageMakerPublicHub
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$')`,message="modelHubName must be letters, digits and hyphens, e.g. SageMakerPublicHub"
 	ModelHubName string `json:"modelHubName,omitempty"`
 
 	// modelVersion is the catalog version (e.g. 2.1.0); default the newest.
@@ -76,6 +78,7 @@ type JumpStartModelRef struct {
 	// +kubebuilder:validation:MinLength=5
 	// +kubebuilder:validation:MaxLength=14
 	// +kubebuilder:validation:Pattern=`^\d{1,4}.\d{1,4}.\d{1,4}$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^\d{1,4}.\d{1,4}.\d{1,4}$')`,message="modelVersion must be three numbers, e.g. 2.1.0; leave it empty for the newest"
 	ModelVersion string `json:"modelVersion,omitempty"`
 
 	// gatedModelDownloadRole is HyperPod's IAM role for gated models; it has no effect here
@@ -84,6 +87,7 @@ type JumpStartModelRef struct {
 	// +kubebuilder:validation:MinLength=20
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:Pattern=`^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$')`,message="gatedModelDownloadRole must be an IAM role ARN, e.g. arn:aws:iam::111122223333:role/model-role"
 	GatedModelDownloadRole string `json:"gatedModelDownloadRole,omitempty"`
 
 	// additionalConfigs are passed to the inference container as environment variables, after
@@ -98,6 +102,7 @@ type JumpStartServer struct {
 	// instanceType places the model on nodes of this instance type, e.g. ml.g5.24xlarge.
 	// +required
 	// +kubebuilder:validation:Pattern=`^ml\..*`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^ml\..*')`,message="instanceType must look like ml.g5.24xlarge: ml. and the instance type"
 	InstanceType string `json:"instanceType"`
 
 	// executionRole is HyperPod's IAM role; it has no effect here.
@@ -105,12 +110,14 @@ type JumpStartServer struct {
 	// +kubebuilder:validation:MinLength=20
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:Pattern=`^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$')`,message="executionRole must be an IAM role ARN, e.g. arn:aws:iam::111122223333:role/model-role"
 	ExecutionRole string `json:"executionRole,omitempty"`
 
 	// acceleratorPartitionType is a MIG profile (e.g. mig-1g.10gb): the inference container
 	// requests one nvidia.com/<profile> in place of whole GPUs.
 	// +optional
 	// +kubebuilder:validation:Pattern=`^mig-.*$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^mig-.*$')`,message="acceleratorPartitionType must be a MIG profile, e.g. mig-1g.10gb"
 	AcceleratorPartitionType string `json:"acceleratorPartitionType,omitempty"`
 
 	// validations are HyperPod's pre-deployment checks.

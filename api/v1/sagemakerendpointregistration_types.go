@@ -12,6 +12,7 @@ type SageMakerEndpointRegistrationSpec struct {
 	// +kubebuilder:validation:MinLength=20
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:Pattern=`^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^arn:aws[a-z\-]*:iam::\d{12}:role/?[a-zA-Z_0-9+=,.@\-_/]+$')`,message="executionRole must be an IAM role ARN, e.g. arn:aws:iam::111122223333:role/model-role"
 	// +required
 	ExecutionRole string `json:"executionRole"`
 	// +kubebuilder:validation:MaxLength=255
@@ -26,6 +27,7 @@ type SageMakerEndpointRegistrationSpec struct {
 	LoadBalancerHostName string `json:"loadBalancerHostName"`
 	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}')`,message="name must start with a letter or digit, e.g. llama-endpoint"
 	// +required
 	Name string `json:"name"`
 	// +required
@@ -65,6 +67,7 @@ type EndpointDataCaptureConfig struct {
 	CaptureOptions []CaptureOption `json:"captureOptions"`
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:Pattern=`^s3://([^/]+)(/.*)?$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^s3://([^/]+)(/.*)?$')`,message="destinationS3Uri must look like s3://bucket/prefix"
 	// +required
 	DestinationS3URI string `json:"destinationS3Uri"`
 	// +required
@@ -75,6 +78,7 @@ type EndpointDataCaptureConfig struct {
 	InitialSamplingPercentage int32 `json:"initialSamplingPercentage"`
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9:/_-]*$`
+	// +kubebuilder:validation:XValidation:rule=`size(self) > 65536 || self.matches(r'^[a-zA-Z0-9:/_-]*$')`,message="kmsKeyId must be a KMS key id or ARN: letters, digits, ':', '/', '_' and '-', e.g. arn:aws:kms:us-west-2:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 	// +optional
 	KMSKeyID string `json:"kmsKeyId,omitempty"`
 }

@@ -212,8 +212,8 @@ func (e *VerificationError) Error() string {
 }
 
 // ErrInvalidModel is matched (errors.Is) by errors for a source whose files cannot be stored as
-// they are listed (names that would leave the destination, prewarm's reserved names, a file
-// that is also a directory): fetching again will not help.
+// they are listed (names that would leave the destination, prewarm's reserved names, names
+// longer than a file system takes, a file that is also a directory): fetching again will not help.
 var ErrInvalidModel = errors.New("the source's files cannot be stored")
 
 type invalidModelError struct{ err error }

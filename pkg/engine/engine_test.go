@@ -244,16 +244,20 @@ func TestCorruptSourceIsNotPublished(t *testing.T) {
 	assertTree(t, dest, files)
 }
 
+// A listing that cannot be stored as it is (paths that leave the destination, prewarm's own
+// names, names longer than a file system takes) is refused before anything is written, as an
+// invalid model: fetching again will not help.
 func TestEscapingPathsRefused(t *testing.T) {
 	for _, bad := range []string{
 		"../escape", "/etc/passwd", "a/../../b", "a/./b", "a//b", "dir/", ".prewarm-manifest.json", "x\x00y",
+		strings.Repeat("n", 256), "shards/" + strings.Repeat("n", 250) + ".safetensors",
 	} {
-		t.Run(bad, func(t *testing.T) {
+		t.Run(bad[:min(len(bad), 32)], func(t *testing.T) {
 			parent := t.TempDir()
 			src := newMemSource(map[string][]byte{"ok.bin": []byte("ok"), bad: []byte("evil")})
 			_, err := testEngine().Fetch(context.Background(), engine.Request{Source: src, Dest: filepath.Join(parent, "m")})
-			if err == nil || !strings.Contains(err.Error(), "refusing") {
-				t.Fatalf("err = %v; want the path refused", err)
+			if err == nil || !strings.Contains(err.Error(), "refusing") || !errors.Is(err, engine.ErrInvalidModel) {
+				t.Fatalf("err = %v; want the path refused as an invalid model", err)
 			}
 			entries, _ := os.ReadDir(parent)
 			if len(entries) != 0 {

@@ -16,9 +16,12 @@ const (
 	journalName  = ".prewarm-journal"
 )
 
-// checkPaths refuses a listing whose paths would leave the destination or collide: absolute
-// paths, "..", ".", empty segments, NUL bytes, prewarm's reserved names, duplicates, and a
-// file that is also another file's directory.
+// maxNameBytes is the longest name of a file or directory Linux file systems store (NAME_MAX).
+const maxNameBytes = 255
+
+// checkPaths refuses a listing whose paths would leave the destination, collide or cannot be
+// stored: absolute paths, "..", ".", empty segments, NUL bytes, names over maxNameBytes,
+// prewarm's reserved names, duplicates, and a file that is also another file's directory.
 func checkPaths(files []source.File) error {
 	seen := make(map[string]bool, len(files))
 	for _, f := range files {
@@ -36,6 +39,9 @@ func checkPaths(files []source.File) error {
 		for _, seg := range strings.Split(p, "/") {
 			if seg == ".." || seg == "." {
 				return fmt.Errorf("refusing file %q: %q would leave the destination", p, seg)
+			}
+			if len(seg) > maxNameBytes {
+				return fmt.Errorf("refusing file %q: a name of %d bytes, and a file system takes at most %d", p, len(seg), maxNameBytes)
 			}
 		}
 		if strings.HasPrefix(p, reservedPrefix) {

@@ -156,6 +156,16 @@ func walk(s *apiextensionsv1.JSONSchemaProps, path string, out map[string]*apiex
 	}
 }
 
+// patternTwin reports whether rule is the node's own pattern as a CEL rule, there only for its
+// message, which says what to write. It refuses only what the pattern refuses (both are Go's
+// RE2, matched anywhere in the value), and it leaves values over 64 Ki characters to the pattern
+// alone, so that no value the pattern accepts is refused for the rule's cost: the set of
+// accepted objects is the same.
+func patternTwin(rule, pattern any) bool {
+	p, ok := pattern.(string)
+	return ok && rule == "size(self) > 65536 || self.matches(r'"+p+"')"
+}
+
 // keywords renders the compared keywords of one schema node, canonically: enums and required
 // lists as sorted sets, rules as their rule and message.
 func keywords(s *apiextensionsv1.JSONSchemaProps) map[string]string {
@@ -185,7 +195,13 @@ func keywords(s *apiextensionsv1.JSONSchemaProps) map[string]string {
 			var rules []string
 			for _, r := range v.([]any) {
 				r := r.(map[string]any)
+				if patternTwin(r["rule"], m["pattern"]) {
+					continue
+				}
 				rules = append(rules, fmt.Sprintf("%v (%v)", r["rule"], r["message"]))
+			}
+			if len(rules) == 0 {
+				continue
 			}
 			v = rules
 		}

@@ -10,10 +10,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -73,7 +76,7 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 			mutate: func(i *inferencev1.InferenceEndpointConfig) {
 				i.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceKubernetesVolume}
 			}},
-		{name: "init-name", reason: inferencev1.ReasonInvalidSpec, inMessage: `the name of prewarm's own init container`,
+		{name: "init-name", reason: inferencev1.ReasonInvalidSpec, inMessage: `"prewarm-prepare", the name of a container prewarm adds to the pods`,
 			mutate: func(i *inferencev1.InferenceEndpointConfig) {
 				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "prewarm-prepare", Image: "busybox"}}}
 			}},
@@ -115,6 +118,49 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{Volumes: []corev1.Volume{{Name: "model-weights",
 					VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}}
 			}},
+		{name: "both-types", reason: inferencev1.ReasonInvalidSpec, inMessage: `instanceType "ml.p5.48xlarge" and instanceTypes ["ml.g5.24xlarge"] are both set`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) { i.Spec.InstanceTypes = []string{"ml.g5.24xlarge"} }},
+		{name: "ip-bucket", reason: inferencev1.ReasonInvalidSpec, inMessage: `bucketName "192.168.5.4" is formatted as an IP address`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.ModelSourceConfig.S3Storage.BucketName = "192.168.5.4"
+			}},
+		{name: "root-mount", reason: inferencev1.ReasonInvalidSpec, inMessage: `mountPath "/" would mount the model over the container's root`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) { i.Spec.Worker.ModelVolumeMount.MountPath = "/" }},
+		{name: "volume-name", reason: inferencev1.ReasonInvalidSpec, inMessage: `worker.modelVolumeMount.name "Model_Weights" is not a volume name Kubernetes accepts`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) { i.Spec.Worker.ModelVolumeMount.Name = "Model_Weights" }},
+		{name: "kube-volume-name", reason: inferencev1.ReasonInvalidSpec, inMessage: `spec.kubernetes.volumes[0].name "Scratch_Space" is not a volume name`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{Volumes: []corev1.Volume{{Name: "Scratch_Space",
+					VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}}
+			}},
+		{name: "init-worker", reason: inferencev1.ReasonInvalidSpec, inMessage: `"worker", the name of a container prewarm adds to the pods`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "worker", Image: "busybox"}}}
+			}},
+		{name: "prefetch-volume", reason: inferencev1.ReasonInvalidSpec, inMessage: `spec.kubernetes.volumes[0] is named "model-weights-copy", the name of a volume prewarm adds`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.ModelSourceConfig.PrefetchEnabled = ptr.To(true)
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{Volumes: []corev1.Volume{{Name: "model-weights-copy",
+					VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}}
+			}},
+		// What else the API server refuses of the pods is asked of it (a dry run of the
+		// Deployment) before the weights cache is made, and quoted.
+		{name: "init-mount", reason: inferencev1.ReasonInvalidSpec, inMessage: `initContainers[0].volumeMounts[0].name: Not found: "scratch"`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "warm", Image: "busybox",
+					VolumeMounts: []corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}}}}}
+			}},
+		{name: "limits", reason: inferencev1.ReasonInvalidSpec, inMessage: `must be less than or equal to cpu limit`,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Worker.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
+				i.Spec.Worker.Resources.Limits[corev1.ResourceCPU] = resource.MustParse("1")
+			}},
+		// What this API server accepts in a pod is not refused: it takes environment variable
+		// names beginning with a digit (Kubernetes 1.32 and later).
+		{name: "env-digit", reason: inferencev1.ReasonDeploymentCreated, inMessage: "rolling out", deployment: true,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Worker.EnvironmentVariables = []corev1.EnvVar{{Name: "1FOO", Value: "x"}}
+			}},
 		// A namespace that enforces the baseline level admits the pods: their model volume is
 		// prewarm's CSI volume, not a hostPath.
 		{name: "pss", ns: "blocked-pss", reason: inferencev1.ReasonDeploymentCreated, inMessage: "rolling out", deployment: true},
@@ -151,6 +197,14 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 				}
 			case !apierrors.IsNotFound(err):
 				t.Errorf("a Deployment was made for a parent that cannot work: %v", err)
+			}
+			// Nor is anything downloaded for it: no weights cache is made.
+			caches := &inferencev1.ModelDataCacheConfigList{}
+			if err := c.List(ctx, caches, client.InNamespace(ns), client.MatchingLabels{controller.ParentUIDLabel: string(got.UID)}); err != nil {
+				t.Fatal(err)
+			}
+			if !tc.deployment && len(caches.Items) > 0 {
+				t.Errorf("weights cache %s was made for a parent that cannot work", caches.Items[0].Name)
 			}
 		})
 	}

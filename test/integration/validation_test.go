@@ -72,13 +72,16 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 		}), "one of instanceType, instanceTypes or nodeAffinity is required"},
 		{"instanceType without ml. prefix (HyperPod's pattern)", iec("v14", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.InstanceType = "g5.24xlarge"
+		}), "instanceType must look like ml.g5.24xlarge"},
+		{"instanceType: the pattern is kept beside its message", iec("v14b", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.InstanceType = "g5.24xlarge"
 		}), `should match '^ml\..*'`},
 		{"HF modelId without org (HyperPod's pattern)", testutil.MakeInferenceEndpointConfig("default", "v16").HuggingFace("llama", "").Obj(),
-			"spec.modelSourceConfig.huggingFaceModel.modelId"},
+			"modelId must be a Hugging Face repository as org/name"},
 		{"HF modelId with ..", testutil.MakeInferenceEndpointConfig("default", "v16b").HuggingFace("meta-llama/..", "").Obj(),
 			"modelId must not contain '..'"},
 		{"HF commitSHA a branch (HyperPod's pattern)", testutil.MakeInferenceEndpointConfig("default", "v17").HuggingFace("meta-llama/Llama-3.1-8B", "main").Obj(),
-			"spec.modelSourceConfig.huggingFaceModel.commitSHA"},
+			"commitSHA must be a full commit id, 40 lower-case hex digits"},
 		{"fsx modelLocation with ..", iec("v24", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx,
 				FSxStorage: &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef0"}, ModelLocation: "models/../../etc"}
@@ -91,10 +94,20 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 		}), "should be less than or equal to 65535"},
 		{"port name neither http nor grpc (HyperPod's pattern)", iec("v28", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.Worker.ModelInvocationPort.Name = "metrics"
-		}), "spec.worker.modelInvocationPort.name"},
+		}), "modelInvocationPort.name must be http or grpc"},
 		{"modelName with an underscore (HyperPod's pattern)", iec("v29", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelName = "_model"
-		}), "spec.modelName"},
+		}), "modelName must start with a letter or digit"},
+		{"endpointName with an underscore (HyperPod's pattern)", iec("v29b", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.EndpointName = "my_endpoint"
+		}), "endpointName must be letters, digits and hyphens"},
+		{"loadBalancer health check path without / (HyperPod's pattern)", iec("v29c", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.LoadBalancer = &inferencev1.LoadBalancer{HealthCheckPath: ptr.To("ping")}
+		}), "healthCheckPath must be a path starting with /, e.g. /ping"},
+		{"an ACM ARN of another service (HyperPod's pattern)", iec("v29d", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.TLSConfig = &inferencev1.TLSConfig{CustomCertificateConfig: &inferencev1.CustomCertificateConfig{
+				ACMArn: "arn:aws:iam::111122223333:certificate/x", DomainName: "model.example.com"}}
+		}), "acmArn must be an ACM certificate ARN"},
 		{"modelName over 63", iec("v30", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelName = strings.Repeat("m", 64)
 		}), "may not be more than 63"},
@@ -116,16 +129,16 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 		}), "spec.autoScalingSpec.minReplicaCount"},
 		{"JumpStart modelId with spaces (HyperPod's pattern)", jsm("v38", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Model.ModelID = "Meta Llama 3.1 8B"
-		}), "spec.model.modelId"},
+		}), "modelId must be a JumpStart model id"},
 		{"JumpStart instanceType without ml. (HyperPod's pattern)", jsm("v39", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Server.InstanceType = "p4d.24xlarge"
-		}), "spec.server.instanceType"},
+		}), "instanceType must look like ml.g5.24xlarge"},
 		{"JumpStart modelVersion not semantic (HyperPod's pattern)", jsm("v40", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Model.ModelVersion = "latest"
-		}), "spec.model.modelVersion"},
+		}), "modelVersion must be three numbers, e.g. 2.1.0"},
 		{"JumpStart accelerator partition not MIG", jsm("v40b", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Server.AcceleratorPartitionType = "1g.10gb"
-		}), "spec.server.acceleratorPartitionType"},
+		}), "acceleratorPartitionType must be a MIG profile, e.g. mig-1g.10gb"},
 		{"JumpStart hostPath relative", jsm("v41", func(o *inferencev1.JumpStartModel) {
 			o.Spec.ModelCacheConfig.WeightsCache.HostPath = "nvme"
 		}), "hostPath must be an absolute path"},
@@ -226,6 +239,12 @@ func TestValidVariantsAccepted(t *testing.T) {
 		})},
 		{"an environment variable name Kubernetes accepts", iec("ok-env", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.Worker.EnvironmentVariables = []corev1.EnvVar{{Name: "1ST_OPTION", Value: "x"}}
+		})},
+		// The rules that say what to write beside HyperPod's patterns leave a long value to the
+		// pattern alone: their cost refuses nothing the pattern accepts.
+		{"an ACM ARN of 800,000 characters that HyperPod's pattern accepts", iec("ok-long-arn", func(o *inferencev1.InferenceEndpointConfig) {
+			o.Spec.TLSConfig = &inferencev1.TLSConfig{CustomCertificateConfig: &inferencev1.CustomCertificateConfig{
+				ACMArn: "arn:aws:acm:us-west-2:111122223333:certificate/" + strings.Repeat("a", 800_000), DomainName: "model.example.com"}}
 		})},
 		{"JumpStart with a MIG partition and additional configs", jsm("ok-jsm", func(o *inferencev1.JumpStartModel) {
 			o.Spec.Server.AcceleratorPartitionType = "mig-1g.10gb"

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -37,10 +38,19 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 			return &problem{inferencev1.ReasonInvalidSpec, spec.Message}
 		}
 	}
-	if v := m.worker.ModelVolumeMount.Name; slices.Contains([]string{cacheVolumeName, fsxVolumeName}, v) {
+	ours := []string{cacheVolumeName, fsxVolumeName}
+	if m.prefetch {
+		ours = append(ours, PrefetchVolumeName)
+	}
+	if v := m.worker.ModelVolumeMount.Name; slices.Contains(ours, v) {
 		return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
-			"worker.modelVolumeMount.name %q is the name of a volume prewarm adds to the pods (%s, %s): choose another name",
-			v, cacheVolumeName, fsxVolumeName)}
+			"worker.modelVolumeMount.name %q is the name of a volume prewarm adds to the pods (%s): choose another name", v, joinNames(ours))}
+	}
+	for i, v := range m.kubernetes.Volumes {
+		if slices.Contains(ours, v.Name) {
+			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
+				"spec.kubernetes.volumes[%d] is named %q, the name of a volume prewarm adds to the pods (%s): choose another name", i, v.Name, joinNames(ours))}
+		}
 	}
 	if m.source.ModelSourceType == inferencev1.ModelSourceKubernetesVolume &&
 		!slices.ContainsFunc(m.kubernetes.Volumes, func(v corev1.Volume) bool { return v.Name == m.worker.ModelVolumeMount.Name }) {
@@ -49,9 +59,9 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 			m.worker.ModelVolumeMount.Name)}
 	}
 	for _, k := range m.kubernetes.InitContainers {
-		if k.Name == PrepareContainerName {
+		if ours := []string{PrepareContainerName, PrefetchContainerName, WorkerContainerName}; slices.Contains(ours, k.Name) {
 			return &problem{inferencev1.ReasonInvalidSpec, fmt.Sprintf(
-				"spec.kubernetes.initContainers has a container named %q, the name of prewarm's own init container: choose another name", k.Name)}
+				"spec.kubernetes.initContainers has a container named %q, the name of a container prewarm adds to the pods (%s): choose another name", k.Name, joinNames(ours))}
 		}
 		// prewarm's volumes carry prewarm's access (a directory of an FSx file system): only its
 		// own container mounts them.
@@ -80,6 +90,42 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 		}
 	}
 	return nil
+}
+
+// deployable says, before a new weights cache is made, whether the parent's Deployment can be:
+// not when a Deployment of its name is someone else's, nor when the API server refuses it (a
+// server-side dry run of the Deployment the template phase would build, reading the cache to
+// be made). Only the server's verdict on the object counts: a webhook that cannot dry-run, a
+// quota or an unreachable server leave it to the Deployment's own create.
+func (r *Reconciler) deployable(ctx context.Context, s *state) error {
+	m := s.m
+	if s.dep != nil && !metav1.IsControlledBy(s.dep, m.owner) {
+		return conflict("Deployment", s.dep, m)
+	}
+	var err error
+	if m.restricted, err = r.restrictedNamespace(ctx, m.owner.GetNamespace()); err != nil {
+		return err
+	}
+	planned := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Name: m.owner.GetName() + "-cache", UID: "planned"}}
+	tmpl, err := r.podTemplate(m, planned, s.image)
+	if err != nil {
+		return nil // the template phase reports it
+	}
+	dep := r.deployment(m, tmpl)
+	switch err := r.Client.Create(ctx, dep, client.DryRunAll); {
+	case apierrors.IsInvalid(err):
+		return refused("Deployment", dep.Name, err)
+	case err != nil && !apierrors.IsAlreadyExists(err):
+		ctrl.LoggerFrom(ctx).V(1).Info("the dry run of the Deployment did not answer; its create will", "error", err.Error())
+	}
+	return nil
+}
+
+// hasCache reports whether owned holds a live cache of content key.
+func hasCache(owned []inferencev1.ModelDataCacheConfig, key string) bool {
+	return slices.ContainsFunc(owned, func(c inferencev1.ModelDataCacheConfig) bool {
+		return c.Labels[controller.CacheKeyLabel] == key && c.DeletionTimestamp.IsZero()
+	})
 }
 
 // refused turns the API server's refusal of an object prewarm derives from the spec (422 Invalid,

@@ -143,6 +143,12 @@ func (r *Reconciler) weightsPhase(ctx context.Context, s *state) error {
 		return &problem{inferencev1.ReasonHostPathNotAllowed,
 			why + "; nothing is cached or deployed until modelCacheConfig.weightsCache.hostPath is an allowed root"}
 	}
+	if !hasCache(s.owned, cacheKey(m)) {
+		// Nothing is downloaded for a Deployment that cannot be made.
+		if err := r.deployable(ctx, s); err != nil {
+			return err
+		}
+	}
 	cache, err := r.ensureCache(ctx, m, s.owned)
 	if err != nil {
 		return err
