@@ -81,6 +81,12 @@ const (
 	// ReasonImageCacheMismatch: the image cache of the name this parent's image and placement
 	// give holds something else; the parent does not use it.
 	ReasonImageCacheMismatch = "ImageCacheMismatch"
+	// ReasonRegistryNotAllowed: the image is from a registry the operator configuration does
+	// not let image caches pull from; the parent has no image cache.
+	ReasonRegistryNotAllowed = "RegistryNotAllowed"
+	// ReasonImageCacheQuotaExceeded: the parent's namespace already uses as many image caches
+	// as the operator configuration allows one namespace; the parent has no image cache.
+	ReasonImageCacheQuotaExceeded = "ImageCacheQuotaExceeded"
 	// ReasonParentNotFound: a cache's parent reference does not resolve to the parent that made
 	// it; the cache is asked of no node.
 	ReasonParentNotFound = "ParentNotFound"

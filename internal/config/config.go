@@ -200,6 +200,9 @@ type OperatorConfiguration struct {
 	// JumpStart says where JumpStart model ids the catalog ConfigMap does not list are
 	// resolved: JumpStart's public model manifest and spec files of a region.
 	JumpStart JumpStart `json:"jumpStart,omitempty"`
+	// ImageCaches says which registries image caches may pull from, and how many one
+	// namespace may use.
+	ImageCaches ImageCaches `json:"imageCaches,omitempty"`
 }
 
 // JumpStart says where JumpStart's own metadata is read. With no region, JumpStart model ids
@@ -646,6 +649,7 @@ func (o *OperatorConfiguration) defaults() {
 	}
 	number(&c.ClientBurst, 400)
 	number(&c.ConcurrentReconciles, 4)
+	number(&o.ImageCaches.MaxPerNamespace, DefaultImageCachesPerNamespace)
 	text(&c.CapacityShortfall, CapacityShortfallWarn)
 	quantity(&c.PrefetchSizeLimit, "64Gi")
 	quantity(&a.Reserve, "2Gi")
@@ -829,6 +833,7 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, o.Placement.validate()...)
 	errs = append(errs, o.validateFSx()...)
 	errs = append(errs, o.validateQuotas()...)
+	errs = append(errs, o.ImageCaches.validate()...)
 	if js := o.JumpStart; js.Region != "" && !regionPattern.MatchString(js.Region) {
 		errs = append(errs, field.Invalid(field.NewPath("jumpStart", "region"), js.Region, "want an AWS region such as us-west-2"))
 	}

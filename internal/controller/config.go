@@ -159,7 +159,10 @@ const (
 	// ImageCacheLabel, on an image cache's DaemonSet and pods, is the InferenceImageCache's name.
 	ImageCacheLabel = "prewarm.io/image-cache"
 	// SourceNamespaceLabel, on a pull secret copied for an image cache, is the namespace it
-	// was copied from: the copy goes when no parent of that namespace uses the cache.
+	// was copied from: the copy goes when no parent of that namespace uses the cache. On an
+	// image cache, it is the one namespace whose parents it serves and whose pull secrets it
+	// pulls with (no label: a cache of an image pulled with no namespace's credentials, which
+	// any namespace shares).
 	SourceNamespaceLabel = "prewarm.io/source-namespace"
 	// FieldManager is the controller's server-side apply field manager.
 	FieldManager = "prewarm-controller"

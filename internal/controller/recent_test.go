@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -61,5 +62,32 @@ func TestRecentReader(t *testing.T) {
 	now = now.Add(31 * time.Second)
 	if s, err := get("tok"); err != nil || string(s.Data["token"]) != "b" {
 		t.Errorf("after the TTL: %+v, %v; want the new token", s, err)
+	}
+}
+
+// A tenant can make the controller read as many objects as it can name (a Secret of every name,
+// missing or not): what the reader remembers stays bounded, and what is older than the TTL goes.
+func TestRecentReaderIsBounded(t *testing.T) {
+	ctx := context.Background()
+	backing := fake.NewClientBuilder().Build()
+	now := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	r := &RecentReader{Reader: backing, TTL: 30 * time.Second, Now: func() time.Time { return now }}
+	for i := range 10_000 {
+		if err := r.Get(ctx, client.ObjectKey{Namespace: "tenant", Name: fmt.Sprintf("s-%d", i)}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("Get: %v, want not found", err)
+		}
+		if i%1000 == 0 {
+			now = now.Add(time.Second) // the reads take some time
+		}
+	}
+	if n := len(r.seen); n > DefaultRecentEntries {
+		t.Errorf("10,000 distinct keys: %d answers remembered, want at most %d", n, DefaultRecentEntries)
+	}
+	now = now.Add(31 * time.Second)
+	if err := r.Get(ctx, client.ObjectKey{Namespace: "tenant", Name: "after"}, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if n := len(r.seen); n != 1 {
+		t.Errorf("after the TTL, %d answers remembered, want only the last one", n)
 	}
 }

@@ -113,6 +113,10 @@ const (
 	// EventEvictionPolicyLimited: a cache's eviction annotations ask for more than its
 	// namespace is granted (or do not parse); the message says what is used instead.
 	EventEvictionPolicyLimited = "EvictionPolicyLimited"
+	// EventPullSecretRefused: a pull secret the parent's namespace names is not copied for its
+	// image cache (not a pull secret type, too large, past the count); the message names it and
+	// the rule.
+	EventPullSecretRefused = "PullSecretRefused"
 )
 
 // Event records an Event about obj when rec is set (the reconcilers' tests run without one). The

@@ -105,7 +105,7 @@ func (e *weightsEnv) setImageStatus(cache, node string, status corev1.ContainerS
 	e.t.Fatalf("no pod of %s on %s", cache, node)
 }
 
-var seedCacheName = regexp.MustCompile(`^iic-vllm-openai-ml-g5-24xlarge-[0-9a-f]{4}$`)
+var seedCacheName = regexp.MustCompile(`^iic-vllm-openai-ml-g5-24xlarge-[0-9a-f]{16}$`)
 
 func TestImageCacheEndToEnd(t *testing.T) {
 	e := newEnv(t, testutil.ClusterOptions{KwokStages: delayPodReady})
@@ -135,7 +135,7 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		})
 		caches := e.imageCaches()
 		if len(caches) != 1 || !seedCacheName.MatchString(caches[0].Name) {
-			t.Fatalf("image caches %v, want one named like iic-vllm-openai-ml-g5-24xlarge-a1b2", caches)
+			t.Fatalf("image caches %v, want one named like iic-vllm-openai-ml-g5-24xlarge-0123456789abcdef", caches)
 		}
 		if caches[0].Status.Phase == inferencev1.ImageComplete {
 			t.Errorf("the image cache was already Complete when the Deployment appeared: the test shows nothing")
@@ -251,31 +251,19 @@ func TestImageCacheEndToEnd(t *testing.T) {
 		}
 	})
 
-	// second is another tenant's, pulling with its own secret.
+	// second is another tenant's, pulling with its own secret; borrower's namespace has no pull
+	// secrets; third shares the seed's namespace.
 	second := testutil.MakeInferenceEndpointConfig("team-x", "second").Location(prefix).Obj()
 	second.Spec.ModelCacheConfig.WeightsCache.Enabled = false
+	borrower := testutil.MakeInferenceEndpointConfig("team-y", "borrower").Location(prefix).Obj()
+	borrower.Spec.ModelCacheConfig.WeightsCache.Enabled = false
 	third := testutil.MakeInferenceEndpointConfig("default", "third").Location(prefix).Obj()
 	third.Spec.ModelCacheConfig.WeightsCache.Enabled = false
 	var newCache string
-	t.Run("parents share one cache; it lives as long as one of them uses it", func(t *testing.T) {
-		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-x"}}); err != nil {
-			t.Fatal(err)
-		}
-		pullWith(t, e, "team-x", "regcred-x")
-		if err := c.Create(ctx, second); err != nil {
-			t.Fatal(err)
-		}
-		e.eventually(30*time.Second, "two references, and both tenants' pull secrets", func() (bool, string) {
-			ic, err := e.imageCache(seedCache)
-			if err != nil {
-				return false, err.Error()
-			}
-			return len(ic.Spec.ParentReferences) == 2 && len(e.imageCaches()) == 1 && len(ic.Spec.ImagePullSecrets) == 2,
-				fmt.Sprintf("%+v %+v", ic.Spec.ParentReferences, ic.Spec.ImagePullSecrets)
-		})
-		copies := func() []string {
+	t.Run("a namespace that pulls with its own secrets has its own cache; parents of one namespace share it while one uses it", func(t *testing.T) {
+		copies := func(cache string) []string {
 			list := &corev1.SecretList{}
-			if err := c.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{"prewarm.io/image-cache": seedCache}); err != nil {
+			if err := c.List(ctx, list, client.InNamespace(opNS), client.MatchingLabels{"prewarm.io/image-cache": cache}); err != nil {
 				t.Fatal(err)
 			}
 			var names []string
@@ -284,32 +272,64 @@ func TestImageCacheEndToEnd(t *testing.T) {
 			}
 			return names
 		}
-		seed := &inferencev1.InferenceEndpointConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "example-model"}}
-		if err := c.Delete(ctx, seed); err != nil {
+		cacheOf := func(parent string) (*inferencev1.InferenceImageCache, string) {
+			var names []string
+			for _, ic := range e.imageCaches() {
+				names = append(names, fmt.Sprintf("%s%v", ic.Name, ic.Spec.ParentReferences))
+				for _, r := range ic.Spec.ParentReferences {
+					if r.Name == parent {
+						return &ic, ""
+					}
+				}
+			}
+			return nil, fmt.Sprint(names)
+		}
+		for _, ns := range []string{"team-x", "team-y"} {
+			if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pullWith(t, e, "team-x", "regcred-x")
+		for _, p := range []*inferencev1.InferenceEndpointConfig{second, borrower} {
+			if err := c.Create(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// team-x's parent does not join default's cache: it has its own, pulling with its copy
+		// alone; team-y, with no pull rights, has a cache that pulls with no tenant's secret.
+		var xCache, yCache string
+		e.eventually(30*time.Second, "team-x's and team-y's own image caches", func() (bool, string) {
+			x, why := cacheOf("second")
+			y, why2 := cacheOf("borrower")
+			if x == nil || y == nil {
+				return false, why + why2
+			}
+			xCache, yCache = x.Name, y.Name
+			return len(x.Spec.ImagePullSecrets) == 1 && len(copies(xCache)) == 1, fmt.Sprint(x.Spec.ImagePullSecrets, copies(xCache))
+		})
+		if xCache == seedCache || yCache == seedCache || xCache == yCache {
+			t.Fatalf("default's image cache %s, team-x's %s, team-y's %s: want three", seedCache, xCache, yCache)
+		}
+		if got := copies(xCache); !strings.HasPrefix(got[0], "team-x/") {
+			t.Errorf("team-x's cache pulls with %v, want team-x's copy alone", got)
+		}
+		y, err := e.imageCache(yCache)
+		if err != nil || len(y.Spec.ImagePullSecrets) != 0 || len(copies(yCache)) != 0 {
+			t.Errorf("team-y's cache %v pulls with %v; want no tenant's secret", err, copies(yCache))
+		}
+		if ic, err := e.imageCache(seedCache); err != nil || len(ic.Spec.ParentReferences) != 1 || len(copies(seedCache)) != 1 {
+			t.Errorf("default's cache: %v, parents %+v, copies %v; want the seed alone, with default's copy", err, ic.Spec.ParentReferences, copies(seedCache))
+		}
+		ds := &appsv1.DaemonSet{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: opNS, Name: yCache}, ds); err != nil {
 			t.Fatal(err)
 		}
-		e.waitGone("the seed parent", seed)
-		ic, err := e.imageCache(seedCache)
-		if err != nil {
-			t.Fatalf("the image cache went with one of its two parents: %v", err)
+		if ctr := ds.Spec.Template.Spec.Containers[0]; ctr.ImagePullPolicy != corev1.PullAlways || ctr.WorkingDir != "/" {
+			t.Errorf("the image container pulls %s from %q; want Always, /", ctr.ImagePullPolicy, ctr.WorkingDir)
 		}
-		if refs := ic.Spec.ParentReferences; len(refs) != 1 || refs[0].Name != "second" {
-			t.Errorf("references %+v, want only second", refs)
-		}
-		// The departed tenant's registry credentials go with it; team-x's stay.
-		if got := copies(); len(got) != 1 || !strings.HasPrefix(got[0], "team-x/") {
-			t.Errorf("pull secret copies %v once default's parent left, want only team-x's", got)
-		}
-		if ps := ic.Spec.ImagePullSecrets; len(ps) != 1 || !strings.Contains(ps[0].Name, "team-x") {
-			t.Errorf("the image cache pulls with %+v, want only team-x's copy", ps)
-		}
-		// The DaemonSet rolls to the new pull secrets (a node at a time): still a pod on each.
-		e.eventually(60*time.Second, "image cache pods on the three nodes", func() (bool, string) {
-			got := e.podNodes(seedCache)
-			return len(got) == 3, fmt.Sprint(got)
-		})
 
-		// A third parent shares it, then moves to another image: a new cache for that image.
+		// third, of the seed's namespace, shares the seed's cache; the seed goes and the cache
+		// stays, with default's copy, while third uses it.
 		if err := c.Create(ctx, third); err != nil {
 			t.Fatal(err)
 		}
@@ -317,6 +337,24 @@ func TestImageCacheEndToEnd(t *testing.T) {
 			ic, err := e.imageCache(seedCache)
 			return err == nil && len(ic.Spec.ParentReferences) == 2, fmt.Sprint(err)
 		})
+		seed := &inferencev1.InferenceEndpointConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "example-model"}}
+		if err := c.Delete(ctx, seed); err != nil {
+			t.Fatal(err)
+		}
+		e.waitGone("the seed parent", seed)
+		old, err := e.imageCache(seedCache)
+		if err != nil {
+			t.Fatalf("the image cache went with one of its two parents: %v", err)
+		}
+		if refs := old.Spec.ParentReferences; len(refs) != 1 || refs[0].Name != "third" {
+			t.Errorf("references %+v, want only third", refs)
+		}
+		if got := copies(seedCache); len(got) != 1 {
+			t.Errorf("pull secret copies %v, want default's, which third still uses", got)
+		}
+
+		// third moves to another image: a new cache for that image, and the first cache, its last
+		// parent gone, goes with its DaemonSet, its labels and default's copy.
 		if err := c.Get(ctx, client.ObjectKeyFromObject(third), third); err != nil {
 			t.Fatal(err)
 		}
@@ -326,31 +364,37 @@ func TestImageCacheEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.eventually(60*time.Second, "third moved to a new cache", func() (bool, string) {
-			var names []string
-			for _, ic := range e.imageCaches() {
-				names = append(names, fmt.Sprintf("%s%v", ic.Name, len(ic.Spec.ParentReferences)))
-				if ic.Spec.Image == "vllm/vllm-openai:v0.6.3" && len(ic.Spec.ParentReferences) == 1 && ic.Spec.ParentReferences[0].Name == "third" {
-					newCache = ic.Name
-				}
+			ic, why := cacheOf("third")
+			if ic == nil || ic.Spec.Image != "vllm/vllm-openai:v0.6.3" {
+				return false, why
 			}
-			old, err := e.imageCache(seedCache)
-			return newCache != "" && err == nil && len(old.Spec.ParentReferences) == 1, fmt.Sprint(names)
+			newCache = ic.Name
+			return true, ""
 		})
 		e.waitImageCache(newCache, inferencev1.ImageComplete, 3, 3)
-
-		// The last parent of the first cache goes: DaemonSet, labels and object go with it.
-		old, err := e.imageCache(seedCache)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Delete(ctx, second); err != nil {
-			t.Fatal(err)
-		}
 		e.waitGone("the first image cache", old)
 		e.waitGone("its DaemonSet", &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: seedCache}})
 		if got := e.labelled(inferencev1.ImageCacheReadyLabel(string(old.UID))); len(got) != 0 {
 			t.Errorf("its label is still on %v", got)
 		}
+		e.eventually(30*time.Second, "default's copy for the first cache gone", func() (bool, string) {
+			got := copies(seedCache)
+			return len(got) == 0, fmt.Sprint(got)
+		})
+
+		// team-x's and team-y's parents go, and their caches with them.
+		for _, p := range []*inferencev1.InferenceEndpointConfig{second, borrower} {
+			if err := c.Delete(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, name := range []string{xCache, yCache} {
+			e.waitGone("image cache "+name, &inferencev1.InferenceImageCache{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: name}})
+		}
+		e.eventually(30*time.Second, "team-x's copy gone", func() (bool, string) {
+			got := copies(xCache)
+			return len(got) == 0, fmt.Sprint(got)
+		})
 	})
 
 	t.Run("a node that joins gets the pod and the label", func(t *testing.T) {

@@ -339,7 +339,7 @@ spec:
 			t.Fatal(err)
 		}
 	}
-	name := serving.ImageCacheName("vllm/vllm-openai:v0.6.3", inferencev1.Placement{InstanceTypes: []string{"ml.mic-suite.xlarge"}})
+	name := serving.ImageCacheName("vllm/vllm-openai:v0.6.3", inferencev1.Placement{InstanceTypes: []string{"ml.mic-suite.xlarge"}}, "")
 	ic := &inferencev1.InferenceImageCache{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "mic-operator", Name: name}, ic); err != nil {
 		t.Fatalf("no image cache %s: %v", name, err)

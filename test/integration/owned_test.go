@@ -202,7 +202,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		}
 		// An image cache of the very name this parent's image and placement give, made by hand
 		// with another image.
-		name := serving.ImageCacheName(parent.Spec.Worker.Image, placement.FromParent(parent.Spec.InstanceType, nil, nil, nil))
+		name := serving.ImageCacheName(parent.Spec.Worker.Image, placement.FromParent(parent.Spec.InstanceType, nil, nil, nil), "")
 		squat := testutil.MakeInferenceImageCache(cfg.OperatorNamespace, name)
 		squat.Spec.Image = "registry.example/miner:latest"
 		squat.Spec.Placement = placement.FromParent(parent.Spec.InstanceType, nil, nil, nil)

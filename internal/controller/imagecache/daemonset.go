@@ -27,6 +27,13 @@ const (
 // container (prewarm's agent image) installs a static sleeper into an emptyDir, and the main
 // container runs the target image with the sleeper as its command, so images without a shell
 // work, and the running container keeps kubelet's image GC from removing the image.
+//
+// The image is a tenant's, run in the operator namespace: nothing of it runs but its files (the
+// sleeper is the command, the working directory is /, not the image's WORKDIR, which a crafted
+// image can point at a runtime's leaked descriptors), and it is pulled Always: each pod asks the
+// registry with the cache's own pull secrets, so a cache does not start on an image that another
+// namespace's credentials left on the node, and a cache whose pull secrets changed pulls again
+// with the new ones as its pods are replaced.
 func (r *Reconciler) daemonSet(c *inferencev1.InferenceImageCache) *appsv1.DaemonSet {
 	labels := map[string]string{controller.ImageCacheLabel: c.Name, controller.ManagedByLabel: controller.ManagedBy}
 	restricted := &corev1.SecurityContext{
@@ -42,8 +49,11 @@ func (r *Reconciler) daemonSet(c *inferencev1.InferenceImageCache) *appsv1.Daemo
 		Tolerations:                   c.Spec.Placement.Tolerations,
 		ImagePullSecrets:              append(slices.Clone(c.Spec.ImagePullSecrets), r.Config.PullSecrets()...),
 		TerminationGracePeriodSeconds: ptr.To[int64](5),
-		AutomountServiceAccountToken:  ptr.To(false),
-		EnableServiceLinks:            ptr.To(false),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot: ptr.To(true), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		AutomountServiceAccountToken: ptr.To(false),
+		EnableServiceLinks:           ptr.To(false),
 		InitContainers: []corev1.Container{{
 			Name: "install-sleeper", Image: r.Config.AgentImage(),
 			Command:         []string{"/sleeper", "--install", sleeperPath},
@@ -54,7 +64,8 @@ func (r *Reconciler) daemonSet(c *inferencev1.InferenceImageCache) *appsv1.Daemo
 		Containers: []corev1.Container{{
 			Name: ImageContainerName, Image: c.Spec.Image,
 			Command:         []string{sleeperPath},
-			ImagePullPolicy: corev1.PullIfNotPresent,
+			WorkingDir:      "/",
+			ImagePullPolicy: corev1.PullAlways,
 			Resources:       tiny,
 			SecurityContext: restricted,
 			VolumeMounts:    []corev1.VolumeMount{{Name: "bin", MountPath: sleeperDir, ReadOnly: true}},

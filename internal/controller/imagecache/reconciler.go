@@ -197,10 +197,15 @@ func (r *Reconciler) labelPhase(ctx context.Context, s *state) error {
 	return r.Labels.Apply(ctx, r.Client, label, controller.LabelChanges(append(s.targets, labelled...), label, s.cached))
 }
 
-// liveReferences returns the parent references whose parent still exists with that UID.
+// liveReferences returns the parent references whose parent still exists with that UID. A cache
+// of one namespace (it pulls with that namespace's pull secrets) keeps only that namespace's.
 func (r *Reconciler) liveReferences(ctx context.Context, c *inferencev1.InferenceImageCache) ([]inferencev1.ParentReference, error) {
 	var live []inferencev1.ParentReference
+	owner := c.Labels[controller.SourceNamespaceLabel]
 	for _, ref := range c.Spec.ParentReferences {
+		if owner != "" && ref.Namespace != owner {
+			continue
+		}
 		var obj client.Object
 		switch ref.Kind {
 		case "JumpStartModel":

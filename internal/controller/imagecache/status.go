@@ -99,9 +99,11 @@ func digest(imageID string) string {
 // and the bounded list of the nodes that need attention most. cached is every node that holds
 // the image.
 func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.DaemonSet, targets []*corev1.Node, pods []corev1.Pod) (inferencev1.InferenceImageCacheStatus, map[string]bool) {
+	// The digest is what the nodes' pods report now, not what was once reported: a cache whose
+	// pull secrets changed shows no digest its nodes cannot pull any more.
 	st := inferencev1.InferenceImageCacheStatus{
 		ObservedGeneration: c.Generation, TargetNodes: int32(len(targets)),
-		ImageDigest: c.Status.ImageDigest, Conditions: slices.Clone(c.Status.Conditions),
+		Conditions: slices.Clone(c.Status.Conditions),
 	}
 	byNode := map[string]*corev1.Pod{}
 	for i := range pods {

@@ -42,3 +42,25 @@ func TestNodeImage(t *testing.T) {
 		})
 	}
 }
+
+// The digest is what the nodes report now: a cache whose nodes can no longer pull the image (its
+// pull secrets changed, or it was adopted from one that pulled with another namespace's) does
+// not keep showing the digest it once had.
+func TestTheDigestIsTheNodesOfNow(t *testing.T) {
+	c := &inferencev1.InferenceImageCache{ObjectMeta: metav1.ObjectMeta{Name: "iic"}, Spec: inferencev1.InferenceImageCacheSpec{Image: "registry.example/private:1"},
+		Status: inferencev1.InferenceImageCacheStatus{ImageDigest: "sha256:once"}}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}}
+	failing := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: corev1.PodSpec{NodeName: "n"},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: ImageContainerName,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull", Message: "401 Unauthorized"}}}}}}
+	st, _ := (&Reconciler{}).gather(c, nil, []*corev1.Node{node}, []corev1.Pod{failing})
+	if st.ImageDigest != "" || st.Phase != inferencev1.ImageFailed {
+		t.Errorf("a cache none of whose nodes can pull the image: %s, digest %q; want Failed and no digest", st.Phase, st.ImageDigest)
+	}
+	running := failing
+	running.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: ImageContainerName, ImageID: "registry.example/private@sha256:now",
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+	if st, _ := (&Reconciler{}).gather(c, nil, []*corev1.Node{node}, []corev1.Pod{running}); st.ImageDigest != "sha256:now" {
+		t.Errorf("digest %q, want the node's sha256:now", st.ImageDigest)
+	}
+}

@@ -29,26 +29,36 @@ func TestImageCacheName(t *testing.T) {
 		p     inferencev1.Placement
 		want  string // a regexp
 	}{
-		{"vllm/vllm-openai:latest", g5, `^iic-vllm-openai-ml-g5-24xlarge-[0-9a-f]{4}$`},
-		{"public.ecr.aws/deep-learning-containers/vllm:0.8.5-gpu-py312", g5, `^iic-vllm-ml-g5-24xlarge-[0-9a-f]{4}$`},
-		{"registry.example:5000/team/tgi@sha256:" + strings.Repeat("a", 64), g5, `^iic-tgi-ml-g5-24xlarge-[0-9a-f]{4}$`},
-		{"Registry/UPPER_case.Image:1", placement.FromParent("", []string{"ml.g5.12xlarge", "ml.g5.24xlarge"}, nil, nil), `^iic-upper-case-image-multi-[0-9a-f]{4}$`},
-		{"x/" + strings.Repeat("very-long-image-name-", 20) + ":1", g5, `^iic-very-long-image-name-.*-ml-g5-24xlarge-[0-9a-f]{4}$`},
-		{"busybox", inferencev1.Placement{}, `^iic-busybox-any-[0-9a-f]{4}$`},
+		{"vllm/vllm-openai:latest", g5, `^iic-vllm-openai-ml-g5-24xlarge-[0-9a-f]{16}$`},
+		{"public.ecr.aws/deep-learning-containers/vllm:0.8.5-gpu-py312", g5, `^iic-vllm-ml-g5-24xlarge-[0-9a-f]{16}$`},
+		{"registry.example:5000/team/tgi@sha256:" + strings.Repeat("a", 64), g5, `^iic-tgi-ml-g5-24xlarge-[0-9a-f]{16}$`},
+		{"Registry/UPPER_case.Image:1", placement.FromParent("", []string{"ml.g5.12xlarge", "ml.g5.24xlarge"}, nil, nil), `^iic-upper-case-image-multi-[0-9a-f]{16}$`},
+		{"x/" + strings.Repeat("very-long-image-name-", 20) + ":1", g5, `^iic-very-long-image-name-.*-ml-g5-24xlarge-[0-9a-f]{16}$`},
+		{"busybox", inferencev1.Placement{}, `^iic-busybox-any-[0-9a-f]{16}$`},
 	}
 	for _, tt := range tests {
-		got := ImageCacheName(tt.image, tt.p)
+		got := ImageCacheName(tt.image, tt.p, "")
 		if !regexp.MustCompile(tt.want).MatchString(got) || len(got) > 63 || !dnsLabel.MatchString(got) {
 			t.Errorf("ImageCacheName(%q) = %q (%d chars), want %s and a DNS label", tt.image, got, len(got), tt.want)
 		}
 	}
 	// Same image, same placement: one name. Another placement or tag: another name.
-	a := ImageCacheName("vllm/vllm-openai:latest", g5)
-	if a != ImageCacheName("vllm/vllm-openai:latest", placement.FromParent("ml.g5.24xlarge", nil, nil, nil)) {
+	a := ImageCacheName("vllm/vllm-openai:latest", g5, "")
+	if a != ImageCacheName("vllm/vllm-openai:latest", placement.FromParent("ml.g5.24xlarge", nil, nil, nil), "") {
 		t.Error("the name is not stable")
 	}
-	if a == ImageCacheName("vllm/vllm-openai:v0.6.3", g5) || a == ImageCacheName("vllm/vllm-openai:latest", placement.FromParent("ml.g5.48xlarge", nil, nil, nil)) {
+	if a == ImageCacheName("vllm/vllm-openai:v0.6.3", g5, "") || a == ImageCacheName("vllm/vllm-openai:latest", placement.FromParent("ml.g5.48xlarge", nil, nil, nil), "") {
 		t.Error("different images or placements share a name")
+	}
+	// A namespace's own cache (it pulls with its pull secrets) is another cache than the
+	// shared one, and than another namespace's.
+	if mine, theirs := ImageCacheName("vllm/vllm-openai:latest", g5, "team-a"), ImageCacheName("vllm/vllm-openai:latest", g5, "team-b"); mine == a || mine == theirs {
+		t.Errorf("team-a's cache %s, team-b's %s, the shared one %s: want three names", mine, theirs, a)
+	}
+	// The names earlier versions gave (4 hex digits) are still found, to be adopted: this one
+	// is what they named the seed's cache.
+	if got := LegacyImageCacheName("vllm/vllm-openai:latest", g5); got != "iic-vllm-openai-ml-g5-24xlarge-6198" {
+		t.Errorf("legacy name %s, want the earlier version's iic-vllm-openai-ml-g5-24xlarge-6198", got)
 	}
 }
 
@@ -64,7 +74,7 @@ func TestAParentJoinsASharedImageCacheItsInformerShowsStale(t *testing.T) {
 		return inferencev1.ParentReference{Kind: "InferenceEndpointConfig", Namespace: "team", Name: name, UID: "uid-" + name}
 	}
 	ic := &inferencev1.InferenceImageCache{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ImageCacheName(image, g5)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ImageCacheName(image, g5, "")},
 		Spec:       inferencev1.InferenceImageCacheSpec{Image: image, Placement: g5, ParentReferences: []inferencev1.ParentReference{ref("a")}},
 	}
 	live := fake.NewClientBuilder().WithScheme(scheme.New()).
@@ -91,7 +101,7 @@ func TestAParentJoinsASharedImageCacheItsInformerShowsStale(t *testing.T) {
 	r := &Reconciler{Client: informer, Live: live, Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{OperatorNamespace: ns}}}
 	owner := &inferencev1.InferenceEndpointConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "c", UID: "uid-c"}}
 	m := &model{owner: owner, kind: "InferenceEndpointConfig", placement: g5, worker: inferencev1.Worker{Image: image}}
-	if _, err := r.ensureImageCache(ctx, m); err != nil {
+	if _, _, err := r.ensureImageCache(ctx, m); err != nil {
 		t.Fatalf("parent c could not join the image cache: %v", err)
 	}
 	got := &inferencev1.InferenceImageCache{}

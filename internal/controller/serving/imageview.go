@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -150,7 +152,7 @@ func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic
 	p := placement.FromSelector(mic.Spec.NodeSelector, mic.Spec.NodeAffinity, nil)
 	p.Tolerations = r.Config.Rules().Tolerations(mic.Spec.Tolerations)
 	m := &model{owner: mic, kind: KindModelImageCache, worker: inferencev1.Worker{Image: mic.Spec.Image}, placement: p, imageCache: true}
-	ic, err := r.ensureImageCache(ctx, m)
+	ic, refused, err := r.ensureImageCache(ctx, m)
 	var named *problem
 	switch {
 	case errors.As(err, &named):
@@ -163,7 +165,19 @@ func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic
 	if err := r.releaseImageCaches(ctx, uid, ic.Name); err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mic, &mic.Status, imageStatusOf(ic, mic, r.Now()))
+	st := imageStatusOf(ic, mic, r.Now())
+	note := refusedNote(refused)
+	tell := note != "" && !strings.Contains(mic.Status.Message, note)
+	if note != "" {
+		st.Message += "; " + note
+	}
+	if err := controller.WriteStatus(ctx, r.Client, mic, &mic.Status, st); err != nil {
+		return ctrl.Result{}, err
+	}
+	if tell {
+		controller.Event(r.Recorder, mic, corev1.EventTypeWarning, controller.EventPullSecretRefused, "CopyPullSecrets", note)
+	}
+	return ctrl.Result{}, nil
 }
 
 // imageProblem is the status of a standalone image cache that has no cache to show.

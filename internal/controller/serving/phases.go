@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -77,7 +78,7 @@ func (r *Reconciler) imagePhase(ctx context.Context, s *state) error {
 		if err := controller.AddFinalizer(ctx, r.Client, m.owner, inferencev1.ParentFinalizer); err != nil {
 			return err
 		}
-		ic, err := r.ensureImageCache(ctx, m)
+		ic, refused, err := r.ensureImageCache(ctx, m)
 		var p *problem
 		switch {
 		case errors.As(err, &p):
@@ -91,7 +92,14 @@ func (r *Reconciler) imagePhase(ctx context.Context, s *state) error {
 			if c := apimeta.FindStatusCondition(ic.Status.Conditions, inferencev1.ConditionReady); c != nil {
 				status, reason, msg = c.Status, c.Reason, c.Message
 			}
-			s.condition(inferencev1.ConditionImageCacheReady, status, reason, imageSummary(ic)+": "+msg)
+			msg = imageSummary(ic) + ": " + msg
+			if note := refusedNote(refused); note != "" {
+				if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionImageCacheReady); prev == nil || !strings.Contains(prev.Message, note) {
+					s.events.Tell(corev1.EventTypeWarning, controller.EventPullSecretRefused, "CopyPullSecrets", note)
+				}
+				msg += "; " + note
+			}
+			s.condition(inferencev1.ConditionImageCacheReady, status, reason, msg)
 		}
 	} else {
 		s.condition(inferencev1.ConditionImageCacheReady, metav1.ConditionFalse, inferencev1.ReasonCacheDisabled,
