@@ -92,7 +92,7 @@ func TestANamespacesShareOfANodesSlotsIsReported(t *testing.T) {
 	rc := newReconcilers(t, ctx, "share-operator", "share-greedy", "share-other").with(func(cfg *controller.Config) {
 		cfg.NamespaceQuotas = []config.NamespaceQuota{{Namespaces: []string{"share-greedy"}, MaxCachesPerNode: ptr.To[int32](2)}}
 	})
-	upNode(t, ctx, "share-node", "ml.p5.48xlarge")
+	upNode(t, ctx, "share-node", "ml.g6e.2xlarge")
 	held := &prewarmv1alpha1.NodeCache{ObjectMeta: metav1.ObjectMeta{Name: "share-node"}}
 	for i := range 2 {
 		held.Spec.Caches = append(held.Spec.Caches, prewarmv1alpha1.CacheRequest{
@@ -104,8 +104,8 @@ func TestANamespacesShareOfANodesSlotsIsReported(t *testing.T) {
 	if err := c.Create(ctx, held); err != nil {
 		t.Fatal(err)
 	}
-	greedy := rc.cache(t, ctx, servedCache(t, ctx, "share-greedy", "third", "ml.p5.48xlarge"))
-	other := rc.cache(t, ctx, servedCache(t, ctx, "share-other", "first", "ml.p5.48xlarge"))
+	greedy := rc.cache(t, ctx, servedCache(t, ctx, "share-greedy", "third", "ml.g6e.2xlarge"))
+	other := rc.cache(t, ctx, servedCache(t, ctx, "share-other", "first", "ml.g6e.2xlarge"))
 	if len(greedy.Status.Nodes) != 1 || greedy.Status.Nodes[0].Reason != prewarmv1alpha1.ReasonNodeCacheFull ||
 		!strings.Contains(greedy.Status.Nodes[0].Message, "namespaceQuotas[0].maxCachesPerNode") {
 		t.Errorf("the greedy namespace's third cache: %+v; want NodeCacheFull naming its share's setting", greedy.Status.Nodes)
@@ -127,11 +127,11 @@ func TestValuesPastARequestsLimitsAreRefusedOnTheirObject(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "long-operator", "long-careless", "long-other")
-	upNode(t, ctx, "long-node", "ml.g6.12xlarge")
+	upNode(t, ctx, "long-node", "ml.g6e.4xlarge")
 
 	longID := "org/" + strings.Repeat("x", 296)
 	parent := testutil.MakeInferenceEndpointConfig("long-careless", "model").Obj()
-	parent.Spec.InstanceType = "ml.g6.12xlarge"
+	parent.Spec.InstanceType = "ml.g6e.4xlarge"
 	parent.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceHuggingFace,
 		HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: longID, CommitSHA: strings.Repeat("a", 40)}}
 	if err := c.Create(ctx, parent); err != nil {
@@ -151,7 +151,7 @@ func TestValuesPastARequestsLimitsAreRefusedOnTheirObject(t *testing.T) {
 	m := testutil.MakeModelDataCacheConfig("long-careless", "long-cache")
 	madeBy(m, parent)
 	m.Spec.ModelSourceConfig = parent.Spec.ModelSourceConfig
-	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.g6.12xlarge"}}
+	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.g6e.4xlarge"}}
 	if err := c.Create(ctx, m); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestValuesPastARequestsLimitsAreRefusedOnTheirObject(t *testing.T) {
 	if cond := meta.FindStatusCondition(m.Status.Conditions, inferencev1.ConditionReady); cond == nil || cond.Reason != inferencev1.ReasonInvalidSpec {
 		t.Errorf("the cache's Ready condition: %+v; want InvalidSpec", cond)
 	}
-	other := rc.cache(t, ctx, servedCache(t, ctx, "long-other", "ok", "ml.g6.12xlarge"))
+	other := rc.cache(t, ctx, servedCache(t, ctx, "long-other", "ok", "ml.g6e.4xlarge"))
 	if r := requestOn(t, ctx, "long-node", string(other.UID)); r == nil {
 		t.Error("the other namespace's cache was not asked of the node")
 	}
