@@ -17,6 +17,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -264,6 +265,7 @@ func (a *Agent) event(req MountRequest, typ, reason, msg string) {
 	if a.recorder == nil || req.PodName == "" || req.PodNamespace == "" {
 		return
 	}
+	msg = text.Clip(msg, text.MaxEventNote)
 	key := string(req.PodUID) + "/" + req.CacheUID + "/" + reason
 	now := a.opts.Now()
 	a.mu.Lock()

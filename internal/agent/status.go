@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -11,10 +12,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // Reported is a readiness check: nil once the agent has reported its node's state.
@@ -64,6 +68,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 		}
 	}
 	slices.SortFunc(st.Caches, func(x, y prewarmv1alpha1.CacheStatus) int { return strings.Compare(x.UID, y.UID) })
+	bound(a.life, &st)
 	return st
 }
 
@@ -121,8 +126,16 @@ func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheSta
 		}
 	}
 	orig := nc.DeepCopy()
-	nc.Status = st
-	return a.client.Status().Patch(ctx, nc, client.MergeFrom(orig))
+	for {
+		nc.Status = st
+		err := a.client.Status().Patch(ctx, nc, client.MergeFrom(orig))
+		left, dropped := withoutRefused(st, err)
+		if !dropped {
+			return err
+		}
+		ctrl.LoggerFrom(ctx).Error(err, "the API server refused a cache's report; the node's other caches are reported without it")
+		st = left
+	}
 }
 
 func (a *Agent) now() *metav1.Time {
@@ -130,9 +143,46 @@ func (a *Agent) now() *metav1.Time {
 	return &t
 }
 
-func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n-len("…")] + "…"
+func truncate(s string, n int) string { return text.Clip(s, n) }
+
+// bound keeps every value of the report within what the NodeCache schema holds: the status is
+// written whole, for every cache of the node, and one message the API server refused (a
+// source's address or an error quoting one can be long) would keep every other cache on the
+// node from being reported. Messages and reasons are clipped; an entry still refused (which no
+// agent makes) is left out, and logged.
+func bound(ctx context.Context, st *prewarmv1alpha1.NodeCacheStatus) {
+	caches := st.Caches[:0]
+	for i, c := range st.Caches {
+		c.Message, c.Reason = text.Clip(c.Message, text.MaxMessage), text.Clip(c.Reason, text.MaxReason)
+		if errs := c.Validate(field.NewPath("status", "caches").Index(i)); len(errs) > 0 {
+			ctrl.LoggerFrom(ctx).Error(errs.ToAggregate(), "a cache's report the NodeCache schema refuses; not reported", "cache", c.UID)
+			continue
+		}
+		caches = append(caches, c)
 	}
-	return s
+	st.Caches = caches[:min(len(caches), maxReportedCaches)]
+	for i := range st.Roots {
+		r := &st.Roots[i]
+		r.Message, r.Reason = text.Clip(r.Message, text.MaxMessage), text.Clip(r.Reason, text.MaxReason)
+	}
+}
+
+// maxReportedCaches is the most caches a NodeCache's status holds.
+const maxReportedCaches = 512
+
+// withoutRefused returns st without the cache entry the API server's refusal err names
+// (status.caches[i]), and whether there was one: the others are then written.
+func withoutRefused(st prewarmv1alpha1.NodeCacheStatus, err error) (prewarmv1alpha1.NodeCacheStatus, bool) {
+	var se apierrors.APIStatus
+	if !apierrors.IsInvalid(err) || !errors.As(err, &se) || se.Status().Details == nil {
+		return st, false
+	}
+	for _, c := range se.Status().Details.Causes {
+		var i int
+		if _, scanErr := fmt.Sscanf(c.Field, "status.caches[%d]", &i); scanErr == nil && i >= 0 && i < len(st.Caches) {
+			st.Caches = slices.Delete(slices.Clone(st.Caches), i, i+1)
+			return st, true
+		}
+	}
+	return st, false
 }

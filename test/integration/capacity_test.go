@@ -267,6 +267,26 @@ func TestNamespaceQuotaInTheCluster(t *testing.T) {
 		t.Errorf("status.nodes has %d nodes BudgetExceeded, capacity %+v; want 2", refusedNodes, m.Status.Capacity)
 	}
 
+	// The copies are counted at the size the controller listed, so the nodes are asked for
+	// exactly what it listed: a source grown since (a node lists another revision, twice the
+	// size) is not held in its place, and the quota's figures stay.
+	pin := ""
+	for _, n := range asked {
+		r := requestOn(t, ctx, n, string(m.UID))
+		if r.Source.Revision == "" || pin != "" && r.Source.Revision != pin {
+			t.Fatalf("%s's request for the first cache pins %q (another node's %q); want the revision the controller listed", n, r.Source.Revision, pin)
+		}
+		pin = r.Source.Revision
+	}
+	agentReports(t, ctx, asked[0], "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheReady,
+		BytesDone: 2 * modelBytes, BytesTotal: 2 * modelBytes, Revision: "sha256:grown"})
+	if grown := rc.cache(t, ctx, m); grown.Status.ResolvedRevision == "sha256:grown" || grown.Status.ReadyNodes != 0 ||
+		grown.Status.Capacity == nil || grown.Status.Capacity.ModelBytes != modelBytes {
+		t.Errorf("a node holding the grown source: pinned %q, %d Ready, capacity %+v; want it not counted, the model at its listed size", grown.Status.ResolvedRevision, grown.Status.ReadyNodes, grown.Status.Capacity)
+	}
+	agentReports(t, ctx, asked[0], "")
+	reportDisk(t, ctx, asked[0], 1<<30)
+
 	// A pod of quota-a on a node that is not asked: the node is told why it keeps no copy.
 	left := slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return slices.Contains(asked, n) })
 	demandOn(t, ctx, left[0], string(m.UID), "quota-a")

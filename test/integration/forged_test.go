@@ -175,7 +175,8 @@ func TestAPeerAddressNotYetBorneOutIsCheckedAgain(t *testing.T) {
 
 // A node's report that it holds the cache Ready at some revision does not pin the cache to it:
 // honest nodes would then fail with SourceChanged. The pin is what at least two target nodes
-// agree on.
+// agree on, even while the other targets have failed for now, and no node never asked for the
+// cache is heard.
 func TestAForgedReadyDoesNotPinTheRevision(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -191,7 +192,21 @@ func TestAForgedReadyDoesNotPinTheRevision(t *testing.T) {
 		return prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheReady, Revision: rev}
 	}
 	downloading := prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDownloading}
+	failed := prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonSourceUnreachable}
 	agentReports(t, ctx, "fr-liar", "", ready("sha256:bogus"))
+	agentReports(t, ctx, "fr-b", "", failed)
+	agentReports(t, ctx, "fr-c", "", failed)
+	if got := rc.cache(t, ctx, m); got.Status.ResolvedRevision != "" {
+		t.Fatalf("one node's Ready, the other targets failed for now, pinned the cache to %q", got.Status.ResolvedRevision)
+	}
+	// Two nodes never asked for the cache agree on another revision: not heard.
+	for _, name := range []string{"fr-stranger-1", "fr-stranger-2"} {
+		nodeAt(t, ctx, name, "ml.fr-other.xlarge", "10.72.1."+name[len(name)-1:])
+		agentReports(t, ctx, name, "", ready("sha256:bogus"))
+	}
+	if got := rc.cache(t, ctx, m); got.Status.ResolvedRevision != "" {
+		t.Fatalf("nodes never asked for the cache pinned it to %q", got.Status.ResolvedRevision)
+	}
 	agentReports(t, ctx, "fr-b", "", downloading)
 	agentReports(t, ctx, "fr-c", "", downloading)
 	if got := rc.cache(t, ctx, m); got.Status.ResolvedRevision != "" {
@@ -216,8 +231,9 @@ func TestAForgedReadyDoesNotPinTheRevision(t *testing.T) {
 	}
 }
 
-// A node that keeps saying it holds a deleted cache (a forged status entry) holds the cache's
-// finalizer, and so its namespace's deletion, for controller.deletionTimeout at most.
+// A node that keeps saying it holds a deleted cache holds the cache's finalizer, and so its
+// namespace's deletion, only if it was asked for the cache, and for controller.deletionTimeout
+// at most; a node never asked for it (a forged status entry) holds nothing.
 func TestAForgedHolderDoesNotBlockDeletionForever(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -225,35 +241,69 @@ func TestAForgedHolderDoesNotBlockDeletionForever(t *testing.T) {
 	const itype = "ml.fh-suite.xlarge"
 	nodeAt(t, ctx, "fh-a", itype, "10.73.0.1")
 	nodeAt(t, ctx, "fh-liar", "ml.fh-other.xlarge", "10.73.0.2")
-	m := servedCache(t, ctx, "fh", "gone", itype)
-	uid := string(m.UID)
-	rc.cache(t, ctx, m)
-	// A node never asked for the cache says it is still removing it.
-	agentReports(t, ctx, "fh-liar", "", prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDeleting})
-	if err := server.Client.Delete(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	reconcile := func() {
+	reconcile := func(m *inferencev1.ModelDataCacheConfig) {
 		t.Helper()
 		if _, err := rc.wc.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(m)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	reconcile()
-	reconcile()
+	deleteAndReconcile := func(m *inferencev1.ModelDataCacheConfig) {
+		t.Helper()
+		if err := server.Client.Delete(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		reconcile(m)
+		reconcile(m)
+	}
+
+	// A node never asked for the cache says it is still removing it: the cache goes at once.
+	forged := servedCache(t, ctx, "fh", "forged", itype)
+	rc.cache(t, ctx, forged)
+	agentReports(t, ctx, "fh-liar", "", prewarmv1alpha1.CacheStatus{UID: string(forged.UID), State: inferencev1.CacheDeleting})
+	deleteAndReconcile(forged)
+	if err := server.Client.Get(ctx, client.ObjectKeyFromObject(forged), &inferencev1.ModelDataCacheConfig{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a node never asked for the cache holds its deletion: %v", err)
+	}
+
+	// The node asked for it says it is still removing it: the cache waits for it, naming it,
+	// up to the timeout.
+	m := servedCache(t, ctx, "fh", "gone", itype)
+	rc.cache(t, ctx, m)
+	agentReports(t, ctx, "fh-a", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDeleting})
+	agentReports(t, ctx, "fh-liar", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDeleting})
+	deleteAndReconcile(m)
 	held := &inferencev1.ModelDataCacheConfig{}
 	if err := server.Client.Get(ctx, client.ObjectKeyFromObject(m), held); err != nil {
-		t.Fatalf("the cache went at once: %v; want it kept while a node reports it, within the timeout", err)
+		t.Fatalf("the cache went at once: %v; want it kept while the node asked for it reports it, within the timeout", err)
 	}
 	cond := meta.FindStatusCondition(held.Status.Conditions, inferencev1.ConditionReady)
-	if cond == nil || !strings.Contains(cond.Message, "fh-liar") {
-		t.Errorf("Ready condition %+v; want it to name the node that still reports the cache", cond)
+	if cond == nil || !strings.Contains(cond.Message, "fh-a") || strings.Contains(cond.Message, "fh-liar") {
+		t.Errorf("Ready condition %+v; want it to name the node asked for the cache that still reports it, and no other", cond)
 	}
 	// Past the timeout, it goes.
 	rc.wc.Now = func() time.Time { return time.Now().Add(rc.cfg.DeletionTimeout() + time.Second) }
-	reconcile()
+	reconcile(m)
 	err := server.Client.Get(ctx, client.ObjectKeyFromObject(m), &inferencev1.ModelDataCacheConfig{})
 	if !apierrors.IsNotFound(err) {
-		t.Errorf("after controller.deletionTimeout the cache is still there (%v); a forged entry holds it forever", err)
+		t.Errorf("after controller.deletionTimeout the cache is still there (%v); a node's entry holds it forever", err)
+	}
+}
+
+// A node never asked for a cache cannot size it: its report of a petabyte model changes neither
+// the cache's size nor what its namespace's quota and the capacity check count it at.
+func TestANodeNeverAskedCannotSizeACache(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rc := newReconcilers(t, ctx, "fs-operator", "fs")
+	nodeAt(t, ctx, "fs-a", "ml.fs-suite.xlarge", "10.74.0.1")
+	nodeAt(t, ctx, "fs-liar", "ml.fs-other.xlarge", "10.74.0.2")
+	m := servedCache(t, ctx, "fs", "sized", "ml.fs-suite.xlarge")
+	rc.cache(t, ctx, m)
+	const size, petabyte = 3 << 30, 1 << 50
+	agentReports(t, ctx, "fs-a", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDownloading, BytesDone: 1 << 30, BytesTotal: size})
+	agentReports(t, ctx, "fs-liar", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDownloading, BytesDone: 1, BytesTotal: petabyte})
+	got := rc.cache(t, ctx, m)
+	if got.Status.TotalBytes != size || got.Status.Capacity == nil || got.Status.Capacity.ModelBytes != size {
+		t.Errorf("total %d, capacity %+v; want the %d bytes the node asked for it reports", got.Status.TotalBytes, got.Status.Capacity, size)
 	}
 }

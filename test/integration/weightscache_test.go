@@ -119,7 +119,7 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	holds := inferencev1.NodeCacheStatus{Name: "wc-a", State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Message: "verified", LastTransitionTime: stamp}
 	wantStatus("one Ready, one out of room", got, inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: 1, State: inferencev1.CacheFailed, TargetNodes: 2, ReadyNodes: 1, FailedNodes: 1, SettledNodes: 2,
-		ResolvedRevision: revision, TotalBytes: size,
+		TotalBytes: size,
 		// The node that needs attention first.
 		Nodes: []inferencev1.NodeCacheStatus{
 			{Name: "wc-b", State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom, LastTransitionTime: stamp},
@@ -132,13 +132,21 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	if diff := cmp.Diff(map[string]bool{"wc-a": true}, labelled()); diff != "" {
 		t.Errorf("labelled nodes (-want +got):\n%s", diff)
 	}
-	// Its requests now pin the revision the first node holds.
-	nc := &prewarmv1alpha1.NodeCache{}
-	if err := c.Get(ctx, types.NamespacedName{Name: "wc-b"}, nc); err != nil {
-		t.Fatal(err)
+	// One node's word pins nothing while another target is asked, even one failed for now: the
+	// requests are not pinned.
+	pinned := func(node string) string {
+		t.Helper()
+		nc := &prewarmv1alpha1.NodeCache{}
+		if err := c.Get(ctx, types.NamespacedName{Name: node}, nc); err != nil {
+			t.Fatal(err)
+		}
+		if len(nc.Spec.Caches) != 1 {
+			t.Fatalf("%s's requests: %+v; want the cache's", node, nc.Spec.Caches)
+		}
+		return nc.Spec.Caches[0].Source.Revision
 	}
-	if len(nc.Spec.Caches) != 1 || nc.Spec.Caches[0].Source.Revision != revision {
-		t.Errorf("wc-b's request %+v; want it pinned to %s", nc.Spec.Caches, revision)
+	if rev := pinned("wc-b"); rev != "" {
+		t.Errorf("wc-b's request is pinned to %s on one node's word", rev)
 	}
 
 	// Room was made: the second node downloads, and the cache is Downloading, not Failed.
@@ -149,7 +157,7 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	got = rc.cache(t, ctx, m)
 	wantStatus("one Ready, one downloading", got, inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: 1, State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, DownloadingNodes: 1, SettledNodes: 1,
-		ResolvedRevision: revision, TotalBytes: size,
+		TotalBytes: size,
 		Nodes: []inferencev1.NodeCacheStatus{
 			{Name: "wc-b", State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading, BytesDone: 1 << 30, BytesTotal: size,
 				BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB", LastTransitionTime: &metav1.Time{Time: later}},
@@ -158,6 +166,12 @@ func TestWeightsCacheReconcile(t *testing.T) {
 		Conditions: withCapacity(ready(inferencev1.ReasonDownloading, "1 of 2 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed", metav1.ConditionFalse),
 			metav1.ConditionTrue, inferencev1.ReasonFits, "the 1 target nodes that reported their disks can hold the model (3.2 GB, as the nodes listed it); 1 have not reported their disks yet"),
 	})
+
+	// The second node holds the same revision: the two agree, and the cache is pinned to it.
+	report("wc-b", prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Revision: revision, Message: "verified"})
+	if got = rc.cache(t, ctx, m); got.Status.ResolvedRevision != revision || got.Status.ReadyNodes != 2 {
+		t.Errorf("two nodes hold %s: pinned %q, %d Ready; want it pinned, 2 Ready", revision, got.Status.ResolvedRevision, got.Status.ReadyNodes)
+	}
 
 	// Deleted: withdrawn from both nodes and unlabelled at once; kept until the agents have
 	// removed the files.

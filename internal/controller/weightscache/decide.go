@@ -141,6 +141,12 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 		return p, err
 	}
 	p.size = r.sizeOf(ctx, m, src, p.access, f)
+	if _, limited := r.Config.ClusterLimit(m.Namespace); limited && p.entry.Source.Revision == "" && p.size.revision != "" {
+		// The namespace's quota in the cluster counts each copy at the size the controller
+		// listed: the nodes fetch exactly that content (a source grown since fails SourceChanged
+		// on them), so what they hold stays within the quota.
+		p.entry.Source.Revision = p.size.revision
+	}
 	return p, nil
 }
 

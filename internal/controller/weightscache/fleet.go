@@ -98,15 +98,27 @@ func (f *fleet) report(node string) *prewarmv1alpha1.CacheStatus {
 	return reportFor(f.byNode[node], f.uid)
 }
 
-// holders lists the nodes whose NodeCache still asks for or reports the cache.
-func (f *fleet) holders() []string {
+// holders lists the nodes whose NodeCache still asks for the cache, or reports it and was asked
+// for it (asked): a node never asked is not waited for, whatever it reports.
+func (f *fleet) holders(asked map[string]bool) []string {
 	var out []string
 	for name := range f.byNode {
-		if f.request(name) != nil || f.report(name) != nil {
+		if f.request(name) != nil || asked[name] && f.report(name) != nil {
 			out = append(out, name)
 		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// askedNodes lists the nodes whose NodeCache asks for the cache.
+func (f *fleet) askedNodes() []string {
+	var out []string
+	for name := range f.byNode {
+		if f.request(name) != nil {
+			out = append(out, name)
+		}
+	}
 	return out
 }
 

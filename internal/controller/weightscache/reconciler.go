@@ -7,7 +7,9 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -91,6 +93,41 @@ type Reconciler struct {
 	podIPs podIPs
 	sizes  sizes
 	quota  quotaLocks
+	// deleting are, for each cache being deleted, the nodes asked for it since its deletion
+	// began: the holders its deletion waits for.
+	deleting askedAtDeletion
+}
+
+// askedAtDeletion remembers, for the caches being deleted, the nodes that were asked for them
+// when this process saw their deletion (their requests are then withdrawn): a node that still
+// reports such a cache is waited for only if it was asked. A process that starts during a
+// deletion knows only the requests not withdrawn yet; the others' agents remove the files all
+// the same (they remove what no request names), unwaited.
+type askedAtDeletion struct {
+	mu sync.Mutex
+	by map[string]map[string]bool
+}
+
+// add records the nodes asked for cache uid now, and returns every node recorded.
+func (d *askedAtDeletion) add(uid string, nodes []string) map[string]bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.by == nil {
+		d.by = map[string]map[string]bool{}
+	}
+	if d.by[uid] == nil {
+		d.by[uid] = map[string]bool{}
+	}
+	for _, n := range nodes {
+		d.by[uid][n] = true
+	}
+	return maps.Clone(d.by[uid])
+}
+
+func (d *askedAtDeletion) forget(uid string) {
+	d.mu.Lock()
+	delete(d.by, uid)
+	d.mu.Unlock()
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modeldatacacheconfigs,verbs=get;list;watch;update;patch
@@ -284,7 +321,7 @@ func (r *Reconciler) labelPhase(ctx context.Context, s *state) error {
 func (r *Reconciler) finishDeletion(ctx context.Context, s *state) (ctrl.Result, error) {
 	m, st := s.m, &s.status
 	st.State = inferencev1.CacheDeleting
-	holders := s.fleet.holders()
+	holders := s.fleet.holders(r.deleting.add(string(m.UID), slices.Concat(s.fleet.askedNodes(), r.Requests.pendingFor(string(m.UID)))))
 	// A node's word that it still holds the cache is all there is to wait on; an agent that
 	// never stops saying so (a forged entry) must not hold the cache, and so its namespace's
 	// deletion, forever. Agents remove what no request names either way.
@@ -316,6 +353,7 @@ func (r *Reconciler) finishDeletion(ctx context.Context, s *state) (ctrl.Result,
 	}
 	r.sizes.forget(string(m.UID))
 	r.Requests.forget(string(m.UID))
+	r.deleting.forget(string(m.UID))
 	r.quota.forget(string(m.UID))
 	if err := controller.RemoveFinalizer(ctx, r.Client, m, inferencev1.CacheFinalizer); err != nil {
 		return ctrl.Result{}, err

@@ -1,6 +1,7 @@
 package weightscache
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/pkg/engine"
+	"github.com/prewarm/prewarm/pkg/engine/source"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
@@ -34,6 +36,9 @@ type Sizer interface {
 type ModelSize struct {
 	Bytes int64
 	Files int
+	// Revision names what was listed as the agents name it: a Hugging Face commit, or the
+	// content revision of an S3 listing (source.ContentRevision).
+	Revision string
 }
 
 // errNotListable says the controller cannot list a kind of source.
@@ -67,7 +72,10 @@ func (z SourceSizer) Size(ctx context.Context, src prewarmv1alpha1.CacheSource, 
 	if err != nil {
 		return ModelSize{}, err
 	}
-	size := ModelSize{Files: len(l.Files)}
+	size := ModelSize{Files: len(l.Files), Revision: l.Revision}
+	if size.Revision == "" {
+		size.Revision = source.ContentRevision(l.Files)
+	}
 	for _, f := range l.Files {
 		size.Bytes += f.Size
 	}
@@ -96,6 +104,8 @@ type sizeResult struct {
 // estimate is what the reconcile knows of the model's size.
 type estimate struct {
 	bytes int64
+	// revision is the revision the controller's own listing found ("": it has listed none).
+	revision string
 	// from says where the figure comes from, for people ("listed from the source: 12 files").
 	from string
 	// problem says why the size is not known ("" when it is).
@@ -106,23 +116,35 @@ type estimate struct {
 func (e estimate) known() bool { return e.bytes > 0 }
 
 // sizeOf returns what is known of m's size: the cache's status (a listing or a node's report
-// before), a node's report now, or the controller's own listing of the source.
+// before), a node's report now, or the controller's own listing of the source. Only the nodes
+// asked to hold the cache are heard: a node that reports on a cache it was never asked for
+// (a compromised one) cannot set its size, and so another namespace's quota or capacity check.
 func (r *Reconciler) sizeOf(ctx context.Context, m *inferencev1.ModelDataCacheConfig, src prewarmv1alpha1.CacheSource, a access, f *fleet) estimate {
-	reported := int64(0)
-	for _, nc := range f.named {
-		if rep := reportFor(nc, f.uid); rep != nil && rep.BytesTotal > 0 {
-			reported = max(reported, rep.BytesTotal)
-		}
-	}
 	uid := string(m.UID)
 	r.sizes.mu.Lock()
 	res, listed := r.sizes.by[uid]
 	r.sizes.mu.Unlock()
+	listedRevision := ""
+	if listed && res.err == nil {
+		listedRevision = res.size.Revision
+	}
+	// A report of another revision than the one the cache holds (pinned, or listed by the
+	// controller) is not of the cache's content.
+	want := cmp.Or(src.Revision, listedRevision)
+	reported := int64(0)
+	for _, nc := range f.named {
+		if req := requestFor(nc, f.uid); req == nil || req.Refused != nil {
+			continue
+		}
+		if rep := reportFor(nc, f.uid); rep != nil && rep.BytesTotal > 0 && (want == "" || rep.Revision == "" || rep.Revision == want) {
+			reported = max(reported, rep.BytesTotal)
+		}
+	}
 	switch {
 	case reported > 0:
-		return estimate{bytes: reported, from: "as the nodes listed it"}
+		return estimate{bytes: reported, revision: listedRevision, from: "as the nodes listed it"}
 	case listed && res.err == nil && res.size.Bytes > 0:
-		return estimate{bytes: res.size.Bytes, from: fmt.Sprintf("listed from the source: %d files", res.size.Files)}
+		return estimate{bytes: res.size.Bytes, revision: listedRevision, from: fmt.Sprintf("listed from the source: %d files", res.size.Files)}
 	case m.Status.TotalBytes > 0:
 		return estimate{bytes: m.Status.TotalBytes, from: "as listed before"}
 	case r.Sizer == nil:
@@ -153,7 +175,7 @@ func (r *Reconciler) sizeOf(ctx context.Context, m *inferencev1.ModelDataCacheCo
 	case res.size.Bytes == 0:
 		return estimate{problem: fmt.Sprintf("%s lists no bytes", src)}
 	}
-	return estimate{bytes: res.size.Bytes, from: fmt.Sprintf("listed from the source: %d files", res.size.Files)}
+	return estimate{bytes: res.size.Bytes, revision: res.size.Revision, from: fmt.Sprintf("listed from the source: %d files", res.size.Files)}
 }
 
 // forget drops what is remembered of a deleted cache.

@@ -1,6 +1,7 @@
 package weightscache
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -30,9 +31,9 @@ func (r *Reconciler) gather(ctx context.Context, s *state) error {
 		Conditions:         slices.Clone(m.Status.Conditions),
 	}
 	if st.ResolvedRevision == "" {
-		st.ResolvedRevision = agreedRevision(s.fleet, targets)
+		st.ResolvedRevision = agreedRevision(s.fleet, targets, s.decision.size.revision)
 	}
-	b := nodeEntries{fleet: s.fleet, unasked: s.unasked, refused: s.decision.quota.refused, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now(),
+	b := nodeEntries{fleet: s.fleet, unasked: s.unasked, asked: s.decision.entry.Source.Revision, refused: s.decision.quota.refused, previous: map[string]inferencev1.NodeCacheStatus{}, st: &st, now: r.Now(),
 		gone: map[string]string{}}
 	for _, name := range slices.Concat(nodeNames(targets), slices.Collect(maps.Keys(retained))) {
 		agent, err := r.liveness().Of(ctx, name, s.fleet.nodeCache(name))
@@ -86,20 +87,25 @@ func nodeNames(nodes []*corev1.Node) []string {
 	return out
 }
 
-// agreedRevision is the revision to pin the cache to, once the target nodes that hold it agree:
-// the revision most of them hold, held by at least two (one, when only one target has not
-// failed), and by more than any other. A single node's report is not enough where others could be harmed by
-// it: every node asked with a pin it does not find fails with SourceChanged. "" until then.
-func agreedRevision(f *fleet, targets []*corev1.Node) string {
-	votes, able := map[string]int{}, 0
+// agreedRevision is the revision to pin the cache to, once the target nodes asked to hold it
+// agree: the revision most of them hold, by more than any other, held by at least two of them
+// (one when only one is asked), or by one when it is the revision the controller's own listing
+// found (listed). A single node's word is never enough while others are asked, even when they
+// have failed for now: every node asked with a pin it does not find fails with SourceChanged,
+// and a pin is for good. Nodes not asked for the cache are not heard. "" until then.
+func agreedRevision(f *fleet, targets []*corev1.Node, listed string) string {
+	votes, asked := map[string]int{}, 0
 	for _, n := range targets {
-		rep := f.report(n.Name)
-		if rep == nil || rep.State != inferencev1.CacheFailed {
-			able++ // may yet hold it
+		if req := f.request(n.Name); req == nil || req.Refused != nil {
+			continue
 		}
-		if rep != nil && rep.State == inferencev1.CacheReady && rep.Revision != "" {
+		asked++
+		if rep := f.report(n.Name); rep != nil && rep.State == inferencev1.CacheReady && rep.Revision != "" {
 			votes[rep.Revision]++
 		}
+	}
+	if listed != "" && votes[listed] > 0 {
+		return listed // a node holds what the controller listed
 	}
 	best, most, tied := "", 0, false
 	for rev, n := range votes {
@@ -110,7 +116,7 @@ func agreedRevision(f *fleet, targets []*corev1.Node) string {
 			tied = true
 		}
 	}
-	if tied || most < min(2, able) {
+	if tied || most == 0 || most < min(2, asked) {
 		return ""
 	}
 	return best
@@ -127,6 +133,9 @@ type nodeEntries struct {
 	now      time.Time
 	// st takes the cache's size; its revision is pinned beforehand (agreedRevision).
 	st *inferencev1.ModelDataCacheConfigStatus
+	// asked is the revision the nodes are asked for before the cache is pinned ("": any), the
+	// one the controller listed for a namespace with a quota in the cluster.
+	asked string
 	// gone are the nodes whose agent is not alive (its Lease expired), with why: what they
 	// reported is not counted.
 	gone map[string]string
@@ -165,10 +174,10 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 		st.TotalBytes = max(st.TotalBytes, rep.BytesTotal)
 		st.OriginBytes += rep.OriginBytes
 		st.PeerBytes += rep.PeerBytes
-		if rep.State == inferencev1.CacheReady && rep.Revision != "" && st.ResolvedRevision != "" && rep.Revision != st.ResolvedRevision {
+		if pin := cmp.Or(st.ResolvedRevision, b.asked); rep.State == inferencev1.CacheReady && rep.Revision != "" && pin != "" && rep.Revision != pin {
 			// Downloaded while the source was rewritten: not the cache's content.
 			ns.State, ns.Reason = inferencev1.CacheFailed, prewarmv1alpha1.ReasonSourceChanged
-			ns.Message = fmt.Sprintf("holds revision %s, but the cache is pinned to %s, which other nodes hold: the source was rewritten under the same location", rep.Revision, st.ResolvedRevision)
+			ns.Message = fmt.Sprintf("holds revision %s, but the cache is pinned to %s: the source was rewritten under the same location", rep.Revision, pin)
 		}
 	}
 	if keep != nil {
