@@ -13,6 +13,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 func intOrPercent(s string) intstr.IntOrString { return intstr.FromString(s) }
@@ -75,12 +76,7 @@ func nodeImage(node string, pod *corev1.Pod) (inferencev1.NodeImageStatus, strin
 
 // bounded keeps a node entry within the API's limits.
 func bounded(ns inferencev1.NodeImageStatus) inferencev1.NodeImageStatus {
-	if len(ns.Reason) > 64 {
-		ns.Reason = ns.Reason[:64]
-	}
-	if len(ns.Message) > 1000 {
-		ns.Message = ns.Message[:1000] + "…"
-	}
+	ns.Reason, ns.Message = text.Clip(ns.Reason, text.MaxReason), text.Clip(ns.Message, text.MaxMessage)
 	return ns
 }
 
@@ -163,6 +159,7 @@ func (r *Reconciler) gather(c *inferencev1.InferenceImageCache, _ *appsv1.Daemon
 		st.Phase = inferencev1.ImagePending
 		cond.Reason, cond.Message = inferencev1.ReasonPulling, "waiting for the DaemonSet's pods"
 	}
+	cond.Message = text.Clip(cond.Message, text.MaxConditionMessage)
 	meta.SetStatusCondition(&st.Conditions, cond)
 	return st, cached
 }

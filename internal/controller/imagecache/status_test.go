@@ -1,7 +1,9 @@
 package imagecache
 
 import (
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,5 +64,18 @@ func TestTheDigestIsTheNodesOfNow(t *testing.T) {
 		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
 	if st, _ := (&Reconciler{}).gather(c, nil, []*corev1.Node{node}, []corev1.Pod{running}); st.ImageDigest != "sha256:now" {
 		t.Errorf("digest %q, want the node's sha256:now", st.ImageDigest)
+	}
+}
+
+// What the kubelet says of a pull (a registry's error can be long) is kept within a node entry's
+// limits, on whole characters.
+func TestNodeImageIsBounded(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{
+		Name: ImageContainerName, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+			Reason: strings.Repeat("R", 100), Message: strings.Repeat("€", 3000)}}}}}}
+	ns, _ := nodeImage("n", pod)
+	ns = bounded(ns)
+	if len(ns.Reason) > 64 || len(ns.Message) > 1024 || !utf8.ValidString(ns.Message) {
+		t.Errorf("reason of %d bytes, message of %d bytes (valid UTF-8: %v); want at most 64 and 1024, whole characters", len(ns.Reason), len(ns.Message), utf8.ValidString(ns.Message))
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/hub"
 	"github.com/prewarm/prewarm/internal/jumpstart"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // Reconciler reconciles InferenceEndpointConfig objects.
@@ -106,7 +107,7 @@ func (r *Reconciler) live() client.Reader {
 
 func setCondition(st *inferencev1.ParentStatus, gen int64, typ string, status metav1.ConditionStatus, reason, msg string) {
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-		Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: gen,
+		Type: typ, Status: status, Reason: reason, Message: text.Clip(msg, text.MaxConditionMessage), ObservedGeneration: gen,
 	})
 }
 
