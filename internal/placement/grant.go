@@ -129,6 +129,23 @@ func (b Bounded) Excludes(node *corev1.Node) string {
 	return ""
 }
 
+// MatchStandalone is Match for a standalone cache whose namespace's grant is g: node is a
+// target when p, the cache's own placement, selects it, the grant covers it, and its state
+// admits the tolerations the grant honours. The controller decides the same, node by node.
+func (r Rules) MatchStandalone(g Grant, p inferencev1.Placement, node *corev1.Node) (bool, string) {
+	if why := g.Refusal(); why != "" {
+		return false, why
+	}
+	if ok, why := r.Selects(p, node); !ok {
+		return false, why
+	}
+	b := g.Bound(p)
+	if why := b.Excludes(node); why != "" {
+		return false, why
+	}
+	return Admits(b.Placement, node)
+}
+
 // stateTaint reports whether a taint of key says what state its node is in (not ready,
 // unreachable, cordoned, short of a resource, not yet initialised, shut down), as the node
 // lifecycle controllers and cloud providers taint nodes, rather than whose it is.
