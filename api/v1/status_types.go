@@ -119,6 +119,9 @@ const (
 	// ReasonPrefetchDoesNotFit: prefetchEnabled would copy a model larger than the worker's
 	// memory limit into the pod's memory; nothing is deployed.
 	ReasonPrefetchDoesNotFit = "PrefetchDoesNotFit"
+	// ReasonNodesNotGranted: the operator configuration grants the namespace's standalone
+	// caches (ModelWeightsCacheConfig, ModelImageCache) no nodes; the cache is on no node.
+	ReasonNodesNotGranted = "NodesNotGranted"
 )
 
 // ImageCacheState is HyperPod's summary of a parent's image cache.

@@ -203,6 +203,60 @@ type OperatorConfiguration struct {
 	// ImageCaches says which registries image caches may pull from, and how many one
 	// namespace may use.
 	ImageCaches ImageCaches `json:"imageCaches,omitempty"`
+	// StandaloneCacheNodes says which nodes the standalone caches of each namespace may be kept
+	// on, and which of their tolerations are honoured: the first entry naming a namespace (or
+	// "*") is its own; a namespace no entry names has its standalone caches on no node. Unset:
+	// DefaultStandaloneCacheNodes.
+	StandaloneCacheNodes []NodeGrant `json:"standaloneCacheNodes,omitempty"`
+}
+
+// NodeGrant grants the standalone caches of some namespaces (the ModelWeightsCacheConfigs and
+// ModelImageCaches they write, with no endpoint) some nodes. Such a cache has no pods of its
+// namespace to follow: prewarm's agents and image pullers hold it, with prewarm's rights and
+// outside the namespace's admission, so its own nodeSelector, nodeAffinity and tolerations
+// alone would let a tenant reach any node, other tenants' dedicated pools and the control plane
+// among them. A node is a target of such a cache only when the grant's NodeSelector and
+// MatchExpressions select it too, and a toleration of the cache is honoured only as far as the
+// tolerations the grant allows cover it.
+type NodeGrant struct {
+	// Namespaces the grant is for; "*" is every namespace.
+	Namespaces []string `json:"namespaces"`
+	// NodeSelector are labels the nodes must carry.
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// MatchExpressions are node selector requirements the nodes must meet, for what labels
+	// alone cannot say (node-role.kubernetes.io/control-plane DoesNotExist).
+	MatchExpressions []corev1.NodeSelectorRequirement `json:"matchExpressions,omitempty"`
+	// Tolerations are the tolerations the namespaces' standalone caches may use, besides
+	// placement.tolerations and, for each extended resource (nvidia.com/gpu), the toleration
+	// of the NoSchedule taint of that name, which they may always use. A cache's toleration is
+	// honoured as far as one of these covers it ({operator: Exists} as each of them).
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+}
+
+// ControlPlaneLabel marks the nodes of the cluster's control plane.
+const ControlPlaneLabel = "node-role.kubernetes.io/control-plane"
+
+// DefaultStandaloneCacheNodes is standaloneCacheNodes unless the configuration says otherwise:
+// every namespace's standalone caches may be kept on every node but the control plane's, with
+// the tolerations every standalone cache may use (placement.tolerations, and those of the
+// extended resources' taints).
+func DefaultStandaloneCacheNodes() []NodeGrant {
+	return []NodeGrant{{
+		Namespaces:       []string{"*"},
+		MatchExpressions: []corev1.NodeSelectorRequirement{{Key: ControlPlaneLabel, Operator: corev1.NodeSelectorOpDoesNotExist}},
+	}}
+}
+
+// StandaloneNodes returns namespace ns's grant of nodes for its standalone caches (the first
+// entry of standaloneCacheNodes naming it, or "*") and the field that holds it; ok is false
+// when no entry names it.
+func (o OperatorConfiguration) StandaloneNodes(ns string) (g NodeGrant, at string, ok bool) {
+	for i, g := range o.StandaloneCacheNodes {
+		if slices.Contains(g.Namespaces, ns) || slices.Contains(g.Namespaces, "*") {
+			return g, fmt.Sprintf("standaloneCacheNodes[%d]", i), true
+		}
+	}
+	return NodeGrant{}, "standaloneCacheNodes", false
 }
 
 // JumpStart says where JumpStart's own metadata is read. With no region, JumpStart model ids
@@ -617,6 +671,9 @@ func (o *OperatorConfiguration) defaults() {
 	if o.Placement.ExtendedResourceTolerations == "" {
 		o.Placement.ExtendedResourceTolerations = ExtendedResourceTolerationsAuto
 	}
+	if len(o.StandaloneCacheNodes) == 0 {
+		o.StandaloneCacheNodes = DefaultStandaloneCacheNodes()
+	}
 	c, a := &o.Controller, &o.Agent
 	text := func(v *string, d string) {
 		if *v == "" {
@@ -834,6 +891,7 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, o.validateFSx()...)
 	errs = append(errs, o.validateQuotas()...)
 	errs = append(errs, o.ImageCaches.validate()...)
+	errs = append(errs, o.validateStandaloneNodes()...)
 	if js := o.JumpStart; js.Region != "" && !regionPattern.MatchString(js.Region) {
 		errs = append(errs, field.Invalid(field.NewPath("jumpStart", "region"), js.Region, "want an AWS region such as us-west-2"))
 	}
@@ -1010,22 +1068,50 @@ func (p Placement) validate() field.ErrorList {
 			errs = append(errs, field.Required(it, fmt.Sprintf("%s: want nodeSelector or matchExpressions, the labels its nodes carry", t.InstanceType)))
 		}
 		seen[t.InstanceType] = true
-		for _, k := range slices.Sorted(maps.Keys(t.NodeSelector)) {
-			for _, msg := range validation.IsQualifiedName(k) {
-				errs = append(errs, field.Invalid(it.Child("nodeSelector"), k, "key: "+msg))
-			}
-			for _, msg := range validation.IsValidLabelValue(t.NodeSelector[k]) {
-				errs = append(errs, field.Invalid(it.Child("nodeSelector").Key(k), t.NodeSelector[k], msg))
-			}
+		errs = append(errs, validateSelection(it, t.NodeSelector, t.MatchExpressions)...)
+	}
+	errs = append(errs, validateTolerations(at.Child("tolerations"), p.Tolerations)...)
+	return errs
+}
+
+// validateStandaloneNodes checks the grants of nodes to standalone caches.
+func (o OperatorConfiguration) validateStandaloneNodes() field.ErrorList {
+	var errs field.ErrorList
+	for i, g := range o.StandaloneCacheNodes {
+		at := field.NewPath("standaloneCacheNodes").Index(i)
+		if len(g.Namespaces) == 0 {
+			errs = append(errs, field.Required(at.Child("namespaces"), `list the namespaces the grant is for ("*" is every namespace)`))
 		}
-		for j, e := range t.MatchExpressions {
-			if _, err := nodeSelectorRequirement(e); err != nil {
-				errs = append(errs, field.Invalid(it.Child("matchExpressions").Index(j), e.Key, err.Error()))
-			}
+		errs = append(errs, validateSelection(at, g.NodeSelector, g.MatchExpressions)...)
+		errs = append(errs, validateTolerations(at.Child("tolerations"), g.Tolerations)...)
+	}
+	return errs
+}
+
+// validateSelection checks a nodeSelector and matchExpressions under at.
+func validateSelection(at *field.Path, selector map[string]string, exprs []corev1.NodeSelectorRequirement) field.ErrorList {
+	var errs field.ErrorList
+	for _, k := range slices.Sorted(maps.Keys(selector)) {
+		for _, msg := range validation.IsQualifiedName(k) {
+			errs = append(errs, field.Invalid(at.Child("nodeSelector"), k, "key: "+msg))
+		}
+		for _, msg := range validation.IsValidLabelValue(selector[k]) {
+			errs = append(errs, field.Invalid(at.Child("nodeSelector").Key(k), selector[k], msg))
 		}
 	}
-	for i, t := range p.Tolerations {
-		tl := at.Child("tolerations").Index(i)
+	for j, e := range exprs {
+		if _, err := nodeSelectorRequirement(e); err != nil {
+			errs = append(errs, field.Invalid(at.Child("matchExpressions").Index(j), e.Key, err.Error()))
+		}
+	}
+	return errs
+}
+
+// validateTolerations checks a list of tolerations at path at.
+func validateTolerations(at *field.Path, list []corev1.Toleration) field.ErrorList {
+	var errs field.ErrorList
+	for i, t := range list {
+		tl := at.Index(i)
 		switch {
 		case t.Operator != "" && t.Operator != corev1.TolerationOpExists && t.Operator != corev1.TolerationOpEqual:
 			errs = append(errs, field.NotSupported(tl.Child("operator"), t.Operator, []corev1.TolerationOperator{corev1.TolerationOpExists, corev1.TolerationOpEqual}))
@@ -1033,6 +1119,12 @@ func (p Placement) validate() field.ErrorList {
 			errs = append(errs, field.Invalid(tl.Child("value"), t.Value, "operator Exists takes no value"))
 		case t.Key == "" && t.Operator != corev1.TolerationOpExists:
 			errs = append(errs, field.Invalid(tl.Child("key"), t.Key, "an empty key needs operator Exists"))
+		}
+		switch t.Effect {
+		case "", corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+		default:
+			errs = append(errs, field.NotSupported(tl.Child("effect"), t.Effect,
+				[]corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute}))
 		}
 	}
 	return errs

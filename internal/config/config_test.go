@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
@@ -272,5 +273,51 @@ func TestNamespaceQuotas(t *testing.T) {
 	}
 	if n, setting := o.CacheSlots("dev"); n != config.DefaultCachesPerNode || !strings.Contains(setting, "namespaceQuotas[2].maxCachesPerNode") {
 		t.Errorf("dev's slots: %d (%s); want the default %d", n, setting, config.DefaultCachesPerNode)
+	}
+}
+
+// Which nodes standalone caches may reach: by default every node but the control plane's, for
+// every namespace; a list of the admin's replaces it, the first entry naming a namespace its
+// own, and every problem in it is named by its field.
+func TestStandaloneCacheNodes(t *testing.T) {
+	def := config.Default()
+	if g, at, ok := def.StandaloneNodes("any"); !ok || at != "standaloneCacheNodes[0]" || len(g.Tolerations) != 0 ||
+		len(g.MatchExpressions) != 1 || g.MatchExpressions[0].Key != config.ControlPlaneLabel || g.MatchExpressions[0].Operator != corev1.NodeSelectorOpDoesNotExist {
+		t.Errorf("default grant = %+v at %s (%v); want every node but the control plane's, no tolerations", g, at, ok)
+	}
+	o, err := config.Parse([]byte(`
+standaloneCacheNodes:
+  - namespaces: [team-b]
+    nodeSelector: {pool: team-b}
+    tolerations: [{key: dedicated, operator: Equal, value: team-b, effect: NoSchedule}]
+  - namespaces: ["*"]
+    matchExpressions: [{key: node-role.kubernetes.io/control-plane, operator: DoesNotExist}]
+  - namespaces: [team-c]
+    nodeSelector: {pool: team-c}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, at, ok := o.StandaloneNodes("team-b"); !ok || at != "standaloneCacheNodes[0]" || g.NodeSelector["pool"] != "team-b" || len(g.Tolerations) != 1 {
+		t.Errorf("team-b's grant = %+v at %s", g, at)
+	}
+	if _, at, ok := o.StandaloneNodes("team-c"); !ok || at != "standaloneCacheNodes[1]" {
+		t.Errorf("team-c's grant is at %s; want the first entry naming it (\"*\"), standaloneCacheNodes[1]", at)
+	}
+	o.StandaloneCacheNodes = o.StandaloneCacheNodes[:1]
+	if _, at, ok := o.StandaloneNodes("team-a"); ok || at != "standaloneCacheNodes" {
+		t.Errorf("a namespace no entry names has a grant (%s)", at)
+	}
+	for conf, want := range map[string]string{
+		"standaloneCacheNodes: [{nodeSelector: {pool: x}}]":                                        "standaloneCacheNodes[0].namespaces: Required value",
+		"standaloneCacheNodes: [{namespaces: [a], nodeSelector: {'bad key!': x}}]":                 "standaloneCacheNodes[0].nodeSelector: Invalid value: \"bad key!\"",
+		"standaloneCacheNodes: [{namespaces: [a], matchExpressions: [{key: k, operator: Near}]}]":  "standaloneCacheNodes[0].matchExpressions[0]: Invalid value: \"k\"",
+		"standaloneCacheNodes: [{namespaces: [a], tolerations: [{key: k, operator: Lt}]}]":         "standaloneCacheNodes[0].tolerations[0].operator: Unsupported value: \"Lt\"",
+		"standaloneCacheNodes: [{namespaces: [a], tolerations: [{key: k, effect: NoScheduling}]}]": "standaloneCacheNodes[0].tolerations[0].effect: Unsupported value: \"NoScheduling\"",
+		"standaloneCacheNodes: [{namespaces: [a], tolerate: [{key: k}]}]":                          "unknown field",
+	} {
+		if _, err := config.Parse([]byte(conf)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want an error saying %q", conf, err, want)
+		}
 	}
 }

@@ -46,6 +46,12 @@ func (c *Config) Rules() placement.Rules {
 	return placement.NewRules(c.Placement, c.ExtendedResourceTolerations)
 }
 
+// Grant is what namespace ns's standalone caches (ModelWeightsCacheConfigs and ModelImageCaches
+// with no endpoint) may reach: its entry of standaloneCacheNodes.
+func (c *Config) Grant(ns string) placement.Grant {
+	return placement.GrantFor(c.OperatorConfiguration, ns)
+}
+
 // GateTimeout is the longest a Deployment waits for its weights cache to settle.
 func (c *Config) GateTimeout() time.Duration { return c.Controller.GateTimeout.Duration }
 

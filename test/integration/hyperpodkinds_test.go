@@ -339,7 +339,10 @@ spec:
 			t.Fatal(err)
 		}
 	}
-	name := serving.ImageCacheName("vllm/vllm-openai:v0.6.3", inferencev1.Placement{InstanceTypes: []string{"ml.mic-suite.xlarge"}}, "")
+	// The cache's placement is the ModelImageCache's within what the operator configuration
+	// grants the namespace's standalone caches (by default, every node but the control plane's).
+	bounded := rc.cfg.Grant("mic").Bound(inferencev1.Placement{InstanceTypes: []string{"ml.mic-suite.xlarge"}})
+	name := serving.ImageCacheName("vllm/vllm-openai:v0.6.3", bounded.Placement, "")
 	ic := &inferencev1.InferenceImageCache{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "mic-operator", Name: name}, ic); err != nil {
 		t.Fatalf("no image cache %s: %v", name, err)

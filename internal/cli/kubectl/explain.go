@@ -64,26 +64,27 @@ type CacheExplanation struct {
 	DiskBytes int64 `json:"diskBytes,omitempty"`
 }
 
-// operatorRules reads the placement rules of the operator configuration (the prewarm-config
-// ConfigMap in namespace ns): how instance types find nodes. The caches' tolerations are the
-// pods' own already. When the configuration cannot be read, the defaults, and a note saying so.
-func operatorRules(ctx context.Context, c client.Client, ns string) (placement.Rules, string) {
+// operatorRules reads the operator configuration (the prewarm-config ConfigMap in namespace ns)
+// and its placement rules: how instance types find nodes (the caches' tolerations are the pods'
+// own already), and, in the configuration, which nodes standalone caches are granted. When the
+// configuration cannot be read, the defaults, and a note saying so.
+func operatorRules(ctx context.Context, c client.Client, ns string) (placement.Rules, config.OperatorConfiguration, string) {
 	cm := &corev1.ConfigMap{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: ns, Name: operatorConfigMap}, cm); err != nil {
-		return placement.Rules{}, fmt.Sprintf("the operator configuration (ConfigMap %s/%s) could not be read (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
+		return placement.Rules{}, config.Default(), fmt.Sprintf("the operator configuration (ConfigMap %s/%s) could not be read (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
 	}
 	op, err := config.Parse([]byte(cm.Data[filepath.Base(config.File)]))
 	if err != nil {
-		return placement.Rules{}, fmt.Sprintf("the operator configuration (ConfigMap %s/%s) does not parse (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
+		return placement.Rules{}, config.Default(), fmt.Sprintf("the operator configuration (ConfigMap %s/%s) does not parse (%v): instance types are matched by their node label alone", ns, operatorConfigMap, err)
 	}
-	return placement.NewRules(op.Placement, false), ""
+	return placement.NewRules(op.Placement, false), op, ""
 }
 
 // operatorConfigMap is the ConfigMap of the operator configuration (the chart's and config/'s).
 const operatorConfigMap = "prewarm-config"
 
 func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS string, now time.Time) (*NodeExplanation, error) {
-	rules, note := operatorRules(ctx, c, operatorNS)
+	rules, op, note := operatorRules(ctx, c, operatorNS)
 	node := &corev1.Node{}
 	if err := c.Get(ctx, types.NamespacedName{Name: nodeName}, node); err != nil {
 		return nil, err
@@ -130,7 +131,7 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS
 		return nil, err
 	}
 	for _, m := range caches.Items {
-		e := explainWeights(rules, &m, node, nc)
+		e := explainWeights(rules, op, &m, node, nc)
 		if e.Warm && !agent.Alive {
 			e.Warm, e.Why = false, "the node's agent is not alive, so its pods cannot mount the cache: "+agent.Why
 		}
@@ -146,9 +147,14 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS
 	return ex, nil
 }
 
-func explainWeights(rules placement.Rules, m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *prewarmv1alpha1.NodeCache) CacheExplanation {
+func explainWeights(rules placement.Rules, op config.OperatorConfiguration, m *inferencev1.ModelDataCacheConfig, node *corev1.Node, nc *prewarmv1alpha1.NodeCache) CacheExplanation {
 	e := CacheExplanation{Cache: m.Namespace + "/" + m.Name}
-	if ok, why := rules.Match(m.Spec.Placement, node); !ok {
+	ok, why := rules.Match(m.Spec.Placement, node)
+	if m.Spec.ParentReference.Kind == "ModelWeightsCacheConfig" {
+		// A standalone cache: within what its namespace is granted.
+		ok, why = rules.MatchStandalone(placement.GrantFor(op, m.Namespace), m.Spec.Placement, node)
+	}
+	if !ok {
 		e.Why = "not a target: " + why
 		return e
 	}

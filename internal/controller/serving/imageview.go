@@ -23,6 +23,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/placement"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // ImageCacheReconciler reconciles HyperPod's ModelImageCache. One a user writes (standalone) is a
@@ -151,8 +152,22 @@ func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic
 	}
 	p := placement.FromSelector(mic.Spec.NodeSelector, mic.Spec.NodeAffinity, nil)
 	p.Tolerations = r.Config.Rules().Tolerations(mic.Spec.Tolerations)
-	m := &model{owner: mic, kind: KindModelImageCache, worker: inferencev1.Worker{Image: mic.Spec.Image}, placement: p, imageCache: true}
-	ic, refused, err := r.ensureImageCache(ctx, m)
+	// The image is pulled by prewarm's DaemonSet, not by pods of the namespace: on the nodes
+	// the operator configuration grants the namespace's standalone caches, with the
+	// tolerations it honours.
+	g := r.Config.Grant(mic.Namespace)
+	bounded := g.Bound(p)
+	var (
+		ic      *inferencev1.InferenceImageCache
+		refused []string
+		err     error
+	)
+	if why := g.Refusal(); why != "" {
+		err = &problem{inferencev1.ReasonNodesNotGranted, why}
+	} else {
+		m := &model{owner: mic, kind: KindModelImageCache, worker: inferencev1.Worker{Image: mic.Spec.Image}, placement: bounded.Placement, imageCache: true}
+		ic, refused, err = r.ensureImageCache(ctx, m)
+	}
 	var named *problem
 	switch {
 	case errors.As(err, &named):
@@ -166,11 +181,21 @@ func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic
 		return ctrl.Result{}, err
 	}
 	st := imageStatusOf(ic, mic, r.Now())
+	leftOut, err := r.leftOut(ctx, p, bounded)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	for _, n := range []string{leftOut, bounded.Note} {
+		if n != "" {
+			st.Message += "; " + n
+		}
+	}
 	note := refusedNote(refused)
 	tell := note != "" && !strings.Contains(mic.Status.Message, note)
 	if note != "" {
 		st.Message += "; " + note
 	}
+	st.Message = text.Clip(st.Message, text.MaxConditionMessage)
 	if err := controller.WriteStatus(ctx, r.Client, mic, &mic.Status, st); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -178,6 +203,26 @@ func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic
 		controller.Event(r.Recorder, mic, corev1.EventTypeWarning, controller.EventPullSecretRefused, "CopyPullSecrets", note)
 	}
 	return ctrl.Result{}, nil
+}
+
+// leftOut says which nodes a standalone image cache's own placement p would reach that its
+// namespace's grant leaves out (b: p within the grant), and why ("": none).
+func (r *ImageCacheReconciler) leftOut(ctx context.Context, p inferencev1.Placement, b placement.Bounded) (string, error) {
+	rules := r.Config.Rules()
+	nodes, err := controller.CandidateNodes(ctx, r.Client, nil, true)
+	if err != nil {
+		return "", err
+	}
+	var out placement.LeftOut
+	for _, n := range nodes {
+		if ok, _ := rules.Match(p, n); !ok {
+			continue
+		}
+		if why := b.Excludes(n); why != "" {
+			out.Add(why, n.Name)
+		}
+	}
+	return out.Describe(placement.NotGrantedLead), nil
 }
 
 // imageProblem is the status of a standalone image cache that has no cache to show.

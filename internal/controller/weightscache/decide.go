@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,7 +28,12 @@ type decision struct {
 	retainedNodes []*corev1.Node
 	// excluded are the nodes the placement selects that are neither targets nor retained: the
 	// pods could not run there (a taint they do not tolerate, a cordon).
-	excluded excluded
+	excluded placement.LeftOut
+	// bounded is a standalone cache's placement within its namespace's grant (nil: a parent's
+	// cache, which follows its parent's pods); notGranted are the nodes its own placement
+	// selects that the grant leaves out.
+	bounded    *placement.Bounded
+	notGranted placement.LeftOut
 	// peerAddrs are the targets' peer addresses that other agents may be sent (peerAddrsOf).
 	peerAddrs map[string]string
 	requeue   time.Duration
@@ -40,43 +44,6 @@ type decision struct {
 	size estimate
 	// quota is what the namespace's quota decides (applyQuota, in the ask phase).
 	quota quotaDecision
-}
-
-// excluded counts nodes left out of a cache's targets, by why.
-type excluded struct {
-	count int
-	// nodes are the first few nodes left out for each reason.
-	nodes map[string][]string
-	// whys are the reasons in the order first seen.
-	whys []string
-}
-
-// maxExcludedNamed is how many nodes left out for one reason a message names.
-const maxExcludedNamed = 5
-
-func (e *excluded) add(why, node string) {
-	if e.nodes == nil {
-		e.nodes = map[string][]string{}
-	}
-	if _, ok := e.nodes[why]; !ok {
-		e.whys = append(e.whys, why)
-	}
-	e.count++
-	if len(e.nodes[why]) < maxExcludedNamed {
-		e.nodes[why] = append(e.nodes[why], node)
-	}
-}
-
-// String says which nodes are left out and why ("": none), for the Ready condition.
-func (e excluded) String() string {
-	if e.count == 0 {
-		return ""
-	}
-	parts := make([]string, len(e.whys))
-	for i, why := range e.whys {
-		parts[i] = fmt.Sprintf("%s (%s)", why, strings.Join(e.nodes[why], ", "))
-	}
-	return fmt.Sprintf("%d node(s) the placement selects are left out, the pods could not run there: %s", e.count, strings.Join(parts, "; "))
 }
 
 // verdict is a condition the cache's spec or surroundings impose; failed marks the cache Failed
@@ -137,6 +104,17 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 	case p.access.tokenProblem != "":
 		p.verdict = &verdict{reason: inferencev1.ReasonTokenSecretProblem, message: p.access.tokenProblem} // the nodes try without it
 	}
+	if standalone(m) {
+		// A standalone cache has no pods of its namespace to follow: prewarm's agents hold it,
+		// on the nodes the operator configuration grants the namespace.
+		g := r.Config.Grant(m.Namespace)
+		if why := g.Refusal(); why != "" {
+			p.verdict = &verdict{inferencev1.ReasonNodesNotGranted, why, true}
+			return p, nil
+		}
+		b := g.Bound(m.Spec.Placement)
+		p.bounded = &b
+	}
 	if err = r.chooseTargets(ctx, m, f, &p); err != nil {
 		return p, err
 	}
@@ -150,31 +128,54 @@ func (r *Reconciler) decide(ctx context.Context, m *inferencev1.ModelDataCacheCo
 	return p, nil
 }
 
+// standalone reports whether m is a standalone cache's: a ModelWeightsCacheConfig's, which no
+// pod of its namespace follows.
+func standalone(m *inferencev1.ModelDataCacheConfig) bool {
+	return m.Spec.ParentReference.Kind == "ModelWeightsCacheConfig"
+}
+
 // chooseTargets picks the cache's targets: the nodes the parent's pods may run on. A node the
 // placement selects but whose scheduling state keeps the pods off for now (cordoned, tainted,
 // unreachable) is not a target, but keeps what it was asked for until the retention passes:
-// that state passes, and the model will be wanted there again.
+// that state passes, and the model will be wanted there again. A standalone cache's targets are
+// also within its namespace's grant: a node outside it is left out at once (unless pods of the
+// namespace there ask for the cache), and the state of the others is judged with the
+// tolerations the grant honours.
 func (r *Reconciler) chooseTargets(ctx context.Context, m *inferencev1.ModelDataCacheConfig, f *fleet, p *decision) error {
 	now := r.Now()
 	rules := r.Config.Rules()
+	admitted := m.Spec.Placement
+	if p.bounded != nil {
+		admitted = p.bounded.Placement
+	}
 	for _, n := range f.nodes {
-		if ok, _ := rules.Selects(m.Spec.Placement, n); !ok {
+		selected, _ := rules.Selects(m.Spec.Placement, n)
+		notGranted := ""
+		if selected && p.bounded != nil {
+			notGranted = p.bounded.Excludes(n)
+		}
+		if !selected || notGranted != "" {
 			// Pods of the cache's namespace on this node ask for it (their CSI volume),
-			// though the placement does not select it: the node holds it for them while they
-			// are there. The agent's word for it is not enough (it would get the namespace's
-			// credentials and its pods' preference): the pods must be there.
+			// though the placement does not select it (or its grant does not cover it): the
+			// node holds it for them while they are there. The agent's word for it is not
+			// enough (it would get the namespace's credentials and its pods' preference): the
+			// pods must be there.
+			there := false
 			if demanded(f.nodeCache(n.Name), m) {
-				there, err := r.podsDemand(ctx, n.Name, m)
-				if err != nil {
+				var err error
+				if there, err = r.podsDemand(ctx, n.Name, m); err != nil {
 					return err
 				}
-				if there {
-					p.targets = append(p.targets, n)
-				}
+			}
+			switch {
+			case there:
+				p.targets = append(p.targets, n)
+			case notGranted != "":
+				p.notGranted.Add(notGranted, n.Name) // never the namespace's to hold: withdrawn at once
 			}
 			continue
 		}
-		ok, why := placement.Admits(m.Spec.Placement, n)
+		ok, why := placement.Admits(admitted, n)
 		if ok {
 			p.targets = append(p.targets, n)
 			continue
@@ -189,7 +190,7 @@ func (r *Reconciler) chooseTargets(ctx context.Context, m *inferencev1.ModelData
 // left out.
 func (r *Reconciler) retain(p *decision, n *corev1.Node, asked *prewarmv1alpha1.CacheRequest, why string, now time.Time) {
 	if asked == nil {
-		p.excluded.add(why, n.Name) // never asked here: nothing to keep
+		p.excluded.Add(why, n.Name) // never asked here: nothing to keep
 		return
 	}
 	since := asked.RetainedSince
@@ -199,7 +200,7 @@ func (r *Reconciler) retain(p *decision, n *corev1.Node, asked *prewarmv1alpha1.
 	}
 	left := r.Config.Retention() - now.Sub(t)
 	if left <= 0 {
-		p.excluded.add(why, n.Name) // kept long enough: withdrawn
+		p.excluded.Add(why, n.Name) // kept long enough: withdrawn
 		return
 	}
 	p.retained[n.Name] = retention{since: since, until: t.Add(r.Config.Retention()), why: why}

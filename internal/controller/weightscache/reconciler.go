@@ -286,6 +286,7 @@ func (r *Reconciler) gatherPhase(ctx context.Context, s *state) error {
 		r.budgetPhase(s)
 	}
 	noteExcluded(&s.status, s.decision.excluded)
+	noteGrant(&s.status, s.decision)
 	r.nodeEvents(s)
 	if p := s.decision.policyProblem; p != "" {
 		// Recorded at each reconcile; the event recorder folds the repeats into one series.

@@ -15,6 +15,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -331,16 +332,30 @@ func setCondition(st *inferencev1.ModelDataCacheConfigStatus, m *inferencev1.Mod
 // appendCondition adds a sentence to the Ready condition's message.
 func appendCondition(st *inferencev1.ModelDataCacheConfigStatus, msg string) {
 	if c := meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady); c != nil {
-		c.Message += "; " + msg
+		c.Message = text.Clip(c.Message+"; "+msg, text.MaxConditionMessage)
 	}
 }
 
 // noteExcluded says, on the Ready condition, which nodes the placement selects but the pods
 // could not run on (a taint they do not tolerate, a cordon), so that a cache with fewer
 // targets than nodes says why.
-func noteExcluded(st *inferencev1.ModelDataCacheConfigStatus, e excluded) {
-	if e.count > 0 {
-		appendCondition(st, e.String())
+func noteExcluded(st *inferencev1.ModelDataCacheConfigStatus, e placement.LeftOut) {
+	if e.Count() > 0 {
+		appendCondition(st, e.Describe("the pods could not run there"))
+	}
+}
+
+// noteGrant says, on the Ready condition of a standalone cache, which nodes its placement
+// selects that its namespace's grant leaves out, and which of its tolerations are not honoured.
+func noteGrant(st *inferencev1.ModelDataCacheConfigStatus, d decision) {
+	if d.bounded == nil {
+		return
+	}
+	if d.notGranted.Count() > 0 {
+		appendCondition(st, d.notGranted.Describe(placement.NotGrantedLead))
+	}
+	if d.bounded.Note != "" {
+		appendCondition(st, d.bounded.Note)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/scheme"
 )
 
@@ -126,11 +127,11 @@ func TestNodesWithoutADiskAreNotTargets(t *testing.T) {
 		t.Errorf("gather = %s, %d of %d ready (%d settled), condition %+v", st.State, st.ReadyNodes, st.TargetNodes, st.SettledNodes, c)
 	}
 	// The nodes the placement selects that the pods could not run on are named with why.
-	var e excluded
+	var e placement.LeftOut
 	for _, n := range []string{"g1", "g2"} {
-		e.add("taint nvidia.com/gpu=present:NoSchedule is not tolerated", n)
+		e.Add("taint nvidia.com/gpu=present:NoSchedule is not tolerated", n)
 	}
-	e.add("the node is cordoned", "c1")
+	e.Add("the node is cordoned", "c1")
 	noteExcluded(&st, e)
 	c = meta.FindStatusCondition(st.Conditions, inferencev1.ConditionReady)
 	if want := "3 node(s) the placement selects are left out, the pods could not run there: taint nvidia.com/gpu=present:NoSchedule is not tolerated (g1, g2); the node is cordoned (c1)"; !strings.Contains(c.Message, want) {
