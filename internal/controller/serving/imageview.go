@@ -227,10 +227,11 @@ func (r *ImageCacheReconciler) leftOut(ctx context.Context, p inferencev1.Placem
 
 // imageProblem is the status of a standalone image cache that has no cache to show.
 func imageProblem(mic *inferencev1.ModelImageCache, p *problem, now time.Time) inferencev1.ModelImageCacheStatus {
-	st := inferencev1.ModelImageCacheStatus{State: inferencev1.ModelImageFailed, Message: p.message, ObservedGeneration: mic.Generation,
+	msg := text.Clip(p.message, text.MaxConditionMessage)
+	st := inferencev1.ModelImageCacheStatus{State: inferencev1.ModelImageFailed, Message: msg, ObservedGeneration: mic.Generation,
 		LastTransitionTime: transitioned(mic.Status, inferencev1.ModelImageFailed, now), Conditions: slices.Clone(mic.Status.Conditions)}
 	apimeta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: inferencev1.ConditionReady, Status: metav1.ConditionFalse,
-		Reason: p.reason, Message: p.message, ObservedGeneration: mic.Generation})
+		Reason: p.reason, Message: msg, ObservedGeneration: mic.Generation})
 	return st
 }
 

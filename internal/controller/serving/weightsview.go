@@ -25,6 +25,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/placement"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // Kinds of HyperPod's cache objects, as parent references name them.
@@ -300,6 +301,7 @@ func observedAt(conds []metav1.Condition, current bool, gen int64) []metav1.Cond
 
 // failedWeights is the status of a standalone cache that has no cache object to show.
 func failedWeights(mw *inferencev1.ModelWeightsCacheConfig, state inferencev1.CacheState, reason, message string) inferencev1.ModelWeightsCacheConfigStatus {
+	message = text.Clip(message, text.MaxConditionMessage)
 	st := inferencev1.ModelWeightsCacheConfigStatus{State: string(state), Message: message, ObservedGeneration: mw.Generation,
 		Conditions: slices.Clone(mw.Status.Conditions)}
 	apimeta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: inferencev1.ConditionReady, Status: metav1.ConditionFalse,
