@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -25,8 +26,9 @@ import (
 // copy of it, but its pods may still get their model: the node plugin downloads it from the
 // source, once for all the cache's pods on the node, into a scratch copy under the kubelet's
 // directory, where a pod's own download into an emptyDir would have gone. The copy is not a
-// cache: the node is not labelled, shares nothing with peers, and the copy is removed when the
-// last pod that uses it has gone. It claims its room first (scratchroom.go): within its
+// cache: the node is not labelled, shares nothing with peers, and the copy is removed when no
+// pod on the node uses it, by the pod list and by the mount table (a volume still mounted keeps
+// it, even when its pod object is gone). It claims its room first (scratchroom.go): within its
 // namespace's per-node limit, the node's bound on copies, and the kubelet filesystem's
 // watermark and reserve; past them the pod's mount is refused with the figures, and it waits.
 
@@ -47,6 +49,9 @@ type scratch struct {
 	// asked is when a pod last asked for the copy: it is not removed for RetryInterval after,
 	// so that a pod whose mount is under way is not left without it.
 	asked time.Time
+	// mounted says the copy was last kept because a pod's volume mounts it, though no pod on
+	// the node uses it by the pod list.
+	mounted bool
 	// wake gets the copy's download out of its wait after a refusal: room may have been freed.
 	wake chan struct{}
 }
@@ -155,7 +160,13 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		case <-time.After(wait):
 		case <-s.wake:
 		}
-		if pod, err := a.podUsing(ctx, s.uid, s.ns); err != nil || pod != "" {
+		if pod, mounted, err := a.scratchKept(ctx, s.uid, s.ns); err != nil || pod != "" || mounted {
+			a.mu.Lock()
+			if mounted && !s.mounted {
+				log.Info("keeping the scratch copy: a pod's volume still mounts it")
+			}
+			s.mounted = mounted
+			a.mu.Unlock()
 			continue
 		}
 		// Out of the way at once, under the lock: a pod that asks from now on starts a copy
@@ -182,6 +193,22 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		a.wakeOverBudget(s.ns) // its room is free
 		return
 	}
+}
+
+// scratchKept says what keeps the scratch copy of cache uid (of namespace ns; "": any): a pod
+// on the node that uses it (namespace/name), else whether a pod's volume still mounts it, by
+// the mount table, which knows of a pod the pod list no longer shows (or does not yet).
+func (a *Agent) scratchKept(ctx context.Context, uid, ns string) (pod string, mounted bool, err error) {
+	if pod, err = a.podUsing(ctx, uid, ns); err != nil || pod != "" {
+		return pod, false, err
+	}
+	model := filepath.Join(a.opts.scratchDir(), uid, prewarmv1alpha1.ModelSubdir)
+	inodes, err := a.mountedDirs(model)
+	if err != nil {
+		return "", false, err
+	}
+	var st unix.Stat_t
+	return "", unix.Lstat(model, &st) == nil && inodes[st.Ino], nil
 }
 
 // trashPrefix begins the names of scratch copies being removed.
@@ -211,6 +238,8 @@ func (a *Agent) scratchNote(uid string) string {
 	switch {
 	case s == nil:
 		return ""
+	case s.ready && s.mounted:
+		return "; the copy under the kubelet's directory that the node's pods read the model from is kept while a pod's volume still mounts it"
 	case s.ready:
 		return "; the node's pods read the model from a copy under the kubelet's directory, removed when they end"
 	case s.refused():
@@ -219,9 +248,9 @@ func (a *Agent) scratchNote(uid string) string {
 	return "; downloading a copy for the node's pods from the source, " + progressText(s.progress)
 }
 
-// sweepScratch removes the scratch copies that no pod on the node uses and no download keeps
-// (left by an earlier run of the agent): each is first renamed out of the way, so that a pod
-// asking for it at that moment starts a copy of its own.
+// sweepScratch removes the scratch copies that no pod on the node uses, no pod's volume mounts
+// and no download keeps (left by an earlier run of the agent): each is first renamed out of the
+// way, so that a pod asking for it at that moment starts a copy of its own.
 func (a *Agent) sweepScratch(ctx context.Context) error {
 	if a.opts.KubeletDir == "" {
 		return nil
@@ -241,13 +270,14 @@ func (a *Agent) sweepScratch(ctx context.Context) error {
 			continue // not ours
 		}
 		if !trash {
-			pod, err := a.podUsing(ctx, name, "")
+			// Used by a pod of the node, or mounted by a pod's volume whose pod is gone.
+			pod, mounted, err := a.scratchKept(ctx, name, "")
 			if err != nil {
 				return err
 			}
 			a.mu.Lock()
 			_, kept := a.scratches[name]
-			if kept || pod != "" {
+			if kept || pod != "" || mounted {
 				a.mu.Unlock()
 				continue
 			}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -434,6 +435,97 @@ func TestScratchCopiesAreBoundedPerNode(t *testing.T) {
 	if after := usedBytes(t, kubelet); after != before {
 		t.Errorf("the kubelet's filesystem went from %d to %d bytes used for a copy refused room", before, after)
 	}
+}
+
+// A scratch copy is never removed while a pod's volume mounts it, by the mount table, even once
+// the pod object is gone (the kubelet unmounts a volume after the pod is deleted, or the agent
+// restarted meanwhile): the agent's own copy stays, its cache's report saying why, and so does a
+// copy left by an earlier run of the agent, which the sweep removes only once it is unmounted.
+func TestAMountedScratchCopyStays(t *testing.T) {
+	ctx, api := startAPI(t)
+	a, kubelet, uids, status_, wait := noDiskNode(t, ctx, api, "node-m", 64<<20, map[string]int{"m": 2}, nil)
+	scratch := filepath.Join(kubelet, "plugins", prewarmv1alpha1.CSIDriverName, "scratch")
+	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	// bindIntoPod mounts dir as a pod's volume would be, under the kubelet's pods directory, and
+	// returns the unmount.
+	bindIntoPod := func(dir, podUID string) func() {
+		target := filepath.Join(kubelet, "pods", podUID, "volumes", "kubernetes.io~csi", "model", "mount")
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount(dir, target, "", unix.MS_BIND, ""); err != nil {
+			t.Fatalf("bind-mounting %s at %s: %v", dir, target, err)
+		}
+		var once sync.Once
+		unmount := func() {
+			once.Do(func() {
+				if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+					t.Errorf("unmounting %s: %v", target, err)
+				}
+			})
+		}
+		t.Cleanup(unmount)
+		return unmount
+	}
+
+	// The agent's own copy: the pod mounts it, then the pod object goes while its volume is
+	// still mounted.
+	pod := csiPod("default", "worker", "node-m", uids["m"])
+	if err := api.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	req := agent.MountRequest{CacheUID: uids["m"], PodNamespace: "default", PodName: "worker", PodUID: pod.UID}
+	model := mountWhenReady(t, ctx, a, req, wait)
+	unmount := bindIntoPod(model, string(pod.UID))
+	a.Mounted(req, model, filepath.Join(kubelet, "pods", string(pod.UID)), nil)
+	if err := api.Client.Delete(ctx, pod, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	wait("the cache's report says its copy is kept while a volume mounts it", func() bool {
+		return strings.Contains(status_(uids["m"]).Message, "kept while a pod's volume still mounts it")
+	})
+	if _, err := engine.CheckDest(model); err != nil {
+		t.Errorf("the copy a volume still mounts: %v", err)
+	}
+	unmount()
+	wait("the copy removed once unmounted", func() bool {
+		_, err := os.Stat(filepath.Join(scratch, uids["m"]))
+		return errors.Is(err, os.ErrNotExist)
+	})
+
+	// Copies left by an earlier run of the agent (no cache of this node's now, no pod object):
+	// one still mounted by a volume, one not. Each is made aside (a name the sweep leaves
+	// alone) and moved in whole, the mounted one first.
+	const (
+		uidMounted = "cccccccc-0000-4000-8000-0000000000a1"
+		uidLoose   = "cccccccc-0000-4000-8000-0000000000a2" // after uidMounted: swept after it
+	)
+	leftover := func(uid string) string {
+		aside := filepath.Join(scratch, "aside-"+uid)
+		writeFiles(t, filepath.Join(aside, "model"), map[string][]byte{"w.bin": gen.Bytes(99, 1<<20)})
+		return aside
+	}
+	mountedAside, looseAside := leftover(uidMounted), leftover(uidLoose)
+	unmount = bindIntoPod(filepath.Join(mountedAside, "model"), "left-behind")
+	for _, m := range []struct{ aside, uid string }{{mountedAside, uidMounted}, {looseAside, uidLoose}} {
+		if err := os.Rename(m.aside, filepath.Join(scratch, m.uid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait("the sweep removes the copy nothing mounts", func() bool {
+		_, err := os.Stat(filepath.Join(scratch, uidLoose))
+		return errors.Is(err, os.ErrNotExist)
+	})
+	if _, err := os.Stat(filepath.Join(scratch, uidMounted, "model", "w.bin")); err != nil {
+		t.Errorf("the sweep removed a copy a pod's volume still mounts: %v", err)
+	}
+	unmount()
+	wait("the sweep removes the other once unmounted", func() bool {
+		_, err := os.Stat(filepath.Join(scratch, uidMounted))
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
 
 // A namespace's copies count in its per-node limit (namespaceQuotas[].maxBytesPerNode), with
