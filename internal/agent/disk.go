@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -189,23 +188,4 @@ func (a *Agent) checkDisk(root string) error {
 			"(mount a local disk there, map the root to where the disk is with cacheRoots[].nodePath, or allow the root filesystem with cacheRoots[].allowRootFilesystem)", nd.msg)}
 	}
 	return err
-}
-
-// freeSpace is the engine's view of free space: under a cache root, what caches may take there
-// without evicting (the filesystem's free space less the reserve, up to the high watermark);
-// elsewhere (the scratch copies under the kubelet's directory, which the kubelet's own
-// eviction guards), the filesystem's free space.
-func (a *Agent) freeSpace(dir string) (int64, error) {
-	if root, ok := a.rootOf(dir); ok {
-		f, err := a.figures(root)
-		return f.room(), err
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, err
-	}
-	if st.Blocks == 0 {
-		return math.MaxInt64, nil // a filesystem that counts no blocks (ramfs): nothing to check against
-	}
-	return int64(st.Bavail) * st.Bsize, nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -110,11 +111,14 @@ func (a *Agent) rootOf(dir string) (string, bool) {
 	return "", false
 }
 
-// space is what downloads under way were promised under the roots: two downloads that each fit
-// alone are not both let in when together they do not.
+// space is what downloads under way were promised under the roots, and what the scratch copies
+// were promised on the kubelet's filesystem: two downloads that each fit alone are not both let
+// in when together they do not.
 type space struct {
 	mu     sync.Mutex
 	claims map[string]claim // by cache UID
+	// scratch are the scratch copies' claims, by cache UID: each holds until its copy is removed.
+	scratch map[string]scratchClaim
 }
 
 // claim is the space promised to one download: need bytes under root, when its cache took at
@@ -125,29 +129,28 @@ type claim struct {
 }
 
 // claimSpace is the engine's question, for the downloads of cache uid of namespace ns, whether
-// what is left to write fits: under a cache root, in what caches may take without evicting, less
-// what other downloads there were promised and have not written yet, and within the namespace's
-// per-node limit (checkQuotaLocked); elsewhere (a scratch copy), in the filesystem's free space.
+// what is left to write fits under its cache root: in what caches may take without evicting,
+// less what other downloads there were promised and have not written yet, and within the
+// namespace's per-node limit, with its other caches and its copies (checkQuotaLocked). A scratch
+// copy claims its room otherwise (claimScratch).
 func (a *Agent) claimSpace(uid, ns string) engine.ClaimSpace {
 	return func(dir string, need int64) (func(), error) {
 		root, ok := a.rootOf(dir)
 		if !ok {
-			free, err := a.freeSpace(dir)
-			if err != nil {
-				return nil, err
-			}
-			if need > free {
-				return nil, &engine.InsufficientSpaceError{Need: need, Free: free, Dir: dir}
-			}
-			return func() {}, nil
+			return nil, fmt.Errorf("%s is under no cache root", dir)
 		}
 		var peers []quotaPeer
+		var refs map[string]types.NamespacedName
 		if _, limited := a.opts.Config.PerNodeLimit(ns); limited {
-			peers = a.namespaceCaches(ns, uid)
+			peers, refs = a.namespaceCaches(ns, uid), a.cacheRefs()
 		}
 		a.space.mu.Lock()
 		defer a.space.mu.Unlock()
-		if err := a.checkQuotaLocked(root, ns, uid, peers, need); err != nil {
+		var copies map[string]scratchUse
+		if refs != nil {
+			copies = a.scratchUsesLocked(refs)
+		}
+		if err := a.checkQuotaLocked(root, ns, uid, peers, copies, need); err != nil {
 			return nil, err
 		}
 		_, free, err := a.freeForLocked(root, uid)

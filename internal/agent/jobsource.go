@@ -97,7 +97,7 @@ func (j *job) swarm(ctx context.Context) engine.Swarm {
 // once one of the node's download slots is free.
 func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
 	var last engine.Progress
-	return j.downloadReporting(ctx, func(p engine.Progress) {
+	return j.downloadReporting(ctx, j.a.claimSpace(j.req.UID, j.req.Namespace), func(p engine.Progress) {
 		// What this copy cost the origin and the peers adds up over every download of it
 		// since the agent started.
 		j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
@@ -105,9 +105,9 @@ func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Sourc
 	}, fn)
 }
 
-// downloadReporting runs fn with an engine that reports to progress and reads the cache's
-// source, once one of the node's download slots is free.
-func (j *job) downloadReporting(ctx context.Context, progress func(engine.Progress), fn func(*engine.Engine, source.Source) error) error {
+// downloadReporting runs fn with an engine that claims its room with claim, reports to progress
+// and reads the cache's source, once one of the node's download slots is free.
+func (j *job) downloadReporting(ctx context.Context, claim engine.ClaimSpace, progress func(engine.Progress), fn func(*engine.Engine, source.Source) error) error {
 	release, err := j.slot(ctx)
 	if err != nil {
 		return err
@@ -120,7 +120,7 @@ func (j *job) downloadReporting(ctx context.Context, progress func(engine.Progre
 	defer closeSrc()
 	o := &j.a.opts
 	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithClaimSpace(j.a.claimSpace(j.req.UID, j.req.Namespace)), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
+		engine.WithClaimSpace(claim), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
 		engine.WithProgress(progress, o.StatusInterval))...)
 	err = fn(eng, src)
 	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -12,30 +13,44 @@ import (
 )
 
 // A namespace's quota may limit what its caches hold together on one node
-// (namespaceQuotas[].maxBytesPerNode). The agent holds the line when a download claims its room:
-// the namespace's other caches on the node that hold bytes (Ready, or downloading with room
-// promised) count at their size, and a cache that would take the namespace past its limit
-// writes nothing and fails BudgetExceeded. Its pods on the node read the model from the source
-// into a copy that goes with them, as on a node without room. It is tried again when another
-// cache of the namespace leaves the node, and at the longest retry interval.
+// (namespaceQuotas[].maxBytesPerNode), with the copies the node makes for their pods when it
+// cannot hold a cache (scratch). The agent holds the line when a download claims its room: the
+// namespace's other caches on the node that hold bytes (Ready, or downloading with room
+// promised) count at their size, its copies at what they take or were promised, and a cache
+// that would take the namespace past its limit writes nothing and fails BudgetExceeded. No copy
+// is made for its pods either (a namespace refused a cache does not get the same bytes as a
+// copy): their mount is refused, naming the limit, and they wait. A copy made before (when the
+// node had no room for the cache) is still served, and does not count against its own cache: the
+// two are one model, and the copy goes with its pods. The cache is tried again when another
+// cache or copy of the namespace leaves the node, and at the longest retry interval.
 
-// errOverBudget says a cache would take its namespace past its per-node limit.
+// errOverBudget says a cache, or a copy of one, would take its namespace past its per-node
+// limit.
 type errOverBudget struct {
 	ns    string
 	limit config.Limit
-	size  int64
-	// held is what the namespace's other caches on the node hold, and which they are.
+	// what needs size bytes more: "this cache", or a copy for the pods.
+	what string
+	size int64
+	// held is what the namespace's other caches and copies on the node hold, and which they are.
 	held   int64
 	others []string
 }
 
+// thisCache is errOverBudget.what for a cache's own download.
+const thisCache = "this cache"
+
 func (e *errOverBudget) Error() string {
-	s := fmt.Sprintf("namespace %s may hold %s of caches on this node (%s); its other caches here hold %s",
+	s := fmt.Sprintf("namespace %s may hold %s on this node (%s); its other caches and copies here hold %s",
 		e.ns, engine.HumanBytes(e.limit.Bytes), e.limit.Field, engine.HumanBytes(e.held))
 	if len(e.others) > 0 {
 		s += " (" + strings.Join(e.others, ", ") + ")"
 	}
-	return s + fmt.Sprintf(", and this cache needs %s more: not kept here; pods on the node read the model from the source", engine.HumanBytes(e.size))
+	s += fmt.Sprintf(", and %s needs %s more", e.what, engine.HumanBytes(e.size))
+	if e.what == thisCache {
+		s += ": not kept here, nor copied for its pods on the node, which wait for room"
+	}
+	return s
 }
 
 // quotaPeer is another cache of the same namespace on the node, as the claim sees it.
@@ -44,7 +59,7 @@ type quotaPeer struct {
 	uid string
 }
 
-// namespaceCaches returns the node's other caches of namespace ns (under a.mu).
+// namespaceCaches returns the node's caches of namespace ns other than uid (under a.mu).
 func (a *Agent) namespaceCaches(ns, uid string) []quotaPeer {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -60,13 +75,24 @@ func (a *Agent) namespaceCaches(ns, uid string) []quotaPeer {
 
 // checkQuotaLocked reports whether cache uid of namespace ns, which needs need bytes more under
 // root, keeps its namespace within its per-node limit (a.space.mu held: claims made meanwhile
-// are counted).
-func (a *Agent) checkQuotaLocked(root, ns, uid string, peers []quotaPeer, need int64) error {
+// are counted), with the namespace's copies of its other caches (copies, scratchUsesLocked).
+func (a *Agent) checkQuotaLocked(root, ns, uid string, peers []quotaPeer, copies map[string]scratchUse, need int64) error {
 	limit, ok := a.opts.Config.PerNodeLimit(ns)
 	if !ok {
 		return nil
 	}
 	size := a.cacheBytes(root, uid) + need
+	held, others := a.namespaceHeldLocked(ns, peers, copies, uid)
+	if held+size <= limit.Bytes {
+		return nil
+	}
+	return &errOverBudget{ns: ns, limit: limit, what: thisCache, size: size, held: held, others: others}
+}
+
+// namespaceHeldLocked is what namespace ns holds on the node (a.space.mu held): its caches
+// peers, at their size, and its copies, at what they take or were promised, but for the copy of
+// cache skip; and, for people, which they are.
+func (a *Agent) namespaceHeldLocked(ns string, peers []quotaPeer, copies map[string]scratchUse, skip string) (int64, []string) {
 	var held int64
 	var others []string
 	for _, p := range peers {
@@ -84,20 +110,26 @@ func (a *Agent) checkQuotaLocked(root, ns, uid string, peers []quotaPeer, need i
 		held += n
 		others = append(others, fmt.Sprintf("%s/%s %s", ns, p.j.req.Name, engine.HumanBytes(n)))
 	}
-	if held+size <= limit.Bytes {
-		return nil
+	for _, uid := range slices.Sorted(maps.Keys(copies)) {
+		u := copies[uid]
+		if uid == skip || u.ns != ns || u.held() == 0 {
+			continue
+		}
+		held += u.held()
+		others = append(others, fmt.Sprintf("a copy of %s %s", u.cache, engine.HumanBytes(u.held())))
 	}
-	return &errOverBudget{ns: ns, limit: limit, size: size, held: held, others: others}
+	return held, others
 }
 
-// wakeOverBudget wakes the caches of namespace ns that wait for room in its per-node limit: one
-// of its caches left the node.
+// wakeOverBudget wakes the caches of namespace ns that wait for room in its per-node limit, and
+// the copies refused room: one of the namespace's caches or copies left the node.
 func (a *Agent) wakeOverBudget(ns string) {
 	for _, p := range a.namespaceCaches(ns, "") {
 		if st := p.j.snapshot(); st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonBudgetExceeded {
 			p.j.wake()
 		}
 	}
+	a.wakeScratches()
 }
 
 // wake gets the job out of its wait, to look at its cache again now.

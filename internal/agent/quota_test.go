@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,13 +28,15 @@ import (
 // A namespace's quota caps what its caches hold together on one node: the cache that would take
 // it past the limit writes nothing and fails BudgetExceeded with the figures, though the disk has
 // room; another namespace's cache on the same disk is unaffected; a pod of the namespace on the
-// node still gets its model, a copy read from the source, its event saying it runs cold and why;
-// and once another cache of the namespace leaves the node, the refused one is kept after all
-// (woken then, long before its retry).
+// node does not get the same bytes as a copy read from the source either: its mount is refused,
+// naming the limit (with a CacheRefused event), and nothing is written on the kubelet's
+// filesystem; and once another cache of the namespace leaves the node, the refused one is kept
+// after all (woken then, long before its retry), and the pod mounts it.
 func TestNamespaceQuotaCapsWhatANodeHolds(t *testing.T) {
 	ctx, api := startAPI(t)
 	host, root, disk := hostDisk(t, 200<<20)
 	kubelet := t.TempDir()
+	smallDisk(t, kubelet, 200<<20) // room for a copy: only the quota refuses it
 	if err := os.MkdirAll(filepath.Join(kubelet, "pods"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +84,8 @@ func TestNamespaceQuotaCapsWhatANodeHolds(t *testing.T) {
 	wait("a/y BudgetExceeded", state(uidY, inferencev1.CacheFailed, prewarmv1alpha1.ReasonBudgetExceeded))
 	wait("b/z Ready", state(uidZ, inferencev1.CacheReady, ""))
 	msg := status_(uidY).Message
-	for _, want := range []string{"namespace a may hold 41.9 MB of caches on this node (namespaceQuotas[0].maxBytesPerNode)",
-		"its other caches here hold 26.2 MB (a/x 26.2 MB)", "this cache needs 26.2 MB more"} {
+	for _, want := range []string{"namespace a may hold 41.9 MB on this node (namespaceQuotas[0].maxBytesPerNode)",
+		"its other caches and copies here hold 26.2 MB (a/x 26.2 MB)", "this cache needs 26.2 MB more"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("a/y's status %q does not say %q", msg, want)
 		}
@@ -93,11 +97,32 @@ func TestNamespaceQuotaCapsWhatANodeHolds(t *testing.T) {
 		return nil
 	})
 
-	// A pod of namespace a asks for y on the node: it gets a copy read from the source.
+	// A pod of namespace a asks for y on the node: a copy of y would take a past its limit just
+	// the same, so the pod waits, told why, and the kubelet's filesystem is left as it was.
 	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}); err != nil {
 		t.Fatal(err)
 	}
-	mountsColdCopy(t, ctx, api, a, kubelet, "a", "node-q", uidY, wait, "BudgetExceeded: namespace a may hold")
+	before := usedBytes(t, kubelet)
+	pod := csiPod("a", "worker", "node-q", uidY)
+	if err := api.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	mount := agent.MountRequest{CacheUID: uidY, PodNamespace: "a", PodName: "worker", PodUID: pod.UID}
+	err := mountRefused(t, ctx, a, mount, wait)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "nor a copy of it (BudgetExceeded): namespace a may hold 41.9 MB on this node (namespaceQuotas[0].maxBytesPerNode)") ||
+		!strings.Contains(err.Error(), "this cache needs 26.2 MB more") {
+		t.Errorf("a pod of a cache past its namespace's per-node limit: %v; want ResourceExhausted naming the limit and the figures", err)
+	}
+	podEvent(t, ctx, api, "a", "worker", agent.EventCacheRefused, "namespaceQuotas[0].maxBytesPerNode")
+	if msg := status_(uidY).Message; !strings.Contains(msg, "nor copied for its pods on the node, which wait for room") {
+		t.Errorf("a/y's status %q does not say its pods get no copy either", msg)
+	}
+	if after := usedBytes(t, kubelet); after != before {
+		t.Errorf("the kubelet's filesystem went from %d to %d bytes used for a copy refused room", before, after)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(kubelet, "plugins", prewarmv1alpha1.CSIDriverName, "scratch")); len(entries) > 0 {
+		t.Errorf("a copy refused room left %s under the scratch directory", entries[0].Name())
+	}
 
 	// x leaves the node: y fits a's limit now, and is kept.
 	nc := &prewarmv1alpha1.NodeCache{}
@@ -114,6 +139,9 @@ func TestNamespaceQuotaCapsWhatANodeHolds(t *testing.T) {
 		return errors.Is(err, os.ErrNotExist)
 	})
 	wait("a/y Ready once a/x left", state(uidY, inferencev1.CacheReady, ""))
+	if dir := mountWhenReady(t, ctx, a, mount, wait); dir != filepath.Join(cacheRoot, uidY, "model") {
+		t.Errorf("the waiting pod mounts %s; want the cache itself", dir)
+	}
 	if st := status_(uidZ); st.State != inferencev1.CacheReady {
 		t.Errorf("b/z is %s %s: %s", st.State, st.Reason, st.Message)
 	}

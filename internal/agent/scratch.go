@@ -10,22 +10,27 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
 
-// A node whose cache root is not a disk of its own (NoLocalDisk) keeps no cache, but its pods
-// still get their model: the node plugin downloads it from the source, once for all the
-// cache's pods on the node, into a scratch copy under the kubelet's directory, where a pod's
-// own download into an emptyDir would have gone. The copy is not a cache: the node is not
-// labelled, shares nothing with peers, and the copy is removed when the last pod that uses it
-// has gone.
+// A node that cannot hold a cache (NoLocalDisk, InsufficientCapacity, BudgetExceeded) keeps no
+// copy of it, but its pods may still get their model: the node plugin downloads it from the
+// source, once for all the cache's pods on the node, into a scratch copy under the kubelet's
+// directory, where a pod's own download into an emptyDir would have gone. The copy is not a
+// cache: the node is not labelled, shares nothing with peers, and the copy is removed when no
+// pod on the node uses it, by the pod list and by the mount table (a volume still mounted keeps
+// it, even when its pod object is gone). It claims its room first (scratchroom.go): within its
+// namespace's per-node limit, the node's bound on copies, and the kubelet filesystem's
+// watermark and reserve; past them the pod's mount is refused with the figures, and it waits.
 
 // scratchDir is where scratch copies are kept, under the kubelet's directory (the node
 // plugin's own directory there, which the agent mounts).
@@ -44,6 +49,17 @@ type scratch struct {
 	// asked is when a pod last asked for the copy: it is not removed for RetryInterval after,
 	// so that a pod whose mount is under way is not left without it.
 	asked time.Time
+	// mounted says the copy was last kept because a pod's volume mounts it, though no pod on
+	// the node uses it by the pod list.
+	mounted bool
+	// wake gets the copy's download out of its wait after a refusal: room may have been freed.
+	wake chan struct{}
+}
+
+// refused reports whether the copy's last claim of room was refused (a.mu held).
+func (s *scratch) refused() bool {
+	var no *errNoScratchRoom
+	return errors.As(s.err, &no)
 }
 
 func (s *scratch) model() string { return filepath.Join(s.dir, prewarmv1alpha1.ModelSubdir) }
@@ -55,18 +71,37 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st
 		return "", false, a.refuse(req, codes.FailedPrecondition, fmt.Sprintf("node %s cannot hold cache %s: %s: %s", a.opts.NodeName, req.CacheUID, st.Reason, st.Message))
 	}
 	ns := j.current().Namespace
+	if st.Reason == prewarmv1alpha1.ReasonBudgetExceeded && j.current().Refused == nil {
+		// The namespace may not hold the cache's bytes on the node (its per-node limit; the
+		// controller's refusal is for the cluster's): not as a copy either, unless a whole one
+		// is here already (made when the node had no room for the cache).
+		a.mu.Lock()
+		s := a.scratches[req.CacheUID]
+		whole := s != nil && s.ready
+		a.mu.Unlock()
+		if !whole {
+			return "", false, a.refuse(req, codes.ResourceExhausted, truncate(fmt.Sprintf("node %s cannot hold cache %s for namespace %s's pods, nor a copy of it (%s): %s; the pod waits, and its mount is tried again",
+				a.opts.NodeName, req.CacheUID, ns, st.Reason, st.Message), 1024))
+		}
+	}
 	j.demand() // a pod waits: the download may take the node's extra slot
 	a.mu.Lock()
 	s := a.scratches[req.CacheUID]
 	if s == nil {
-		s = &scratch{uid: req.CacheUID, ns: ns, dir: filepath.Join(a.opts.scratchDir(), req.CacheUID)}
+		s = &scratch{uid: req.CacheUID, ns: ns, dir: filepath.Join(a.opts.scratchDir(), req.CacheUID), wake: make(chan struct{}, 1)}
 		a.scratches[s.uid] = s
 		a.goroutines.Add(1)
 		go a.keepScratch(ctrl.LoggerInto(a.life, ctrl.Log.WithName("scratch").WithValues("cache", s.uid)), s, j)
 	}
 	s.asked = a.opts.Now()
-	ready, p, err := s.ready, s.progress, s.err
+	ready, p, err, refused := s.ready, s.progress, s.err, s.refused()
 	a.mu.Unlock()
+	if refused {
+		// The pod waits, and says why: the kubelet asks again, and the copy claims its room
+		// again meanwhile.
+		return "", false, a.refuse(req, codes.ResourceExhausted, truncate(fmt.Sprintf("node %s cannot hold cache %s (%s), nor a copy of it for its pods: %v; the pod waits, and its mount is tried again",
+			a.opts.NodeName, req.CacheUID, st.Reason, err), 1024))
+	}
 	if !ready {
 		msg := truncate(fmt.Sprintf("node %s cannot hold cache %s (%s: %s); downloading a copy of it for its pods from the source: %s",
 			a.opts.NodeName, req.CacheUID, st.Reason, st.Message, progressText(p)), 1024)
@@ -93,7 +128,7 @@ func progressText(p engine.Progress) string {
 }
 
 // keepScratch downloads s (again after a failure, with the job's backoff) while pods on the node
-// use it, and removes it when none does.
+// use it and the node cannot hold the cache, and removes it when none does.
 func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 	defer a.goroutines.Done()
 	log := ctrl.LoggerFrom(ctx)
@@ -103,7 +138,8 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		ready := s.ready
 		a.mu.Unlock()
 		wait := a.opts.RetryInterval
-		if !ready {
+		// Once the node holds the cache, its pods mount it: no copy is begun any more.
+		if !ready && j.snapshotState() != inferencev1.CacheReady {
 			err := a.fetchScratch(ctx, s, j)
 			a.mu.Lock()
 			s.ready, s.err = err == nil, err
@@ -122,9 +158,15 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
+		case <-s.wake:
 		}
-		pod, err := a.podUsing(ctx, s.uid, s.ns)
-		if err != nil || pod != "" {
+		if pod, mounted, err := a.scratchKept(ctx, s.uid, s.ns); err != nil || pod != "" || mounted {
+			a.mu.Lock()
+			if mounted && !s.mounted {
+				log.Info("keeping the scratch copy: a pod's volume still mounts it")
+			}
+			s.mounted = mounted
+			a.mu.Unlock()
 			continue
 		}
 		// Out of the way at once, under the lock: a pod that asks from now on starts a copy
@@ -136,8 +178,10 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		}
 		delete(a.scratches, s.uid)
 		trash := filepath.Join(a.opts.scratchDir(), fmt.Sprintf("%s%s-%d", trashPrefix, s.uid, a.opts.Now().UnixNano()))
-		err = os.Rename(s.dir, trash)
+		err := os.Rename(s.dir, trash)
 		a.mu.Unlock()
+		// What is left of it (a removal that failed) is measured on disk from now on.
+		a.releaseScratch(s.uid)
 		if err == nil {
 			err = os.RemoveAll(trash)
 		}
@@ -146,8 +190,25 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		} else {
 			log.Info("removed the scratch copy: no pod on the node uses it")
 		}
+		a.wakeOverBudget(s.ns) // its room is free
 		return
 	}
+}
+
+// scratchKept says what keeps the scratch copy of cache uid (of namespace ns; "": any): a pod
+// on the node that uses it (namespace/name), else whether a pod's volume still mounts it, by
+// the mount table, which knows of a pod the pod list no longer shows (or does not yet).
+func (a *Agent) scratchKept(ctx context.Context, uid, ns string) (pod string, mounted bool, err error) {
+	if pod, err = a.podUsing(ctx, uid, ns); err != nil || pod != "" {
+		return pod, false, err
+	}
+	model := filepath.Join(a.opts.scratchDir(), uid, prewarmv1alpha1.ModelSubdir)
+	inodes, err := a.mountedDirs(model)
+	if err != nil {
+		return "", false, err
+	}
+	var st unix.Stat_t
+	return "", unix.Lstat(model, &st) == nil && inodes[st.Ino], nil
 }
 
 // trashPrefix begins the names of scratch copies being removed.
@@ -158,10 +219,9 @@ func (a *Agent) fetchScratch(ctx context.Context, s *scratch, j *job) error {
 	if _, err := engine.CheckDest(s.model()); err == nil {
 		return nil // left by an earlier run of the agent, for pods still there
 	}
-	if err := os.MkdirAll(s.dir, 0o700); err != nil {
-		return err
-	}
-	return j.downloadReporting(ctx, func(p engine.Progress) {
+	// Its directory is made once its room is claimed (claimScratch): a copy refused room leaves
+	// nothing on the kubelet's filesystem.
+	return j.downloadReporting(ctx, a.claimScratch(s), func(p engine.Progress) {
 		a.mu.Lock()
 		s.progress = p
 		a.mu.Unlock()
@@ -178,15 +238,19 @@ func (a *Agent) scratchNote(uid string) string {
 	switch {
 	case s == nil:
 		return ""
+	case s.ready && s.mounted:
+		return "; the copy under the kubelet's directory that the node's pods read the model from is kept while a pod's volume still mounts it"
 	case s.ready:
 		return "; the node's pods read the model from a copy under the kubelet's directory, removed when they end"
+	case s.refused():
+		return "; no copy for the node's pods either: " + s.err.Error()
 	}
 	return "; downloading a copy for the node's pods from the source, " + progressText(s.progress)
 }
 
-// sweepScratch removes the scratch copies that no pod on the node uses and no download keeps
-// (left by an earlier run of the agent): each is first renamed out of the way, so that a pod
-// asking for it at that moment starts a copy of its own.
+// sweepScratch removes the scratch copies that no pod on the node uses, no pod's volume mounts
+// and no download keeps (left by an earlier run of the agent): each is first renamed out of the
+// way, so that a pod asking for it at that moment starts a copy of its own.
 func (a *Agent) sweepScratch(ctx context.Context) error {
 	if a.opts.KubeletDir == "" {
 		return nil
@@ -206,13 +270,14 @@ func (a *Agent) sweepScratch(ctx context.Context) error {
 			continue // not ours
 		}
 		if !trash {
-			pod, err := a.podUsing(ctx, name, "")
+			// Used by a pod of the node, or mounted by a pod's volume whose pod is gone.
+			pod, mounted, err := a.scratchKept(ctx, name, "")
 			if err != nil {
 				return err
 			}
 			a.mu.Lock()
 			_, kept := a.scratches[name]
-			if kept || pod != "" {
+			if kept || pod != "" || mounted {
 				a.mu.Unlock()
 				continue
 			}
@@ -228,6 +293,7 @@ func (a *Agent) sweepScratch(ctx context.Context) error {
 			return err
 		}
 		ctrl.LoggerFrom(ctx).Info("removed a scratch copy no pod uses", "entry", name)
+		a.wakeScratches() // its room is free
 	}
 	return nil
 }

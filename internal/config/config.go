@@ -80,6 +80,13 @@ const (
 	DefaultLowWatermarkPercent  = 80
 )
 
+// ScratchHighWatermarkPercent is the most of the kubelet's filesystem, in percent of its
+// capacity, that may be used once a copy for the pods of a node that cannot hold a cache is
+// written (Agent.MaxScratchBytes). It stays clear of the kubelet's own thresholds on that
+// filesystem, at their defaults: image garbage collection from 85 % used
+// (imageGCHighThresholdPercent), hard eviction of pods from 90 % (nodefs.available<10%).
+const ScratchHighWatermarkPercent = 80
+
 // OnNode is where the root is on the nodes.
 func (r CacheRoot) OnNode() string {
 	if r.NodePath != "" {
@@ -295,8 +302,9 @@ type NamespaceQuota struct {
 	// Namespaces the quota is for; "*" is every namespace.
 	Namespaces []string `json:"namespaces"`
 	// MaxBytesPerNode is the most the caches of each of these namespaces may hold together on
-	// one node (the sum of their models' sizes; unset: no limit). A node's agent refuses a cache
-	// past it (BudgetExceeded): its pods there read the model from the source.
+	// one node (the sum of their models' sizes; unset: no limit), with the copies the node makes
+	// for their pods when it cannot hold a cache (Agent.MaxScratchBytes). A node's agent refuses
+	// a cache past it (BudgetExceeded), and a pod's copy past it (the pod waits).
 	MaxBytesPerNode *resource.Quantity `json:"maxBytesPerNode,omitempty"`
 	// MaxBytes is the most the caches of each of these namespaces may hold in the cluster: the
 	// sum, over its caches, of the model's size times the nodes asked to hold it (unset: no
@@ -555,6 +563,13 @@ type Agent struct {
 	// MountWait is how long the node plugin waits for a cache before telling the kubelet to
 	// call again (1m30s; below the kubelet's 2 minutes).
 	MountWait metav1.Duration `json:"mountWait,omitempty"`
+	// MaxScratchBytes is the most that the copies a node makes for its pods when it cannot hold
+	// their cache (NoLocalDisk, InsufficientCapacity, BudgetExceeded) may take together on the
+	// kubelet's filesystem, where they are kept (100Gi; 0: no copies, such pods wait). Each copy
+	// also keeps that filesystem at most ScratchHighWatermarkPercent used and Reserve free, and
+	// counts in its namespace's maxBytesPerNode. A pod whose copy does not fit waits, its
+	// mount refused with the figures.
+	MaxScratchBytes *resource.Quantity `json:"maxScratchBytes,omitempty"`
 	// MetricsPerCache labels the agents' per-cache metrics by cache UID (false: sums over a
 	// node's caches). The metrics port is not authenticated: with it, any pod that can reach
 	// an agent learns which caches its node holds.
@@ -563,6 +578,9 @@ type Agent struct {
 
 // ReserveBytes is the reserve in bytes.
 func (a Agent) ReserveBytes() int64 { return bytesOf(a.Reserve) }
+
+// MaxScratchBytesValue is the bound on a node's copies in bytes.
+func (a Agent) MaxScratchBytesValue() int64 { return bytesOf(a.MaxScratchBytes) }
 
 // PartSizeBytes is the part size in bytes.
 func (a Agent) PartSizeBytes() int64 { return bytesOf(a.PartSize) }
@@ -723,6 +741,7 @@ func (o *OperatorConfiguration) defaults() {
 	duration(&a.RetryInterval, 10*time.Second)
 	duration(&a.MountWait, 90*time.Second)
 	quantity(&a.VerifyRate, "200Mi")
+	quantity(&a.MaxScratchBytes, "100Gi")
 	p := &o.Peers
 	number(&p.Port, 9444)
 	number(&p.GroupSize, 16)
@@ -916,6 +935,7 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, atLeast(agent.Child("reserve"), a.Reserve, 0)...)
 	errs = append(errs, atLeast(agent.Child("partSize"), a.PartSize, 1<<20)...)
 	errs = append(errs, atLeast(agent.Child("verifyRate"), a.VerifyRate, 0)...)
+	errs = append(errs, atLeast(agent.Child("maxScratchBytes"), a.MaxScratchBytes, 0)...)
 	errs = append(errs, notNegative(ctl.Child("clientBurst"), c.ClientBurst)...)
 	errs = append(errs, notNegative(ctl.Child("concurrentReconciles"), c.ConcurrentReconciles)...)
 	errs = append(errs, notNegative(agent.Child("maxParallel"), a.MaxParallel)...)

@@ -39,7 +39,7 @@ fsx:
 	}
 	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0].Path != config.DefaultCacheRoot ||
 		def.Controller.GateTimeout.Duration != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 ||
-		def.Controller.PrefetchSizeLimitBytes() != 64<<30 {
+		def.Controller.PrefetchSizeLimitBytes() != 64<<30 || def.Agent.MaxScratchBytesValue() != 100<<30 {
 		t.Errorf("defaults %+v", def)
 	}
 
@@ -56,6 +56,7 @@ fsx:
 		{"controller: {gateTimeout: -5m}", "controller.gateTimeout"},
 		{"controller: {gateTimeout: soon}", "controller.gateTimeout"},
 		{"agent: {reserve: lots}", "agent.reserve"},
+		{"agent: {maxScratchBytes: -1Gi}", "agent.maxScratchBytes"},
 		{"controller: {prefetchSizeLimit: 1Mi}", "controller.prefetchSizeLimit"},
 		{"operatorNamespace: Prewarm_NS", `operatorNamespace: Invalid value: "Prewarm_NS"`},
 	} {
@@ -174,13 +175,14 @@ func TestSharingSettingsAreValidated(t *testing.T) {
 }
 
 // Sizes and durations are typed: a zero the file sets is kept (no reserve, no verification rate
-// cap), one it leaves out takes the default, and a value that does not parse names its field.
+// cap, no scratch copies), one it leaves out takes the default, and a value that does not parse
+// names its field.
 func TestTypedValues(t *testing.T) {
-	o, err := config.Parse([]byte("agent: {reserve: 0, verifyRate: 0, partSize: 32Mi, verifyInterval: 90m}\ncontroller: {gateTimeout: 45s}"))
+	o, err := config.Parse([]byte("agent: {reserve: 0, verifyRate: 0, maxScratchBytes: 0, partSize: 32Mi, verifyInterval: 90m}\ncontroller: {gateTimeout: 45s}"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Agent.ReserveBytes() != 0 || o.Agent.VerifyRateBytes() != 0 || o.Agent.PartSizeBytes() != 32<<20 ||
+	if o.Agent.ReserveBytes() != 0 || o.Agent.VerifyRateBytes() != 0 || o.Agent.MaxScratchBytesValue() != 0 || o.Agent.PartSizeBytes() != 32<<20 ||
 		o.Agent.VerifyInterval.Duration != 90*time.Minute || o.Controller.GateTimeout.Duration != 45*time.Second ||
 		o.Controller.Retention.Duration != 24*time.Hour || o.Agent.ProgressInterval.Duration != 10*time.Second ||
 		o.OperatorNamespace != "hyperpod-inference-system" {

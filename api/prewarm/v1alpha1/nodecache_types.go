@@ -426,8 +426,10 @@ const (
 	ReasonEvicted = "Evicted"
 	// ReasonBudgetExceeded: the cache would take its namespace past what its quota lets it hold
 	// on the node (namespaceQuotas[].maxBytesPerNode), or, in the controller's report, in the
-	// cluster (maxBytes). The node keeps no copy; its pods read the model from the source into
-	// a copy that goes with them.
+	// cluster (maxBytes). The node keeps no copy. Past the per-node limit it makes none for its
+	// pods there either (they wait, their mount refused with the figures); past the cluster's,
+	// its pods read the model from the source into a copy that goes with them, which counts in
+	// the per-node limit.
 	ReasonBudgetExceeded = "BudgetExceeded"
 )
 
