@@ -148,7 +148,9 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 // kubelet on the node (as a hostPath volume would be).
 func (a *Agent) FSxToMount(_ context.Context, req MountRequest) (*os.File, error) {
 	// The path is the pod's to write, at any length: the answer (and the event) is bounded.
-	refuse := func(code codes.Code, err error) error { return a.refuse(req, code, truncate(err.Error(), 1024)) }
+	refuse := func(code codes.Code, err error) error {
+		return a.refuse(req, code, text.Clip(err.Error(), text.MaxMessage))
+	}
 	if req.PodNamespace == "" {
 		return nil, refuse(codes.InvalidArgument, errors.New("no pod namespace in the volume context: the CSIDriver must have podInfoOnMount: true"))
 	}
@@ -226,7 +228,7 @@ func (a *Agent) Mounted(req MountRequest, model, target string, err error) {
 	if req.FileSystemID != "" {
 		if err == nil {
 			src := prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceFSx, FileSystemID: req.FileSystemID, Path: req.FSxPath}
-			a.event(req, corev1.EventTypeNormal, EventSourceMounted, truncate(fmt.Sprintf("FSx directory %s mounted read-only from node %s's mount of the file system", src, a.opts.NodeName), 1024))
+			a.event(req, corev1.EventTypeNormal, EventSourceMounted, text.Clip(fmt.Sprintf("FSx directory %s mounted read-only from node %s's mount of the file system", src, a.opts.NodeName), text.MaxMessage))
 			ctrl.Log.WithName("csi").Info("mounted FSx directory", "source", src.String(), "pod", req.PodNamespace+"/"+req.PodName, "target", target)
 		}
 		return
@@ -251,7 +253,7 @@ func (a *Agent) Mounted(req MountRequest, model, target string, err error) {
 			st := j.snapshot()
 			why = fmt.Sprintf(" (%s: %s)", st.Reason, st.Message)
 		}
-		msg = truncate(fmt.Sprintf("cache %s mounted read-only from a copy that node %s downloaded from the source for its pods: running cold, the node cannot hold the cache%s", req.CacheUID, a.opts.NodeName, why), 1024)
+		msg = text.Clip(fmt.Sprintf("cache %s mounted read-only from a copy that node %s downloaded from the source for its pods: running cold, the node cannot hold the cache%s", req.CacheUID, a.opts.NodeName, why), text.MaxMessage)
 	} else if j != nil {
 		j.touch(a.opts.Now())
 	}

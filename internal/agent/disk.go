@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/internal/text"
 )
 
 // A cache root must be a disk of its own: a model of 100 GB or more on the node's root
@@ -162,7 +163,7 @@ func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
 		rs.NodePath = p
 	}
 	if err := a.checkDisk(root); err != nil {
-		rs.Reason, rs.Message = prewarmv1alpha1.ReasonNoLocalDisk, truncate(err.Error(), 1024)
+		rs.Reason, rs.Message = prewarmv1alpha1.ReasonNoLocalDisk, text.Clip(err.Error(), text.MaxMessage)
 		if !errors.As(err, new(errNoDisk)) {
 			rs.Reason = ""
 		}

@@ -22,6 +22,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
+	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -419,7 +420,7 @@ func (a *Agent) evict(ctx context.Context, v victim, reason, why string) bool {
 	}
 	j.set(func(st *prewarmv1alpha1.CacheStatus) {
 		st.State, st.Reason, st.BytesDone, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted, 0, 0
-		st.Message = truncate(why+"; fetched again when there is room, or when a pod on the node asks for it", 1000)
+		st.Message = text.Clip(why+"; fetched again when there is room, or when a pod on the node asks for it", text.MaxMessage)
 	})
 	a.mu.Unlock()
 	pod, err := a.podUsing(ctx, v.uid, j.req.Namespace)
@@ -502,7 +503,7 @@ func (j *job) waitForRoom(f diskFigures, need, free int64) {
 	msg := fmt.Sprintf("%s; fetched again when %s more fit under the low watermark without evicting another cache, or when a pod on the node asks for it: now %s, %s free for caches",
 		why, engine.HumanBytes(need), f.describe(j.req.Root), engine.HumanBytes(free))
 	j.set(func(st *prewarmv1alpha1.CacheStatus) {
-		st.State, st.Reason, st.BytesDone, st.BytesPerSecond, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted, 0, 0, truncate(msg, 1000)
+		st.State, st.Reason, st.BytesDone, st.BytesPerSecond, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted, 0, 0, text.Clip(msg, text.MaxMessage)
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -80,8 +81,8 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st
 		whole := s != nil && s.ready
 		a.mu.Unlock()
 		if !whole {
-			return "", false, a.refuse(req, codes.ResourceExhausted, truncate(fmt.Sprintf("node %s cannot hold cache %s for namespace %s's pods, nor a copy of it (%s): %s; the pod waits, and its mount is tried again",
-				a.opts.NodeName, req.CacheUID, ns, st.Reason, st.Message), 1024))
+			return "", false, a.refuse(req, codes.ResourceExhausted, text.Clip(fmt.Sprintf("node %s cannot hold cache %s for namespace %s's pods, nor a copy of it (%s): %s; the pod waits, and its mount is tried again",
+				a.opts.NodeName, req.CacheUID, ns, st.Reason, st.Message), text.MaxMessage))
 		}
 	}
 	j.demand() // a pod waits: the download may take the node's extra slot
@@ -99,12 +100,12 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st
 	if refused {
 		// The pod waits, and says why: the kubelet asks again, and the copy claims its room
 		// again meanwhile.
-		return "", false, a.refuse(req, codes.ResourceExhausted, truncate(fmt.Sprintf("node %s cannot hold cache %s (%s), nor a copy of it for its pods: %v; the pod waits, and its mount is tried again",
-			a.opts.NodeName, req.CacheUID, st.Reason, err), 1024))
+		return "", false, a.refuse(req, codes.ResourceExhausted, text.Clip(fmt.Sprintf("node %s cannot hold cache %s (%s), nor a copy of it for its pods: %v; the pod waits, and its mount is tried again",
+			a.opts.NodeName, req.CacheUID, st.Reason, err), text.MaxMessage))
 	}
 	if !ready {
-		msg := truncate(fmt.Sprintf("node %s cannot hold cache %s (%s: %s); downloading a copy of it for its pods from the source: %s",
-			a.opts.NodeName, req.CacheUID, st.Reason, st.Message, progressText(p)), 1024)
+		msg := text.Clip(fmt.Sprintf("node %s cannot hold cache %s (%s: %s); downloading a copy of it for its pods from the source: %s",
+			a.opts.NodeName, req.CacheUID, st.Reason, st.Message, progressText(p)), text.MaxMessage)
 		if err != nil {
 			msg += fmt.Sprintf("; the last try failed, trying again: %v", err)
 		}

@@ -51,7 +51,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	for uid, j := range a.jobs {
 		cs := j.snapshot()
 		if note := a.scratchNote(uid); note != "" {
-			cs.Message = truncate(cs.Message+note, 1024)
+			cs.Message = text.Clip(cs.Message+note, text.MaxMessage)
 		}
 		cs.DiskBytes = onDisk[uid]
 		st.Caches = append(st.Caches, cs)
@@ -142,8 +142,6 @@ func (a *Agent) now() *metav1.Time {
 	t := metav1.NewTime(a.opts.Now().Truncate(time.Second))
 	return &t
 }
-
-func truncate(s string, n int) string { return text.Clip(s, n) }
 
 // bound keeps every value of the report within what the NodeCache schema holds: the status is
 // written whole, for every cache of the node, and one message the API server refused (a
