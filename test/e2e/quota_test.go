@@ -110,7 +110,7 @@ func TestNamespaceOverItsQuotaFillsNoNode(t *testing.T) {
 		t.Errorf("WithinBudget says %q; want %q in it", within.Message, want)
 	}
 	for _, ns := range second.Status.Nodes {
-		if ns.Reason != prewarmv1alpha1.ReasonBudgetExceeded || !strings.Contains(ns.Message, "its other caches here hold") {
+		if ns.Reason != prewarmv1alpha1.ReasonBudgetExceeded || !strings.Contains(ns.Message, "its other caches and copies here hold") {
 			t.Errorf("node %s: %s %s; want BudgetExceeded from its agent, with the figures", ns.Name, ns.Reason, ns.Message)
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/cache"
+
 	"github.com/prewarm/prewarm/pkg/engine/source/hf"
 )
 
@@ -25,16 +27,27 @@ type Checker struct {
 	// Timeout bounds one question to the Hub (resolving the revision and listing its file
 	// tree); default DefaultTimeout.
 	Timeout time.Duration
+	// Remember bounds the answers kept; default DefaultRemember.
+	Remember int
 
-	mu    sync.Mutex
-	cache map[string]hubAnswer
+	once    sync.Once
+	answers *cache.LRUExpireCache // key → hubAnswer
 }
 
 type hubAnswer struct {
 	commit string
 	err    error
-	at     time.Time
 }
+
+// clockFunc lets the Checker's Now drive the answers' expiry.
+type clockFunc func() time.Time
+
+func (f clockFunc) Now() time.Time { return f() }
+
+// DefaultRemember bounds the answers remembered: one per repository, revision and token asked
+// about. Past it the least recently used is forgotten (and asked again when next needed), so
+// however many names and tokens the cluster's objects carry, the controller's memory holds.
+const DefaultRemember = 4096
 
 // How long answers are kept: a success long, a failure briefly (the user is fixing it).
 const (
@@ -56,22 +69,17 @@ func (h *Checker) Resolve(ctx context.Context, repo, revision, token string) (st
 	}
 	sum := sha256.Sum256([]byte(token))
 	key := repo + "@" + revision + "#" + hex.EncodeToString(sum[:8])
-	now := time.Now
-	if h.Now != nil {
-		now = h.Now
-	}
-	h.mu.Lock()
-	if a, ok := h.cache[key]; ok {
-		ttl := hubSuccessTTL
-		if a.err != nil {
-			ttl = hubFailureTTL
+	h.once.Do(func() {
+		now := time.Now
+		if h.Now != nil {
+			now = h.Now
 		}
-		if now().Sub(a.at) < ttl {
-			h.mu.Unlock()
-			return a.commit, a.err
-		}
+		h.answers = cache.NewLRUExpireCacheWithClock(cmp.Or(h.Remember, DefaultRemember), clockFunc(now))
+	})
+	if a, ok := h.answers.Get(key); ok {
+		a := a.(hubAnswer)
+		return a.commit, a.err
 	}
-	h.mu.Unlock()
 
 	timeout := cmp.Or(h.Timeout, DefaultTimeout)
 	askCtx, cancel := context.WithTimeout(ctx, timeout)
@@ -89,11 +97,10 @@ func (h *Checker) Resolve(ctx context.Context, repo, revision, token string) (st
 		// Remembered as any failure: the next reconciles do not wait for the Hub again at once.
 		err = fmt.Errorf("the Hugging Face Hub did not list %s at %s within %s: %w", repo, revision, timeout, err)
 	}
-	h.mu.Lock()
-	if h.cache == nil {
-		h.cache = map[string]hubAnswer{}
+	ttl := hubSuccessTTL
+	if err != nil {
+		ttl = hubFailureTTL
 	}
-	h.cache[key] = hubAnswer{commit: commit, err: err, at: now()}
-	h.mu.Unlock()
+	h.answers.Add(key, hubAnswer{commit: commit, err: err}, ttl)
 	return commit, err
 }

@@ -75,3 +75,35 @@ func TestResolveAnsweredInTime(t *testing.T) {
 		t.Errorf("Resolve: %q %v; want %q", a.commit, a.err, commit)
 	}
 }
+
+// An answer is remembered for its time and no longer, and the answers kept are bounded: past
+// Remember the least recently used is forgotten and the Hub is asked again.
+func TestAnswersAreRememberedForAWhileAndBounded(t *testing.T) {
+	fixture := hubfixture.Start()
+	defer fixture.Close()
+	first := fixture.AddCommit("org/a", "main", map[string][]byte{"config.json": []byte(`{}`)})
+	fixture.AddCommit("org/b", "main", map[string][]byte{"config.json": []byte(`{}`)})
+	fixture.AddCommit("org/c", "main", map[string][]byte{"config.json": []byte(`{}`)})
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := &hub.Checker{Endpoint: fixture.URL, Timeout: time.Minute, Remember: 2, Now: func() time.Time { return now }}
+
+	if a := resolve(t, context.Background(), h, "org/a"); a.err != nil || a.commit != first {
+		t.Fatalf("Resolve(org/a): %q %v; want %q", a.commit, a.err, first)
+	}
+	second := fixture.AddCommit("org/a", "main", map[string][]byte{"config.json": []byte(`{"v":2}`)})
+	now = now.Add(9 * time.Minute)
+	if a := resolve(t, context.Background(), h, "org/a"); a.commit != first {
+		t.Errorf("Resolve(org/a) 9 minutes later: %q; want the remembered %q", a.commit, first)
+	}
+	now = now.Add(2 * time.Minute)
+	if a := resolve(t, context.Background(), h, "org/a"); a.commit != second {
+		t.Errorf("Resolve(org/a) 11 minutes later: %q; want the Hub's new %q", a.commit, second)
+	}
+
+	third := fixture.AddCommit("org/a", "main", map[string][]byte{"config.json": []byte(`{"v":3}`)})
+	resolve(t, context.Background(), h, "org/b")
+	resolve(t, context.Background(), h, "org/c") // org/a is now the least recently used of three
+	if a := resolve(t, context.Background(), h, "org/a"); a.commit != third {
+		t.Errorf("Resolve(org/a) after two others with room for two: %q; want it forgotten and asked again (%q)", a.commit, third)
+	}
+}
