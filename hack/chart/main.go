@@ -1,6 +1,8 @@
 // Command chart writes the parts of the Helm chart (charts/prewarm) that are generated from the
 // kustomize manifests in config/, so that the two cannot drift: the CRDs (verbatim), the RBAC
-// roles controller-gen writes, and the JumpStart catalog (with the operator namespace templated).
+// roles controller-gen writes, the JumpStart catalog (with the operator namespace templated), and
+// the Grafana dashboard (verbatim, into dashboards/, which templates/grafana-dashboard.yaml
+// ships as a ConfigMap).
 // It also writes the release's version (the VERSION file) wherever it is named: the chart's
 // version and appVersion, internal/version, and the images config/ installs. It runs in
 // `make manifests`; the chart's hand-written templates are compared with config/ by test/chart.
@@ -99,7 +101,7 @@ func run(chart string) error {
 	if err := writeVersion(); err != nil {
 		return err
 	}
-	for _, dir := range []string{"crds", "templates/generated"} {
+	for _, dir := range []string{"crds", "templates/generated", "dashboards"} {
 		if err := os.RemoveAll(filepath.Join(chart, dir)); err != nil {
 			return err
 		}
@@ -120,6 +122,13 @@ func run(chart string) error {
 		if err := os.WriteFile(filepath.Join(chart, "crds", filepath.Base(src)), b, 0o644); err != nil {
 			return err
 		}
+	}
+	dashboard, err := os.ReadFile("config/monitoring/grafana-dashboard.json")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(chart, "dashboards", "grafana-dashboard.json"), dashboard, 0o644); err != nil {
+		return err
 	}
 	for src, dst := range namespaced {
 		b, err := os.ReadFile(src)

@@ -75,13 +75,20 @@ func helmBinary() (string, error) {
 	return path, nil
 }
 
-func runHelm(t *testing.T, args ...string) []byte {
+// helmCmd is helm with args, run in the module root, with caches and settings of its own.
+func helmCmd(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(helm, args...)
 	cmd.Dir = root
 	// helm keeps caches and settings under these; none of the user's is read.
 	home := t.TempDir()
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home, "HELM_CONFIG_HOME="+home, "HELM_DATA_HOME="+home)
+	return cmd
+}
+
+func runHelm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := helmCmd(t, args...)
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
@@ -93,6 +100,7 @@ func runHelm(t *testing.T, args ...string) []byte {
 func TestChartLints(t *testing.T) {
 	runHelm(t, "lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm")
 	runHelm(t, "lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm", "--set", "serviceMonitor.enabled=true", "--set", "priorityClass.create=false")
+	runHelm(t, append([]string{"lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm", "--set", "podMonitor.enabled=true"}, monitoring...)...)
 }
 
 // What the chart renders, with its defaults and with every option on, is accepted by the API
@@ -127,8 +135,28 @@ serviceAccount:
     annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::123456789012:role/prewarm-agent"}
 image:
   pullSecrets: [{name: registry}]
+  agent: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
 apiPriority:
   enabled: true
+networkPolicy:
+  metricsFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}, {ipBlock: {cidr: 10.0.0.0/16}}]
+`)}},
+		{"a private CA, pod metadata and spread", []string{"-f", writeValues(t, `
+controller:
+  extraEnv: [{name: SSL_CERT_FILE, value: /etc/prewarm-ca/ca-certificates.crt}]
+  extraVolumes: [{name: prewarm-ca, configMap: {name: prewarm-ca}}]
+  extraVolumeMounts: [{name: prewarm-ca, mountPath: /etc/prewarm-ca, readOnly: true}]
+  podLabels: {team: ml-platform}
+  podAnnotations: {example.com/owner: ml-platform}
+  topologySpreadConstraints:
+    - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}
+    - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, minDomains: 2}
+agent:
+  extraEnv: [{name: SSL_CERT_DIR, value: /etc/prewarm-ca}, {name: HTTPS_PROXY, valueFrom: {secretKeyRef: {name: proxy, key: url}}}]
+  extraVolumes: [{name: prewarm-ca, secret: {secretName: prewarm-ca}}]
+  extraVolumeMounts: [{name: prewarm-ca, mountPath: /etc/prewarm-ca, readOnly: true}]
+  podLabels: {team: ml-platform}
+  podAnnotations: {example.com/owner: ml-platform}
 `)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -436,4 +464,229 @@ func TestAgentNetworkPolicyFitsTheAgents(t *testing.T) {
 			t.Error("networkPolicy.enabled=false still renders a NetworkPolicy")
 		}
 	}
+}
+
+// The metrics port of the agents and of the controller is reachable only from the peers
+// networkPolicy.metricsFrom lists (none by default); health stays open to the kubelet's probes.
+func TestMetricsReachableOnlyAsConfigured(t *testing.T) {
+	metricsFrom := func(np *unstructured.Unstructured) (rules [][]any, open bool) {
+		ingress, _, _ := unstructured.NestedSlice(np.Object, "spec", "ingress")
+		for _, r := range ingress {
+			rule := r.(map[string]any)
+			ports, _, _ := unstructured.NestedSlice(rule, "ports")
+			for _, p := range ports {
+				if p.(map[string]any)["port"] != "metrics" {
+					continue
+				}
+				from, ok, _ := unstructured.NestedSlice(rule, "from")
+				if !ok || len(from) == 0 {
+					open = true // a rule with no from admits every source
+				}
+				rules = append(rules, from)
+			}
+		}
+		return rules, open
+	}
+	for _, component := range []string{"agent", "controller"} {
+		name := "prewarm-" + component
+		find := func(objs []*unstructured.Unstructured) *unstructured.Unstructured {
+			for _, u := range objs {
+				if u.GetKind() == "NetworkPolicy" && u.GetName() == name {
+					return u
+				}
+			}
+			t.Fatalf("no NetworkPolicy %s", name)
+			return nil
+		}
+		objs := render(t)
+		np := find(objs)
+		sel, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
+		for _, u := range objs {
+			if (u.GetKind() == "Deployment" || u.GetKind() == "DaemonSet") && u.GetName() == name {
+				labels, _, _ := unstructured.NestedStringMap(u.Object, "spec", "template", "metadata", "labels")
+				for k, v := range sel {
+					if labels[k] != v {
+						t.Errorf("%s selects %s=%s; the pods have %v", name, k, v, labels)
+					}
+				}
+			}
+		}
+		if rules, open := metricsFrom(np); len(rules) > 0 || open {
+			t.Errorf("%s: the metrics port is reachable by default (%v)", name, rules)
+		}
+		if !strings.Contains(fmt.Sprint(np.Object["spec"]), "port:health") {
+			t.Errorf("%s: the health port is closed: the kubelet's probes would fail", name)
+		}
+		np = find(render(t, "-f", writeValues(t, `
+networkPolicy:
+  metricsFrom:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}
+      podSelector: {matchLabels: {app.kubernetes.io/name: prometheus}}
+`)))
+		rules, open := metricsFrom(np)
+		want := []any{map[string]any{
+			"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}},
+			"podSelector":       map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "prometheus"}},
+		}}
+		if open || len(rules) != 1 || !cmp.Equal(rules[0], want) {
+			t.Errorf("%s: the metrics port is open to %v; want only %v", name, rules, want)
+		}
+	}
+}
+
+// The knobs of the controller's and agents' pods land where Kubernetes reads them: extra
+// environment, volumes and mounts in their container and pod (a private CA bundle, here),
+// labels and annotations on the pod template without displacing the selector's labels or the
+// configuration's checksum, spread constraints that select the controller's own pods, and
+// image digests in place of the tag, in the configuration's agent image too.
+func TestPodKnobs(t *testing.T) {
+	const agentDigest = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	const controllerDigest = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	values := writeValues(t, `
+image:
+  agent: {digest: `+agentDigest+`}
+  controller: {digest: `+controllerDigest+`}
+controller:
+  extraEnv: [{name: SSL_CERT_FILE, value: /etc/prewarm/ca/ca-certificates.crt}]
+  extraVolumes: [{name: ca, configMap: {name: private-ca}}]
+  extraVolumeMounts: [{name: ca, mountPath: /etc/prewarm/ca, readOnly: true}]
+  podLabels: {team: ml-platform, app.kubernetes.io/component: other}
+  podAnnotations: {example.com/owner: ml-platform}
+  topologySpreadConstraints:
+    - {maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: DoNotSchedule}
+agent:
+  extraEnv: [{name: SSL_CERT_FILE, value: /etc/prewarm/ca/ca-certificates.crt}]
+  extraVolumes: [{name: ca, configMap: {name: private-ca}}]
+  extraVolumeMounts: [{name: ca, mountPath: /etc/prewarm/ca, readOnly: true}]
+  podLabels: {team: ml-platform}
+  podAnnotations: {example.com/owner: ml-platform, prewarm.io/config-checksum: mine}
+`)
+	objs := render(t, "-f", values)
+	for _, kind := range []string{"Deployment", "DaemonSet"} {
+		var w *unstructured.Unstructured
+		for _, u := range objs {
+			if u.GetKind() == kind && strings.HasPrefix(u.GetName(), "prewarm-") {
+				w = u
+			}
+		}
+		if w == nil {
+			t.Fatalf("no %s", kind)
+		}
+		component := strings.TrimPrefix(w.GetName(), "prewarm-")
+		pod, _, _ := unstructured.NestedMap(w.Object, "spec", "template")
+		labels, _, _ := unstructured.NestedStringMap(pod, "metadata", "labels")
+		sel, _, _ := unstructured.NestedStringMap(w.Object, "spec", "selector", "matchLabels")
+		for k, v := range sel {
+			if labels[k] != v {
+				t.Errorf("%s: pod label %s=%s; the selector wants %s", kind, k, labels[k], v)
+			}
+		}
+		if labels["team"] != "ml-platform" {
+			t.Errorf("%s: pod labels %v lack podLabels' team", kind, labels)
+		}
+		ann, _, _ := unstructured.NestedStringMap(pod, "metadata", "annotations")
+		if ann["example.com/owner"] != "ml-platform" || len(ann["prewarm.io/config-checksum"]) != 64 {
+			t.Errorf("%s: pod annotations %v; want podAnnotations' and the configuration's checksum", kind, ann)
+		}
+		ctrs, _, _ := unstructured.NestedSlice(pod, "spec", "containers")
+		ctr := ctrs[0].(map[string]any)
+		if img := ctr["image"].(string); !strings.HasSuffix(img, "/"+component+"@"+map[string]string{"agent": agentDigest, "controller": controllerDigest}[component]) {
+			t.Errorf("%s: image %s; want it by its digest", kind, img)
+		}
+		env, _, _ := unstructured.NestedSlice(ctr, "env")
+		if !slices.ContainsFunc(env, func(e any) bool { return e.(map[string]any)["name"] == "SSL_CERT_FILE" }) {
+			t.Errorf("%s: env %v lacks extraEnv's SSL_CERT_FILE", kind, env)
+		}
+		mounts, _, _ := unstructured.NestedSlice(ctr, "volumeMounts")
+		if !slices.ContainsFunc(mounts, func(m any) bool { return m.(map[string]any)["mountPath"] == "/etc/prewarm/ca" }) {
+			t.Errorf("%s: mounts %v lack extraVolumeMounts'", kind, mounts)
+		}
+		vols, _, _ := unstructured.NestedSlice(pod, "spec", "volumes")
+		if !slices.ContainsFunc(vols, func(v any) bool { return v.(map[string]any)["name"] == "ca" }) {
+			t.Errorf("%s: volumes %v lack extraVolumes'", kind, vols)
+		}
+		if kind == "Deployment" {
+			spread, _, _ := unstructured.NestedSlice(pod, "spec", "topologySpreadConstraints")
+			if len(spread) != 1 {
+				t.Fatalf("topologySpreadConstraints %v; want the one set", spread)
+			}
+			got, _, _ := unstructured.NestedStringMap(spread[0].(map[string]any), "labelSelector", "matchLabels")
+			if !cmp.Equal(got, sel) {
+				t.Errorf("the spread constraint selects %v; want the controller's pods %v", got, sel)
+			}
+		}
+	}
+	cfg := agentConfig(t, objs)
+	if !strings.HasSuffix(cfg, "/agent@"+agentDigest) {
+		t.Errorf("the configuration's agentImage is %s; want the agent image by its digest", cfg)
+	}
+	// What these values render the API server takes (the volumes, mounts and spread
+	// constraints are Kubernetes objects of their own).
+	for _, u := range objs {
+		if u.GetKind() != "Deployment" && u.GetKind() != "DaemonSet" {
+			continue
+		}
+		u.SetNamespace("default")
+		if err := server.Client.Create(context.Background(), u, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+			t.Errorf("%s: %v", key(u), err)
+		}
+	}
+}
+
+// agentConfig is the agent image the rendered operator configuration names.
+func agentConfig(t *testing.T, objs []*unstructured.Unstructured) string {
+	t.Helper()
+	for _, u := range objs {
+		if u.GetKind() == "ConfigMap" && u.GetName() == "prewarm-config" {
+			text, _, _ := unstructured.NestedString(u.Object, "data", "config.yaml")
+			var cfg struct {
+				Controller struct {
+					AgentImage string `json:"agentImage"`
+				} `json:"controller"`
+			}
+			if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			return cfg.Controller.AgentImage
+		}
+	}
+	t.Fatal("no prewarm-config rendered")
+	return ""
+}
+
+// Every number the chart writes where Kubernetes reads an integer is written as one, however
+// large (Helm reads values.yaml's numbers as floats, which print as 1e+06): the rendered text
+// has no number in exponent form, and the PriorityClass it renders is one the API server takes.
+func TestNumbersRenderAsIntegers(t *testing.T) {
+	// From a values file, as users set them (--set parses integers as integers).
+	big := writeValues(t, `
+priorityClass: {value: 1000000}
+controller: {replicas: 1000000, podDisruptionBudget: {maxUnavailable: 1000000}}
+agent: {terminationGracePeriodSeconds: 1000000, maxUnavailable: 1000000}
+apiPriority: {enabled: true, agentConcurrencyShares: 1000000}
+prometheusRule: {enabled: true, evictionsPerHour: 1000000, cacheFailedNodes: 1000000}
+config:
+  agent: {maxParallel: 1000000}
+  controller: {clientBurst: 1000000}
+`)
+	out := string(runHelm(t, "template", "prewarm", "charts/prewarm", "--namespace", namespace, "--kube-version", kubeVersion, "-f", big))
+	if m := regexp.MustCompile(`(?m)^.*[0-9]e\+[0-9]+.*$`).FindAllString(out, -1); len(m) > 0 {
+		t.Errorf("numbers in exponent form: %q", m)
+	}
+	for _, want := range []string{"value: 1000000", "replicas: 1000000", "terminationGracePeriodSeconds: 1000000", "nominalConcurrencyShares: 1000000"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the render lacks %q", want)
+		}
+	}
+	for _, u := range decode(t, []byte(out)) {
+		if u.GetKind() != "PriorityClass" || u.GetName() != "prewarm-node-agent" {
+			continue
+		}
+		u.SetName("prewarm-integer-check")
+		if err := server.Client.Create(context.Background(), u, client.DryRunAll, client.FieldValidation("Strict")); err != nil {
+			t.Errorf("PriorityClass: %v", err)
+		}
+		return
+	}
+	t.Error("no PriorityClass prewarm-node-agent rendered")
 }

@@ -3,13 +3,14 @@ package chart
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/prewarm/prewarm/internal/config"
@@ -26,11 +27,25 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"config.peers.port=70000", "/config/peers/port"},
 		{"image.pullPolicy=Sometimes", "/image/pullPolicy"},
 		{"priorityClass.preemptionPolicy=Always", "/priorityClass/preemptionPolicy"},
+		{"priorityClass.value=1.5", "/priorityClass/value"},
+		// A quantity or a duration the programs cannot parse would crash-loop every agent.
+		{"config.agent.reserve=twenty", "/config/agent/reserve"},
+		{"config.agent.partSize=-16Mi", "/config/agent/partSize"},
+		{"config.namespaceQuotas[0].namespaces[0]=a,config.namespaceQuotas[0].maxBytes=1TB", "/config/namespaceQuotas/0/maxBytes"},
+		{"config.s3.budget.maxRate=fast", "/config/s3/budget/maxRate"},
+		{"config.peers.wait=soon", "/config/peers/wait"},
+		{"config.agent.leaseDuration=3", "/config/agent/leaseDuration"},
+		{"config.jumpStart.refresh=hourly", "/config/jumpStart/refresh"},
+		{"agent.resources.requests.cpu=half", "/agent/resources/requests/cpu"},
+		{"controller.resources.limits.memory=1GB", "/controller/resources/limits/memory"},
+		{"agent.maxUnavailable=ten", "/agent/maxUnavailable"},
+		{"serviceMonitor.interval=30", "/serviceMonitor/interval"},
+		{"prometheusRule.diskFullFor=1 hour", "/prometheusRule/diskFullFor"},
+		{"image.agent.digest=latest", "/image/agent/digest"},
+		{"controller.topologySpreadConstraints[0].maxSkew=1,controller.topologySpreadConstraints[0].topologyKey=zone,controller.topologySpreadConstraints[0].whenUnsatisfiable=Never", "/controller/topologySpreadConstraints/0/whenUnsatisfiable"},
+		{"agent.extraVolumeMounts[0].name=ca,agent.extraVolumeMounts[0].mountPath=etc/ca", "/agent/extraVolumeMounts/0/mountPath"},
 	} {
-		cmd := exec.Command(helm, "lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm", "--set", tc.set)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
-		out, err := cmd.CombinedOutput()
+		out, err := helmCmd(t, "lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm", "--set", tc.set).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
 			t.Errorf("helm lint --set %s: %v; want it refused, naming %s:\n%s", tc.set, err, tc.want, out)
 		}
@@ -44,12 +59,49 @@ config:
   placement:
     instanceTypes: [{instanceType: ml.g5.24xlarge, nodeSelector: {cloud.google.com/gke-accelerator: nvidia-l4}}]
     extendedResourceTolerations: "on"
+  agent: {reserve: 1.5Ti, partSize: 8388608, verifyRate: 1e9, leaseDuration: 1m30s, mountWait: "0", maxScratchBytes: 0}
+  peers: {uploadRate: 500M, wait: 1.5s}
+agent:
+  resources: {requests: {cpu: 0.5, memory: 512Mi}, limits: {memory: 2G}}
+  maxUnavailable: 1
 `))
 }
 
-// The schema's config section and the operator configuration's Go type have the same fields:
-// a field added to one and not the other fails here.
-func TestSchemaMatchesTheConfiguration(t *testing.T) {
+// Every quantity and every duration of the operator configuration is checked by the schema as
+// one (its definitions' patterns), so that a value the programs cannot parse fails helm lint
+// instead of crash-looping the agents: a field of either Go type added without it fails here.
+func TestSchemaChecksEveryQuantityAndDuration(t *testing.T) {
+	schema := readSchema(t)
+	want := map[reflect.Type]string{
+		reflect.TypeFor[resource.Quantity](): "#/definitions/quantity",
+		reflect.TypeFor[metav1.Duration]():   "#/definitions/duration",
+	}
+	var fields []typedPath
+	goTypedPaths(reflect.TypeFor[config.OperatorConfiguration](), "config", &fields)
+	checked := 0
+	for _, f := range fields {
+		ref, ok := want[f.t]
+		if !ok {
+			continue
+		}
+		checked++
+		node := schemaAt(schema, f.path)
+		if node == nil {
+			t.Errorf("values.schema.json has no %s", f.path)
+			continue
+		}
+		if node["$ref"] != ref {
+			t.Errorf("values.schema.json: %s is a %s; want {\"$ref\": %q}, has %v", f.path, f.t, ref, node)
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("found %d quantities and durations in the configuration; the walk misses some", checked)
+	}
+}
+
+// readSchema is the chart's values.schema.json.
+func readSchema(t *testing.T) map[string]any {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join(root, "charts/prewarm/values.schema.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +110,87 @@ func TestSchemaMatchesTheConfiguration(t *testing.T) {
 	if err := json.Unmarshal(b, &schema); err != nil {
 		t.Fatal(err)
 	}
+	return schema
+}
+
+type typedPath struct {
+	path string
+	t    reflect.Type
+}
+
+// goTypedPaths lists a struct's JSON fields as dotted paths (slices as []), with their types
+// (pointers removed).
+func goTypedPaths(t reflect.Type, at string, out *[]typedPath) {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+		if t.Kind() == reflect.Slice {
+			at += "[]"
+		}
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || opaque(at) {
+		return
+	}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		*out = append(*out, typedPath{at + "." + name, ft})
+		goTypedPaths(f.Type, at+"."+name, out)
+	}
+}
+
+// schemaAt is the schema of a dotted path (as goTypedPaths writes them), or nil.
+func schemaAt(s map[string]any, path string) map[string]any {
+	for _, part := range strings.Split(path, ".") {
+		name, items := strings.CutSuffix(part, "[]")
+		s = property(s, name)
+		if s != nil && items {
+			s, _ = s["items"].(map[string]any)
+			if alt := property(s, ""); alt != nil {
+				s = alt
+			}
+		}
+		if s == nil {
+			return nil
+		}
+	}
+	return s
+}
+
+// property is the schema of s's property name (among its oneOf alternatives too); with name
+// empty, the alternative that has properties.
+func property(s map[string]any, name string) map[string]any {
+	if s == nil {
+		return nil
+	}
+	alts := []any{s}
+	if list, ok := s["oneOf"].([]any); ok {
+		alts = append(alts, list...)
+	}
+	for _, a := range alts {
+		props, ok := a.(map[string]any)["properties"].(map[string]any)
+		if !ok {
+			continue
+		}
+		if name == "" {
+			return a.(map[string]any)
+		}
+		if p, ok := props[name].(map[string]any); ok {
+			return p
+		}
+	}
+	return nil
+}
+
+// The schema's config section and the operator configuration's Go type have the same fields:
+// a field added to one and not the other fails here.
+func TestSchemaMatchesTheConfiguration(t *testing.T) {
+	schema := readSchema(t)
 	cfg := schema["properties"].(map[string]any)["config"].(map[string]any)
 	var inSchema, inGo []string
 	schemaPaths(cfg, "config", &inSchema)
@@ -108,23 +241,10 @@ func opaque(path string) bool {
 
 // goPaths lists a struct's JSON fields, as dotted paths.
 func goPaths(t reflect.Type, at string, out *[]string) {
-	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
-		if t.Kind() == reflect.Slice {
-			at += "[]"
-		}
-		t = t.Elem()
-	}
-	if t.Kind() != reflect.Struct || opaque(at) {
-		return
-	}
-	for f := range t.Fields() {
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "" || name == "-" {
-			continue
-		}
-		path := at + "." + name
-		*out = append(*out, path)
-		goPaths(f.Type, path, out)
+	var typed []typedPath
+	goTypedPaths(t, at, &typed)
+	for _, p := range typed {
+		*out = append(*out, p.path)
 	}
 }
 
