@@ -123,8 +123,7 @@ func run() error {
 	o.cfg.OperatorConfiguration = op
 	o.cfg.Defaults()
 
-	log := cli.NewLogger(o.verbosity)
-	ctrl.SetLogger(log)
+	log := cli.SetupLogging(o.verbosity)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	mgr, err := newManager(o)

@@ -2,9 +2,15 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 )
 
 // newRemovals is the agent's queue of removals, by cache UID.
@@ -127,4 +133,29 @@ func (a *Agent) removeOnce(ctx context.Context, uid string) bool {
 func (a *Agent) isRemoving(uid string) bool {
 	_, ok := a.removing[uid]
 	return ok
+}
+
+// RemoveEmptyDirs removes, once the agent has stopped, the directories of its own on the node
+// that hold nothing: the node plugin's scratch directory and then its directory under the
+// kubelet's (<kubelet dir>/plugins/csi.prewarm.io, its sockets already gone), and <root>/prewarm
+// under each allowed root. Once every cache is deleted and the agents with them, nothing of
+// prewarm's is left on a node; an agent that starts again makes them anew. Only empty
+// directories go: one that holds anything (a cache, a copy, a file of another's) stays, and so
+// does one that is a mount point of the agent's pod.
+func (a *Agent) RemoveEmptyDirs() error {
+	var dirs []string
+	if a.opts.KubeletDir != "" {
+		dirs = append(dirs, a.opts.scratchDir(), filepath.Dir(a.opts.scratchDir()))
+	}
+	for _, root := range a.opts.Config.Roots() {
+		dirs = append(dirs, filepath.Join(a.opts.rootDir(root), prewarmv1alpha1.Directory))
+	}
+	var errs []error
+	for _, d := range dirs {
+		err := unix.Rmdir(d)
+		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EBUSY) {
+			errs = append(errs, fmt.Errorf("removing the empty directory %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -6,7 +6,9 @@ package cli
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
@@ -78,10 +81,29 @@ func (f *EngineFlags) EngineOptions() ([]engine.Option, error) {
 	return opts, nil
 }
 
-// NewLogger returns the JSON logger prewarm's daemons write to stderr.
-func NewLogger(verbosity int) logr.Logger {
-	h := slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-verbosity)})
+// SetupLogging makes the JSON logger prewarm's daemons write to stderr the logger of
+// controller-runtime and of klog, and returns it: client-go's own lines (leader election,
+// watches, throttling) come out as the same JSON objects, not klog's text between them.
+func SetupLogging(verbosity int) logr.Logger {
+	log := newLogger(os.Stderr, verbosity)
+	ctrl.SetLogger(log)
+	routeKlog(log, verbosity)
+	return log
+}
+
+// newLogger returns a JSON logger writing to w, at verbosity (a V(n) line is written when n is at
+// most verbosity).
+func newLogger(w io.Writer, verbosity int) logr.Logger {
+	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.Level(-verbosity)})
 	return logr.FromSlogHandler(h)
+}
+
+// routeKlog sends klog's lines to log, klog's V(n) lines up to verbosity as the logger's own.
+func routeKlog(log logr.Logger, verbosity int) {
+	klog.SetLogger(log)
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	_ = fs.Set("v", strconv.Itoa(max(verbosity, 0))) // a well-formed number: cannot fail
 }
 
 // RestConfig loads a kubeconfig file, or the in-cluster / $KUBECONFIG configuration.

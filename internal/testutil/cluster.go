@@ -144,6 +144,9 @@ type ClusterOptions struct {
 	// silent node unreachable: thousands of nodes' lease writes then do not saturate the API
 	// server of a small machine, and a busy kwok does not flip nodes NotReady.
 	NodeLease time.Duration
+	// MoreControllers are kube-controller-manager's controllers to run beside the usual ones
+	// (namespace-controller, to delete namespaces).
+	MoreControllers []string
 }
 
 // StartCluster starts the API server, kube-controller-manager (deployment, replicaset,
@@ -221,6 +224,13 @@ func (c *Cluster) start(opts ClusterOptions) error {
 		for i, a := range specs[2].args {
 			if strings.HasPrefix(a, "--node-lease-duration-seconds=") {
 				specs[2].args[i] = fmt.Sprintf("--node-lease-duration-seconds=%d", int(d.Seconds()))
+			}
+		}
+	}
+	for _, name := range opts.MoreControllers {
+		for i, a := range specs[0].args {
+			if strings.HasPrefix(a, "--controllers=") {
+				specs[0].args[i] += "," + name
 			}
 		}
 	}

@@ -62,6 +62,26 @@ spec:
     node.kubernetes.io/instance-type: ml.g5.24xlarge
 `
 
+// applyStandaloneCaches applies llamaWarm and a ModelImageCache of vLLM's image on the same
+// nodes, in team-a, and waits until kubectl wait says both are Ready.
+func (e *weightsEnv) applyStandaloneCaches() {
+	e.t.Helper()
+	e.kubectl(llamaWarm+`---
+apiVersion: inference.sagemaker.aws.amazon.com/v1
+kind: ModelImageCache
+metadata:
+  name: vllm-image
+  namespace: team-a
+spec:
+  image: vllm/vllm-openai:v0.6.3
+  nodeSelector:
+    node.kubernetes.io/instance-type: ml.g5.24xlarge
+`, "apply", "-f", "-")
+	for _, obj := range []string{"modelweightscacheconfig/llama-warm", "modelimagecache/vllm-image"} {
+		e.kubectl("", "wait", "-n", "team-a", "--for=jsonpath={.status.state}=Ready", "--timeout=4m", obj)
+	}
+}
+
 // HyperPod's own cache kinds, written as HyperPod's docs write them, with no endpoint at all: a
 // ModelWeightsCacheConfig warms exactly the nodes its nodeSelector picks (HyperPod's ml. instance
 // type, on nodes labelled as EKS labels them), a ModelImageCache pins its image there, and
@@ -75,21 +95,7 @@ func TestHyperPodCacheKindsEndToEnd(t *testing.T) {
 	}
 	e.addNode("m5-a", "m5.xlarge", s3srv.Endpoint)
 	e.startTeamController()
-	e.kubectl(llamaWarm+`---
-apiVersion: inference.sagemaker.aws.amazon.com/v1
-kind: ModelImageCache
-metadata:
-  name: vllm-image
-  namespace: team-a
-spec:
-  image: vllm/vllm-openai:v0.6.3
-  nodeSelector:
-    node.kubernetes.io/instance-type: ml.g5.24xlarge
-`, "apply", "-f", "-")
-
-	for _, obj := range []string{"modelweightscacheconfig/llama-warm", "modelimagecache/vllm-image"} {
-		e.kubectl("", "wait", "-n", "team-a", "--for=jsonpath={.status.state}=Ready", "--timeout=4m", obj)
-	}
+	e.applyStandaloneCaches()
 
 	mw := &inferencev1.ModelWeightsCacheConfig{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "llama-warm"}, mw); err != nil {

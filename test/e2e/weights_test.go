@@ -64,6 +64,23 @@ type weightsEnv struct {
 	agentEnv map[string][]string
 	// configure, when set, changes the operator configuration the controller and agents read.
 	configure func(*config.OperatorConfiguration)
+	// statuses checks every status the controller writes of a parent, until checkStatuses.
+	statuses *hyperpodstatus.Watch
+}
+
+// checkStatuses stops checking the parents' statuses and fails the test on any that HyperPod's
+// clients would not read; a test that deletes prewarm's CRDs calls it first.
+func (e *weightsEnv) checkStatuses() {
+	if e.statuses == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, problems := e.statuses.Stop(ctx)
+	e.statuses = nil
+	for _, p := range problems {
+		e.t.Errorf("a status HyperPod's clients would not read: %s", p)
+	}
 }
 
 func (e *weightsEnv) nodeRoot(node string) string { return filepath.Join(e.nodes, node, root) }
@@ -314,18 +331,10 @@ func newEnv(t *testing.T, opts testutil.ClusterOptions) *weightsEnv {
 	})
 	// Every status the controller writes of every parent, while the test runs, must be one
 	// HyperPod's clients read; checked when the test ends, before the cluster stops.
-	statuses, err := hyperpodstatus.StartWatch(cluster.Config)
-	if err != nil {
+	if e.statuses, err = hyperpodstatus.StartWatch(cluster.Config); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, problems := statuses.Stop(ctx)
-		for _, p := range problems {
-			t.Errorf("a status HyperPod's clients would not read: %s", p)
-		}
-	})
+	t.Cleanup(e.checkStatuses)
 	for _, kv := range s3Env() {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)

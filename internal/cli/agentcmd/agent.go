@@ -114,8 +114,7 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	log := cli.NewLogger(af.verbosity)
-	ctrl.SetLogger(log)
+	log := cli.SetupLogging(af.verbosity)
 	cfg, err := cli.RestConfig(af.kubeconfig)
 	if err != nil {
 		return err
@@ -164,7 +163,13 @@ func runAgent(cmd *cobra.Command, af *agentFlags) error {
 		return err
 	}
 	log.Info("agent starting", "node", opts.NodeName, "roots", opts.Config.Roots(), "version", opts.Version)
-	return mgr.Start(cmd.Context())
+	err = mgr.Start(cmd.Context())
+	// Stopped: the directories of the agent's own that hold nothing go, so that an uninstall
+	// leaves none on the node.
+	if rmErr := a.RemoveEmptyDirs(); rmErr != nil {
+		log.Error(rmErr, "leaving directories behind")
+	}
+	return err
 }
 
 func newPrefetchCommand() *cobra.Command {

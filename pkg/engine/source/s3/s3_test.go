@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/md5" //nolint:gosec // S3 ETags
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -388,4 +389,62 @@ func TestServerRestartMidDownload(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertModel(t, dest)
+}
+
+// Which uploads give a shard a digest that lets nodes share it (source.Checksums.Cryptographic):
+// one part with a SHA-256 checksum does, the object's full-object SHA-256 (what the README tells
+// users to upload large shards with); parts do not, with CRCs (aws s3 cp's default for a large
+// file) or with SHA-256 checksums (S3 keeps a checksum of the parts' checksums then, not of the
+// bytes).
+func TestDigestsOfEachUploadShape(t *testing.T) {
+	ctx := context.Background()
+	const pfx = "models/upload-shapes"
+	data := gen.Bytes(7, 11<<20)
+	sum := sha256.Sum256(data)
+	put := func(key string, in *s3.PutObjectInput) {
+		in.Bucket, in.Key, in.Body, in.ContentLength = aws.String(bucket), aws.String(pfx+"/"+key), bytes.NewReader(data), aws.Int64(int64(len(data)))
+		if _, err := server.Client.PutObject(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("one-part-sha256.safetensors", &s3.PutObjectInput{ChecksumAlgorithm: types.ChecksumAlgorithmSha256})
+	if err := server.PutMultipart(ctx, bucket, pfx+"/parts-crc.safetensors", data, 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	key := pfx + "/parts-sha256.safetensors"
+	up, err := server.Client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String(bucket), Key: &key, ChecksumAlgorithm: types.ChecksumAlgorithmSha256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []types.CompletedPart
+	for n, off := int32(1), 0; off < len(data); n, off = n+1, off+5<<20 {
+		body := data[off:min(off+5<<20, len(data))]
+		out, err := server.Client.UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String(bucket), Key: &key, UploadId: up.UploadId, PartNumber: aws.Int32(n),
+			Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body))), ChecksumAlgorithm: types.ChecksumAlgorithmSha256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, types.CompletedPart{PartNumber: aws.Int32(n), ETag: out.ETag, ChecksumSHA256: out.ChecksumSHA256})
+	}
+	if _, err := server.Client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: aws.String(bucket), Key: &key, UploadId: up.UploadId,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}}); err != nil {
+		t.Fatal(err)
+	}
+
+	l, err := newSource(t, server.Endpoint, func(o *s3src.Options) { o.Prefix = pfx }).List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]source.Checksums{}
+	for _, f := range l.Files {
+		got[f.Path] = f.Checksums
+	}
+	if c := got["one-part-sha256.safetensors"]; c.SHA256 != hex.EncodeToString(sum[:]) || !c.Cryptographic() {
+		t.Errorf("one part with a SHA-256 checksum: %+v; want the SHA-256 of its bytes, %x, a digest", c, sum)
+	}
+	for _, name := range []string{"parts-crc.safetensors", "parts-sha256.safetensors"} {
+		if c, ok := got[name]; !ok || c.Cryptographic() {
+			t.Errorf("%s: listed %t, checksums %+v; want no digest", name, ok, c)
+		}
+	}
 }
