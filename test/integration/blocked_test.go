@@ -49,6 +49,21 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Environment variable names beginning with a digit: Kubernetes 1.32 and later take them,
+	// older servers refuse them, and the refusal is quoted on the parent.
+	envDigitReason, envDigitMessage, envDigitDeployment := inferencev1.ReasonDeploymentCreated, "rolling out", true
+	if kubeMinor(t) < 32 {
+		envDigitReason, envDigitMessage, envDigitDeployment = inferencev1.ReasonInvalidSpec, `env[0].name: Invalid value: "1FOO"`, false
+	}
+
+	// A field of a newer Kubernetes's pods, which the CRDs carry (a stop signal, Kubernetes 1.33,
+	// on a native sidecar): a server that does not know it is not left to drop it silently,
+	// and one that knows it makes the Deployment.
+	newFieldReason, newFieldMessage, newFieldDeployment := inferencev1.ReasonDeploymentCreated, "rolling out", true
+	if kubeMinor(t) < 33 {
+		newFieldReason, newFieldMessage, newFieldDeployment = inferencev1.ReasonInvalidSpec, `unknown field "spec.template.spec.initContainers[0].lifecycle.stopSignal"`, false
+	}
+
 	for _, tc := range []struct {
 		name, ns   string
 		mutate     func(*inferencev1.InferenceEndpointConfig)
@@ -155,11 +170,15 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 				i.Spec.Worker.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
 				i.Spec.Worker.Resources.Limits[corev1.ResourceCPU] = resource.MustParse("1")
 			}},
-		// What this API server accepts in a pod is not refused: it takes environment variable
-		// names beginning with a digit (Kubernetes 1.32 and later).
-		{name: "env-digit", reason: inferencev1.ReasonDeploymentCreated, inMessage: "rolling out", deployment: true,
+		// What this API server accepts in a pod is not refused, and what it refuses is quoted.
+		{name: "env-digit", reason: envDigitReason, inMessage: envDigitMessage, deployment: envDigitDeployment,
 			mutate: func(i *inferencev1.InferenceEndpointConfig) {
 				i.Spec.Worker.EnvironmentVariables = []corev1.EnvVar{{Name: "1FOO", Value: "x"}}
+			}},
+		{name: "new-field", reason: newFieldReason, inMessage: newFieldMessage, deployment: newFieldDeployment,
+			mutate: func(i *inferencev1.InferenceEndpointConfig) {
+				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "sidecar", Image: "busybox",
+					RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Lifecycle: &corev1.Lifecycle{StopSignal: ptr.To(corev1.SIGUSR1)}}}}
 			}},
 		// A namespace that enforces the baseline level admits the pods: their model volume is
 		// prewarm's CSI volume, not a hostPath.
