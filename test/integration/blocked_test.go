@@ -56,14 +56,6 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 		envDigitReason, envDigitMessage, envDigitDeployment = inferencev1.ReasonInvalidSpec, `env[0].name: Invalid value: "1FOO"`, false
 	}
 
-	// A field of a newer Kubernetes's pods, which the CRDs carry (a stop signal, Kubernetes 1.33,
-	// on a native sidecar): a server that does not know it is not left to drop it silently,
-	// and one that knows it makes the Deployment.
-	newFieldReason, newFieldMessage, newFieldDeployment := inferencev1.ReasonDeploymentCreated, "rolling out", true
-	if kubeMinor(t) < 33 {
-		newFieldReason, newFieldMessage, newFieldDeployment = inferencev1.ReasonInvalidSpec, `unknown field "spec.template.spec.initContainers[0].lifecycle.stopSignal"`, false
-	}
-
 	for _, tc := range []struct {
 		name, ns   string
 		mutate     func(*inferencev1.InferenceEndpointConfig)
@@ -174,11 +166,6 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 		{name: "env-digit", reason: envDigitReason, inMessage: envDigitMessage, deployment: envDigitDeployment,
 			mutate: func(i *inferencev1.InferenceEndpointConfig) {
 				i.Spec.Worker.EnvironmentVariables = []corev1.EnvVar{{Name: "1FOO", Value: "x"}}
-			}},
-		{name: "new-field", reason: newFieldReason, inMessage: newFieldMessage, deployment: newFieldDeployment,
-			mutate: func(i *inferencev1.InferenceEndpointConfig) {
-				i.Spec.Kubernetes = &inferencev1.KubernetesSpec{InitContainers: []corev1.Container{{Name: "sidecar", Image: "busybox",
-					RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways), Lifecycle: &corev1.Lifecycle{StopSignal: ptr.To(corev1.SIGUSR1)}}}}
 			}},
 		// A namespace that enforces the baseline level admits the pods: their model volume is
 		// prewarm's CSI volume, not a hostPath.

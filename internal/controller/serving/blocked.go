@@ -95,10 +95,8 @@ func (r *Reconciler) checkDerived(m *model) *problem {
 // deployable says, before a new weights cache is made, whether the parent's Deployment can be:
 // not when a Deployment of its name is someone else's, nor when the API server refuses it (a
 // server-side dry run of the Deployment the template phase would build, reading the cache to
-// be made). The dry run validates fields strictly: the CRDs carry the pod fields of the newest
-// Kubernetes prewarm supports, and an older API server would drop one it does not know without
-// a word; it names it instead. Only the server's verdict on the object counts: a webhook that
-// cannot dry-run, a quota or an unreachable server leave it to the Deployment's own create.
+// be made). Only the server's verdict on the object counts: a webhook that cannot dry-run, a
+// quota or an unreachable server leave it to the Deployment's own create.
 func (r *Reconciler) deployable(ctx context.Context, s *state) error {
 	m := s.m
 	if s.dep != nil && !metav1.IsControlledBy(s.dep, m.owner) {
@@ -114,8 +112,8 @@ func (r *Reconciler) deployable(ctx context.Context, s *state) error {
 		return nil // the template phase reports it
 	}
 	dep := r.deployment(m, tmpl)
-	switch err := r.Client.Create(ctx, dep, client.DryRunAll, client.FieldValidation("Strict")); {
-	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err):
+	switch err := r.Client.Create(ctx, dep, client.DryRunAll); {
+	case apierrors.IsInvalid(err):
 		return refused("Deployment", dep.Name, err)
 	case err != nil && !apierrors.IsAlreadyExists(err):
 		ctrl.LoggerFrom(ctx).V(1).Info("the dry run of the Deployment did not answer; its create will", "error", err.Error())
