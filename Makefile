@@ -82,9 +82,24 @@ test-e2e: testbin ## The end-to-end suite: kwok nodes, the controller and agents
 test-realnode: testbin ## The real-node suite: real kubelets, containerd and the chart (root on Debian; skips elsewhere, saying why).
 	go test $(GO_TEST_FLAGS) $(REALNODE_PKGS)
 
+# The API-level suites that also run against the oldest Kubernetes prewarm supports
+# (K8S_OLDEST_VERSION in hack/testbin.sh): the CRDs, their CEL rules and the admission policies
+# (test/integration), HyperPod's manifests (test/compat), the chart's objects (test/chart), and
+# the seed's flow through the controller and agents onto kwok nodes (one test of test/e2e).
+OLDEST_PKGS := ./test/integration ./test/compat ./test/chart
+OLDEST_E2E_RUN := ^TestWeightsCacheEndToEnd$$
+OLDEST_DIR = $(shell bash hack/testbin.sh --print-oldest)
+
+.PHONY: test-oldest
+test-oldest: testbin ## The API-level suites (CRDs, CEL rules, admission policies, chart, the seed's flow on kwok nodes) against the oldest supported Kubernetes's control plane.
+	$(OLDEST_DIR)/kube-apiserver --version
+	PREWARM_K8S_BIN_DIR=$(OLDEST_DIR) go test $(GO_TEST_FLAGS) $(OLDEST_PKGS)
+	PREWARM_K8S_BIN_DIR=$(OLDEST_DIR) go test $(GO_TEST_FLAGS) -run '$(OLDEST_E2E_RUN)' $(E2E_PKGS)
+
 .PHONY: test
-test: verify lint testbin ## Check generated files and formatting, lint, then every suite (test-integration, test-e2e and test-realnode, run as one go test so they share the cores); then the engine's tests on tmpfs and ramfs.
+test: verify lint testbin ## Check generated files and formatting, lint, then every suite (test-integration, test-e2e and test-realnode, run as one go test so they share the cores); then the API-level suites against the oldest supported Kubernetes (test-oldest), and the engine's tests on tmpfs and ramfs.
 	go test $(GO_TEST_FLAGS) $(INTEGRATION_PKGS) $(E2E_PKGS) $(REALNODE_PKGS)
+	$(MAKE) -s test-oldest
 	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh
 
 ##@ Release

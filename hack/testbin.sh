@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
 # Builds, from the Go module proxy, the pinned binaries that prewarm's tests run for real:
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl, etcd, kwok (with its "fast"
-# stages), versitygw and helm; and, as root on Debian, the container runtime the real-node tests
+# stages), versitygw and helm; the control plane of the oldest Kubernetes prewarm supports
+# (kube-apiserver, kube-controller-manager and kube-scheduler at $K8S_OLDEST_VERSION, for
+# make test-oldest); and, as root on Debian, the container runtime the real-node tests
 # run their kubelets on (containerd, runc and the CNI plugins, from Debian's packages). Everything lands in one cache folder outside the work tree, keyed by version,
 # so a second run (and every CI run on the same machine) only checks that the files are there.
 #
 #   hack/testbin.sh            build what is missing, print the folder
-#   hack/testbin.sh etcd kwok  build only these (k8s, etcd, kwok, versitygw, helm, runtime, rclone)
-#                              if missing;
+#   hack/testbin.sh etcd kwok  build only these (k8s, oldest, etcd, kwok, versitygw, helm, runtime,
+#                              rclone) if missing;
 #                              rclone, for make bench only, is built only when named
 #   hack/testbin.sh --print    print the folder without building
+#   hack/testbin.sh --print-oldest
+#                              print the folder of the oldest supported control plane (its
+#                              kube-apiserver, kube-controller-manager and kube-scheduler; the
+#                              tests take them from there when PREWARM_K8S_BIN_DIR names it, and
+#                              everything else from the folder above)
 #
 # The folder is $PREWARM_TESTBIN if set, else ${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/testbin.
 set -euo pipefail
@@ -20,71 +27,98 @@ KWOK_VERSION=v0.8.0
 VERSITYGW_VERSION=v1.8.0
 RCLONE_VERSION=v1.76.0        # only for make bench: hack/testbin.sh rclone
 HELM_VERSION=v3.22.0          # the chart's tests: helm lint, helm template
+# The lowest Kubernetes prewarm supports (README, docs/operations.md "Requirements"): make
+# test-oldest runs the API-level suites against its control plane. Its kube-apiserver talks to
+# the etcd above (etcd's v3 API; the 3.5 client of Kubernetes 1.31 works with a 3.7 server).
+K8S_OLDEST_VERSION=v1.31.14
+# Staging modules of $K8S_OLDEST_VERSION that the Go module proxy does not serve at
+# v0.${K8S_OLDEST_VERSION#v1.}: the same minor's nearest patch that it does (kube-controller-manager's
+# and kube-scheduler's configuration types, the EndpointSlice helpers).
+K8S_OLDEST_STAGING_PINS="k8s.io/endpointslice@v0.31.13 k8s.io/kube-controller-manager@v0.31.13 k8s.io/kube-scheduler@v0.31.13"
 
-STAGING_VERSION="v0.${K8S_VERSION#v1.}"
 root="${PREWARM_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/prewarm/testbin}"
 dir="$root/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-versitygw-$VERSITYGW_VERSION"
+oldest_dir="$root/k8s-$K8S_OLDEST_VERSION"
 
-if [[ "${1:-}" == "--print" ]]; then
-  echo "$dir"
-  exit 0
-fi
+case "${1:-}" in
+--print) echo "$dir" && exit 0 ;;
+--print-oldest) echo "$oldest_dir" && exit 0 ;;
+esac
 
 want() { # want COMPONENT: true when no components were named, or this one was
   [[ -z "$only" || " $only " == *" $1 "* ]]
 }
 only="$*"
 
-mkdir -p "$dir"
+mkdir -p "$dir" "$oldest_dir"
 export GOFLAGS="${GOFLAGS:-} -mod=mod -trimpath"
 export CGO_ENABLED=0
 log() { printf 'testbin: %s\n' "$*" >&2; }
 
-# build_in MODULE_DIR OUTPUT PACKAGE [LDFLAGS]: go build inside a scratch module, atomically into
-# $dir.
+# build_in MODULE_DIR OUTPUT PACKAGE [LDFLAGS] [FOLDER]: go build inside a scratch module,
+# atomically into FOLDER (default $dir).
 build_in() {
-  local mod=$1 out=$2 pkg=$3 ldflags=${4:-}
+  local mod=$1 out=$2 pkg=$3 ldflags=${4:-} into=${5:-$dir}
   local start=$SECONDS
   log "building $out from $pkg"
-  (cd "$mod" && go build -ldflags="-s -w $ldflags" -o "$dir/.$out.tmp" "$pkg")
-  mv -f "$dir/.$out.tmp" "$dir/$out"
+  (cd "$mod" && go build -ldflags="-s -w $ldflags" -o "$into/.$out.tmp" "$pkg")
+  mv -f "$into/.$out.tmp" "$into/$out"
   log "built $out in $((SECONDS - start))s"
 }
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-# --- Kubernetes control plane ------------------------------------------------------------------
-k8s_bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
-need_k8s=()
-for b in "${k8s_bins[@]}"; do
-  # Built without its version (older caches), a binary reports v0.0.0-master, which charts'
-  # kubeVersion checks refuse: rebuild it.
-  version=(--version)
-  [[ "$b" == kubectl ]] && version=(version --client)
-  # grep reads all of it (not -q): a writer cut off by SIGPIPE fails the pipeline (pipefail).
-  [[ -x "$dir/$b" ]] && "$dir/$b" "${version[@]}" 2>/dev/null | grep -F "$K8S_VERSION" >/dev/null || need_k8s+=("$b")
-done
-if want k8s && ((${#need_k8s[@]})); then
-  m="$scratch/k8s"
+# --- Kubernetes ----------------------------------------------------------------------------------
+# build_k8s VERSION FOLDER PINS BINARY...: the named binaries of k8s.io/kubernetes VERSION, into
+# FOLDER, those not there yet at that version; PINS ("module@version ...", may be empty) overrides
+# the version of some staging modules.
+build_k8s() {
+  local version=$1 into=$2 pins=$3
+  shift 3
+  local need=() b
+  for b in "$@"; do
+    # Built without its version (older caches), a binary reports v0.0.0-master, which charts'
+    # kubeVersion checks refuse: rebuild it.
+    local version_args=(--version)
+    [[ "$b" == kubectl ]] && version_args=(version --client)
+    # grep reads all of it (not -q): a writer cut off by SIGPIPE fails the pipeline (pipefail).
+    [[ -x "$into/$b" ]] && "$into/$b" "${version_args[@]}" 2>/dev/null | grep -F "$version" >/dev/null || need+=("$b")
+  done
+  ((${#need[@]})) || return 0
+  local m="$scratch/k8s-$version" staging="v0.${version#v1.}" minor=${version#v1.}
+  minor=${minor%%.*}
   mkdir -p "$m"
   (
     cd "$m"
     go mod init prewarm.local/testbin-k8s >/dev/null 2>&1
     # k8s.io/kubernetes points its staging modules at ./staging with replace lines that do not
     # apply to a dependent module; point each at its published version instead.
-    modfile=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+    modfile=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
     sed -n '/^replace (/,/^)/p' "$modfile" | awk '$2 == "=>" {print $1}' | while read -r staged; do
-      go mod edit -replace "$staged=$staged@$STAGING_VERSION"
+      go mod edit -replace "$staged=$staged@$staging"
     done
-    go mod edit -require "k8s.io/kubernetes@$K8S_VERSION"
+    for pin in $pins; do
+      go mod edit -replace "${pin%@*}=$pin"
+    done
+    go mod edit -require "k8s.io/kubernetes@$version"
   )
-  for b in "${need_k8s[@]}"; do
-    # The version a node reports (kubectl get nodes) is the kubelet's.
-    minor=${K8S_VERSION#v1.}
-    build_in "$m" "$b" "k8s.io/kubernetes/cmd/$b" "-X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
-      -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
+  for b in "${need[@]}"; do
+    # The version a node reports (kubectl get nodes) is the kubelet's; the API server's is what
+    # helm checks a chart's kubeVersion against.
+    build_in "$m" "$b" "k8s.io/kubernetes/cmd/$b" "-X k8s.io/component-base/version.gitVersion=$version \
+      -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor" "$into"
   done
+}
+
+if want k8s; then
+  build_k8s "$K8S_VERSION" "$dir" "" kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+fi
+# The oldest supported control plane: the API server the API-level suites run against, and the
+# controller-manager and scheduler of their kwok clusters (never newer than their API server, as
+# Kubernetes' version skew policy asks). The kubelets of the real-node tests stay at $K8S_VERSION.
+if want oldest; then
+  build_k8s "$K8S_OLDEST_VERSION" "$oldest_dir" "$K8S_OLDEST_STAGING_PINS" kube-apiserver kube-controller-manager kube-scheduler
 fi
 
 # --- etcd ----------------------------------------------------------------------------------------

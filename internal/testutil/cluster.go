@@ -240,7 +240,13 @@ func (c *Cluster) start(opts ClusterOptions) error {
 		}
 	}
 	for _, s := range specs {
-		p, err := StartProcess(c.LogDir, s.name, filepath.Join(bin, s.name), s.args...)
+		path := filepath.Join(bin, s.name)
+		if s.name != "kwok" {
+			if path, err = KubeBinary(s.name); err != nil {
+				return err
+			}
+		}
+		p, err := StartProcess(c.LogDir, s.name, path, s.args...)
 		if err != nil {
 			return err
 		}

@@ -19,6 +19,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -63,6 +64,30 @@ func TestBinDir() (string, error) {
 	}
 	dir := strings.TrimSpace(string(out))
 	return dir, checkTestBin(dir)
+}
+
+// K8sBinDirEnv names a folder of kube-apiserver, kube-controller-manager and kube-scheduler that
+// the harness runs instead of the testbin folder's (StartAPIServer, StartCluster): make
+// test-oldest points it at the oldest Kubernetes prewarm supports (hack/testbin.sh
+// --print-oldest). etcd, kwok, helm and the real-node tests' binaries still come from
+// TestBinDir.
+const K8sBinDirEnv = "PREWARM_K8S_BIN_DIR"
+
+// KubeBinary returns the path of a control-plane binary (kube-apiserver, kube-controller-manager
+// or kube-scheduler): from $PREWARM_K8S_BIN_DIR when it is set, else from TestBinDir.
+func KubeBinary(name string) (string, error) {
+	dir := os.Getenv(K8sBinDirEnv)
+	if dir == "" {
+		var err error
+		if dir, err = TestBinDir(); err != nil {
+			return "", err
+		}
+	}
+	path := filepath.Join(dir, name)
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s is not built in %s: run `make testbin` (hack/testbin.sh) first", name, dir)
+	}
+	return path, nil
 }
 
 func checkTestBin(dir string) error {
@@ -115,6 +140,10 @@ func startAPIServer(logDir string) (*APIServer, error) {
 	if err != nil {
 		return nil, err
 	}
+	apiserver, err := KubeBinary("kube-apiserver")
+	if err != nil {
+		return nil, err
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    bin,
 		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
@@ -122,6 +151,7 @@ func startAPIServer(logDir string) (*APIServer, error) {
 		ControlPlaneStartTimeout: 60 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
+	env.ControlPlane.GetAPIServer().Path = apiserver
 	var logs []*os.File
 	if logDir != "" {
 		if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -142,7 +172,7 @@ func startAPIServer(logDir string) (*APIServer, error) {
 	if err != nil {
 		// Start may fail after the processes are up (e.g. a CRD the server refuses): stop them.
 		_ = env.Stop()
-		return nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", bin, err)
+		return nil, fmt.Errorf("starting %s and etcd from %s: %w", apiserver, bin, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
 	if err != nil {
@@ -183,6 +213,20 @@ func (s *APIServer) KubeConfig() ([]byte, error) {
 		return nil, err
 	}
 	return user.KubeConfig()
+}
+
+// KubeVersion is the server's Kubernetes version without its "v" (1.37.2), as helm's
+// --kube-version takes it.
+func (s *APIServer) KubeVersion() (string, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(s.Config)
+	if err != nil {
+		return "", err
+	}
+	v, err := dc.ServerVersion()
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimPrefix(v.GitVersion, "v"), nil
 }
 
 // Stop stops the server and etcd and removes their data.

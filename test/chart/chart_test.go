@@ -29,14 +29,14 @@ import (
 
 const namespace = "hyperpod-inference-system"
 
-// kubeVersion is the Kubernetes the chart is rendered for: the test API server's (a helm built
-// from source otherwise assumes an old default).
-const kubeVersion = "1.37.2"
-
 var (
 	server *testutil.APIServer
 	helm   string
 	root   string
+	// kubeVersion is the Kubernetes the chart is rendered for: the test API server's (a helm
+	// built from source otherwise assumes an old default), so make test-oldest renders it for the
+	// oldest supported Kubernetes.
+	kubeVersion string
 )
 
 func TestMain(m *testing.M) {
@@ -51,7 +51,20 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(testutil.RunWithAPIServer(m, &server))
+	os.Exit(testutil.RunWithAPIServer(versioned{m}, &server))
+}
+
+// versioned runs the package's tests with kubeVersion set to the API server's.
+type versioned struct{ m *testing.M }
+
+func (r versioned) Run() int {
+	var err error
+	if kubeVersion, err = server.KubeVersion(); err != nil {
+		fmt.Fprintln(os.Stderr, "the API server's version:", err)
+		return 1
+	}
+	fmt.Printf("rendering the chart for Kubernetes %s, the test API server's\n", kubeVersion)
+	return r.m.Run()
 }
 
 // helmBinary is the helm hack/testbin.sh builds, at the version the script pins.
@@ -60,19 +73,28 @@ func helmBinary() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	script, err := os.ReadFile(filepath.Join(root, "hack", "testbin.sh"))
+	version, err := testbinPin("HELM_VERSION")
 	if err != nil {
 		return "", err
 	}
-	m := regexp.MustCompile(`(?m)^HELM_VERSION=(\S+)`).FindSubmatch(script)
-	if m == nil {
-		return "", errors.New("no HELM_VERSION in hack/testbin.sh")
-	}
-	path := filepath.Join(dir, "helm-"+string(m[1]))
+	path := filepath.Join(dir, "helm-"+version)
 	if _, err := os.Stat(path); err != nil {
 		return "", fmt.Errorf("%s is not built: run `make testbin` (hack/testbin.sh helm)", path)
 	}
 	return path, nil
+}
+
+// testbinPin is a version hack/testbin.sh pins (HELM_VERSION=v3.22.0).
+func testbinPin(name string) (string, error) {
+	script, err := os.ReadFile(filepath.Join(root, "hack", "testbin.sh"))
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `=(\S+)`).FindSubmatch(script)
+	if m == nil {
+		return "", fmt.Errorf("no %s in hack/testbin.sh", name)
+	}
+	return string(m[1]), nil
 }
 
 // helmCmd is helm with args, run in the module root, with caches and settings of its own.

@@ -8,6 +8,8 @@ import (
 	"os"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/util/version"
+
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/test/compat/hyperpodstatus"
 )
@@ -48,4 +50,20 @@ func (r statusChecked) Run() int {
 	}
 	fmt.Printf("checked %d parent statuses against HyperPod's clients\n", checked)
 	return 0
+}
+
+// kubeMinor is the test API server's Kubernetes minor version (31 for 1.31.14): make
+// test-oldest runs this package against the oldest supported Kubernetes, where some answers of
+// the server differ.
+func kubeMinor(t *testing.T) int {
+	t.Helper()
+	v, err := server.KubeVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := version.ParseGeneric(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(parsed.Minor())
 }
