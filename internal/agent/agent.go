@@ -77,6 +77,8 @@ type Agent struct {
 	space space
 	// usages are what prewarm's files take under each root, as last measured.
 	usages usages
+	// names are the caches its pods' volumes name by name resolved to.
+	names names
 	// reported is set once the status writer has done its first round: the node's NodeCache
 	// says what the agent holds (or there is nothing to say yet).
 	reported atomic.Bool
@@ -109,7 +111,9 @@ func New(c client.Client, opts Options) (*Agent, error) {
 // It reads its Node to make its NodeCache owned by it, when pods ask for a cache first.
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get
 // +kubebuilder:rbac:groups=prewarm.io,resources=nodecaches/status,verbs=get;update;patch
-// As the node's CSI plugin, it records events on the pods whose model volume it serves.
+// As the node's CSI plugin, it records events on the pods whose model volume it serves, and
+// reads the cache a volume names by name (in the pod's namespace): get only, no list or watch.
+// +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelweightscacheconfigs;modeldatacacheconfigs,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetRecorder makes the agent record events on the pods whose model volume it serves.
@@ -250,8 +254,13 @@ func EnsureNodeCache(ctx context.Context, c client.Client, node string) error {
 
 // ClientOptions are the manager client options an agent needs: its Node is read from the API
 // server when needed (rarely), not through a cache of every node.
+//
+// The cache objects a pod's volume names by name are read as they are, one at a time: an agent
+// keeps no informer of every namespace's caches.
 func ClientOptions() client.Options {
-	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Node{}}}}
+	return client.Options{Cache: &client.CacheOptions{DisableFor: []client.Object{
+		&corev1.Node{}, &inferencev1.ModelWeightsCacheConfig{}, &inferencev1.ModelDataCacheConfig{},
+	}}}
 }
 
 // CacheOptions are the manager cache options an agent needs: its own NodeCache and the pods on

@@ -17,6 +17,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/cacheref"
 	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
@@ -39,14 +40,50 @@ const (
 
 // MountRequest is what a kubelet asks of the node plugin for one pod's model volume.
 type MountRequest struct {
-	// CacheUID is the cache the volume names (its volume attribute).
+	// CacheUID is the cache the volume names (its volume attribute), or, for a volume that
+	// names its cache by name, the cache CacheByName resolved that name to.
 	CacheUID string
+	// CacheName is the name the volume gives its cache by (volume attribute cache): a
+	// ModelWeightsCacheConfig of the pod's namespace.
+	CacheName string
 	// FileSystemID and FSxPath are, for a volume that names an FSx directory instead of a
 	// cache, the file system and the directory in it (its volume attributes).
 	FileSystemID, FSxPath string
 	// Pod is the pod, from the pod info the kubelet passes (podInfoOnMount).
 	PodNamespace, PodName string
 	PodUID                types.UID
+}
+
+// CacheByName resolves the cache req names by name (req.CacheName) in the pod's namespace, and
+// returns req naming it by UID too: from there a volume by name is served exactly as one by UID
+// (the same tenant check, fill on a miss, demand and cold copy). The name is looked up only in
+// the namespace the kubelet gives as the pod's (podInfoOnMount), never in the one a pod might
+// write: a pod of another namespace naming a cache finds its own namespace's, or none.
+func (a *Agent) CacheByName(ctx context.Context, req MountRequest) (MountRequest, error) {
+	if req.PodNamespace == "" {
+		return req, a.refuse(req, codes.InvalidArgument, "no pod namespace in the volume context: the CSIDriver must have podInfoOnMount: true")
+	}
+	uid, err := a.names.resolve(ctx, a.client, req.PodNamespace, req.CacheName, a.opts.Now())
+	switch {
+	case errors.Is(err, cacheref.ErrInvalid):
+		return req, a.refuse(req, codes.InvalidArgument, text.Clip(fmt.Sprintf("volume attribute %s: %v", prewarmv1alpha1.VolumeAttributeCache, err), text.MaxMessage))
+	case errors.Is(err, cacheref.ErrNotFound):
+		// Another namespace's cache of that name is no answer: refused, with a Warning, though
+		// the kubelet asks again (the namespace may make one).
+		return req, a.refuseAs(req, codes.NotFound, corev1.EventTypeWarning, EventCacheRefused, err.Error())
+	case err != nil:
+		return req, a.refuse(req, codes.Unavailable, err.Error())
+	}
+	req.CacheUID = uid
+	return req, nil
+}
+
+// cache names the cache req mounts for people: its UID, after the name the pod gave it by.
+func (req MountRequest) cache() string {
+	if req.CacheName != "" {
+		return req.CacheName + " (" + req.CacheUID + ")"
+	}
+	return req.CacheUID
 }
 
 // CredentialCheckInterval is how long a check of a namespace's credentials against the origin
@@ -82,6 +119,10 @@ func (a *Agent) ModelToMount(ctx context.Context, req MountRequest) (string, err
 // modelToMount is one look at whether req may mount its model; again says the answer may
 // change by itself soon (a download, the controller's request).
 func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string, again bool, err error) {
+	if req.CacheUID == "" {
+		return "", false, a.refuse(req, codes.InvalidArgument, fmt.Sprintf("the volume names no cache: give volume attribute %s (a ModelWeightsCacheConfig of the pod's namespace) or %s",
+			prewarmv1alpha1.VolumeAttributeCache, prewarmv1alpha1.VolumeAttributeCacheUID))
+	}
 	if !uidPattern.MatchString(req.CacheUID) {
 		return "", false, a.refuse(req, codes.InvalidArgument, fmt.Sprintf("volume attribute %s=%q is not a cache UID", prewarmv1alpha1.VolumeAttributeCacheUID, req.CacheUID))
 	}
@@ -94,13 +135,13 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 	a.mu.Unlock()
 	if !ok {
 		if removing {
-			return "", true, a.refuse(req, codes.Unavailable, fmt.Sprintf("cache %s is being removed from node %s; it is fetched again if the controller asks for it", req.CacheUID, a.opts.NodeName))
+			return "", true, a.refuse(req, codes.Unavailable, fmt.Sprintf("cache %s is being removed from node %s; it is fetched again if the controller asks for it", req.cache(), a.opts.NodeName))
 		}
 		// Either a cache this node is not a target of yet (the agent reports the pod's demand;
 		// the controller then asks the node for it, if the pod's namespace is the cache's), or
 		// no cache at all: the agent cannot tell whose it is, so it mounts nothing.
 		return "", true, a.refuse(req, codes.NotFound, fmt.Sprintf(
-			"node %s has not been asked to hold cache %s: waiting for the controller, which asks for it when namespace %s has that cache", a.opts.NodeName, req.CacheUID, req.PodNamespace))
+			"node %s has not been asked to hold cache %s: waiting for the controller, which asks for it when namespace %s has that cache", a.opts.NodeName, req.cache(), req.PodNamespace))
 	}
 	r := j.current()
 	if r.Namespace != req.PodNamespace {
@@ -185,12 +226,12 @@ func runsCold(reason string) bool {
 // fill asks the cache's job to download now and answers why the pod waits.
 func (a *Agent) fill(req MountRequest, j *job, st prewarmv1alpha1.CacheStatus) error {
 	if st.State == inferencev1.CacheFailed && prewarmv1alpha1.Terminal(st.Reason) {
-		return a.refuse(req, codes.FailedPrecondition, fmt.Sprintf("node %s cannot hold cache %s: %s: %s", a.opts.NodeName, req.CacheUID, st.Reason, st.Message))
+		return a.refuse(req, codes.FailedPrecondition, fmt.Sprintf("node %s cannot hold cache %s: %s: %s", a.opts.NodeName, req.cache(), st.Reason, st.Message))
 	}
 	if j.demand() {
 		ctrl.Log.WithName("csi").Info("a pod waits for the cache: downloading it now", "cache", req.CacheUID, "pod", req.PodNamespace+"/"+req.PodName)
 	}
-	msg := fmt.Sprintf("waiting for node %s to hold cache %s: %s", a.opts.NodeName, req.CacheUID, progressOf(st))
+	msg := fmt.Sprintf("waiting for node %s to hold cache %s: %s", a.opts.NodeName, req.cache(), progressOf(st))
 	a.event(req, corev1.EventTypeNormal, EventCacheFilling, msg)
 	return status.Error(codes.Unavailable, msg)
 }
@@ -218,6 +259,12 @@ func (a *Agent) refuse(req MountRequest, code codes.Code, msg string) error {
 	case code == codes.Unavailable || code == codes.NotFound:
 		typ, reason = corev1.EventTypeNormal, EventCacheWaiting
 	}
+	return a.refuseAs(req, code, typ, reason, msg)
+}
+
+// refuseAs records why a pod's model volume is not mounted as an event of this type and
+// reason, and returns it as a gRPC status.
+func (a *Agent) refuseAs(req MountRequest, code codes.Code, typ, reason, msg string) error {
 	a.event(req, typ, reason, msg)
 	return status.Error(code, msg)
 }
@@ -246,14 +293,14 @@ func (a *Agent) Mounted(req MountRequest, model, target string, err error) {
 	if err != nil {
 		return
 	}
-	msg := fmt.Sprintf("cache %s mounted read-only from node %s's disk", req.CacheUID, a.opts.NodeName)
+	msg := fmt.Sprintf("cache %s mounted read-only from node %s's disk", req.cache(), a.opts.NodeName)
 	if scratch {
 		why := ""
 		if j != nil {
 			st := j.snapshot()
 			why = fmt.Sprintf(" (%s: %s)", st.Reason, st.Message)
 		}
-		msg = text.Clip(fmt.Sprintf("cache %s mounted read-only from a copy that node %s downloaded from the source for its pods: running cold, the node cannot hold the cache%s", req.CacheUID, a.opts.NodeName, why), text.MaxMessage)
+		msg = text.Clip(fmt.Sprintf("cache %s mounted read-only from a copy that node %s downloaded from the source for its pods: running cold, the node cannot hold the cache%s", req.cache(), a.opts.NodeName, why), text.MaxMessage)
 	} else if j != nil {
 		j.touch(a.opts.Now())
 	}
@@ -268,7 +315,7 @@ func (a *Agent) event(req MountRequest, typ, reason, msg string) {
 		return
 	}
 	msg = text.Clip(msg, text.MaxEventNote)
-	key := string(req.PodUID) + "/" + req.CacheUID + "/" + reason
+	key := string(req.PodUID) + "/" + req.CacheUID + "/" + req.CacheName + "/" + reason
 	now := a.opts.Now()
 	a.mu.Lock()
 	last, seen := a.events[key]

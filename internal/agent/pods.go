@@ -40,7 +40,7 @@ func (a *Agent) podsUsing(ctx context.Context, uid, ns string) ([]corev1.Pod, er
 	return slices.DeleteFunc(pods, func(p corev1.Pod) bool {
 		return !slices.ContainsFunc(p.Spec.Volumes, func(v corev1.Volume) bool {
 			return (v.HostPath != nil && dirs[filepath.Clean(v.HostPath.Path)]) ||
-				(prewarmv1alpha1.VolumeCacheUID(v) == uid && (ns == "" || p.Namespace == ns))
+				((ns == "" || p.Namespace == ns) && a.volumeCache(ctx, &p, v) == uid)
 		})
 	}), nil
 }
@@ -70,7 +70,7 @@ func (a *Agent) activePods(ctx context.Context) ([]corev1.Pod, error) {
 }
 
 // demands lists the caches that the node's pods (not finished) ask for through prewarm's CSI
-// volume, by namespace: the controller makes the node a target of each, for pods of the cache's
+// volume (by UID, or by a name their namespace resolves), by namespace: the controller makes the node a target of each, for pods of the cache's
 // namespace, so that a pod on a node that was not asked for its cache still gets it.
 func (a *Agent) demands(ctx context.Context) ([]prewarmv1alpha1.CacheDemand, error) {
 	pods, err := a.activePods(ctx)
@@ -80,7 +80,7 @@ func (a *Agent) demands(ctx context.Context) ([]prewarmv1alpha1.CacheDemand, err
 	count := map[prewarmv1alpha1.CacheDemand]int32{}
 	for _, p := range pods {
 		for _, v := range p.Spec.Volumes {
-			if uid := prewarmv1alpha1.VolumeCacheUID(v); uidPattern.MatchString(uid) {
+			if uid := a.volumeCache(ctx, &p, v); uidPattern.MatchString(uid) {
 				count[prewarmv1alpha1.CacheDemand{UID: uid, Namespace: p.Namespace}]++
 			}
 		}

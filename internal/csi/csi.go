@@ -40,6 +40,9 @@ const (
 
 // Models decides what a volume may mount: the node agent.
 type Models interface {
+	// CacheByName returns req with the cache it names by name (req.CacheName, in the pod's
+	// namespace) as its CacheUID, or a gRPC status error.
+	CacheByName(ctx context.Context, req agent.MountRequest) (agent.MountRequest, error)
 	// ModelToMount returns the verified model directory req may mount, or a gRPC status error.
 	ModelToMount(ctx context.Context, req agent.MountRequest) (string, error)
 	// FSxToMount opens the FSx directory req may mount, or returns a gRPC status error. The
@@ -194,15 +197,22 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 		return nil, status.Error(codes.InvalidArgument, "prewarm volumes are CSI ephemeral volumes (inline in the pod), not persistent volumes")
 	}
 	mr := agent.MountRequest{
-		CacheUID:     vc[prewarmv1alpha1.VolumeAttributeCacheUID],
+		CacheUID: vc[prewarmv1alpha1.VolumeAttributeCacheUID], CacheName: vc[prewarmv1alpha1.VolumeAttributeCache],
 		FileSystemID: vc[prewarmv1alpha1.VolumeAttributeFSxFileSystemID], FSxPath: vc[prewarmv1alpha1.VolumeAttributeFSxPath],
 		PodNamespace: vc[podNamespaceKey], PodName: vc[podNameKey], PodUID: types.UID(vc[podUIDKey]),
 	}
-	if mr.FileSystemID != "" && mr.CacheUID != "" {
-		return nil, status.Errorf(codes.InvalidArgument, "a prewarm volume names a cache (%s) or an FSx file system (%s), not both",
-			prewarmv1alpha1.VolumeAttributeCacheUID, prewarmv1alpha1.VolumeAttributeFSxFileSystemID)
+	if mr.FileSystemID != "" && (mr.CacheUID != "" || mr.CacheName != "") {
+		return nil, status.Errorf(codes.InvalidArgument, "a prewarm volume names a cache (%s or %s) or an FSx file system (%s), not both",
+			prewarmv1alpha1.VolumeAttributeCacheUID, prewarmv1alpha1.VolumeAttributeCache, prewarmv1alpha1.VolumeAttributeFSxFileSystemID)
+	}
+	if mr.CacheUID != "" && mr.CacheName != "" {
+		return nil, status.Errorf(codes.InvalidArgument, "a prewarm volume names its cache by UID (%s) or by name (%s), not both",
+			prewarmv1alpha1.VolumeAttributeCacheUID, prewarmv1alpha1.VolumeAttributeCache)
 	}
 	log := s.o.Log.WithValues("cache", mr.CacheUID, "pod", mr.PodNamespace+"/"+mr.PodName, "volume", req.GetVolumeId())
+	if mr.CacheName != "" {
+		log = log.WithValues("cacheName", mr.CacheName)
+	}
 	if mr.FileSystemID != "" {
 		log = s.o.Log.WithValues("fsx", mr.FileSystemID, "path", mr.FSxPath, "pod", mr.PodNamespace+"/"+mr.PodName, "volume", req.GetVolumeId())
 	}
@@ -219,6 +229,17 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csipb.NodePublishVo
 	}
 	if mr.FileSystemID != "" {
 		return s.publishFSx(ctx, mr, target, log)
+	}
+	if mr.CacheName != "" {
+		named, err := s.models.CacheByName(ctx, mr)
+		if status.Code(err) == codes.Unavailable {
+			log.V(1).Info("not yet", "why", err.Error())
+			return nil, err
+		} else if err != nil {
+			log.Info("refused", "why", err.Error())
+			return nil, err
+		}
+		mr, log = named, log.WithValues("cache", named.CacheUID)
 	}
 	model, err := s.models.ModelToMount(ctx, mr)
 	if err != nil {

@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -22,12 +23,22 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
-// models is the agent's decision, faked: namespace "team-a" may mount cache "uid-a", and the
-// FSx directory fsx opens.
+// models is the agent's decision, faked: namespace "team-a" may mount cache "uid-a", which it
+// names "llama", and the FSx directory fsx opens.
 type models struct {
 	dir     string
 	fsx     func(agent.MountRequest) (*os.File, error)
 	mounted []string
+	// told are the requests Mounted was told of.
+	told []agent.MountRequest
+}
+
+func (m *models) CacheByName(_ context.Context, req agent.MountRequest) (agent.MountRequest, error) {
+	if req.PodNamespace != "team-a" || req.CacheName != "llama" {
+		return req, status.Errorf(codes.NotFound, "namespace %s has no cache %s", req.PodNamespace, req.CacheName)
+	}
+	req.CacheUID = "uid-a"
+	return req, nil
 }
 
 func (m *models) FSxToMount(_ context.Context, req agent.MountRequest) (*os.File, error) {
@@ -47,7 +58,8 @@ func (m *models) ModelToMount(_ context.Context, req agent.MountRequest) (string
 	return m.dir, nil
 }
 
-func (m *models) Mounted(_ agent.MountRequest, _, target string, err error) {
+func (m *models) Mounted(req agent.MountRequest, _, target string, err error) {
+	m.told = append(m.told, req)
 	if err == nil {
 		m.mounted = append(m.mounted, target)
 	}
@@ -199,6 +211,40 @@ func TestNodePlugin(t *testing.T) {
 	}
 	if err := unix.Unmount(target, 0); err != nil {
 		t.Fatal(err)
+	}
+
+	// By name: the agent resolves the name in the pod's namespace (the kubelet's pod info, not
+	// the pod's attributes), and the volume is served as by UID; the agent is told of the mount
+	// under the cache's UID, so that it counts it against eviction.
+	publishAs := func(ns string, attrs map[string]string) error {
+		vc := map[string]string{podNamespaceKey: ns, podNameKey: "pod", podUIDKey: "pod-uid-1", ephemeralKey: "true"}
+		maps.Copy(vc, attrs)
+		_, err := node.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{
+			VolumeId: "csi-2", TargetPath: target, VolumeCapability: fsCap, VolumeContext: vc, Readonly: true,
+		})
+		return err
+	}
+	if err := publishAs("team-a", map[string]string{prewarmv1alpha1.VolumeAttributeCache: "llama", prewarmv1alpha1.VolumeAttributeCacheUID: "uid-a"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a volume naming its cache by name and by UID: %v, want InvalidArgument", err)
+	}
+	if err := publishAs("team-b", map[string]string{prewarmv1alpha1.VolumeAttributeCache: "llama"}); status.Code(err) != codes.NotFound {
+		t.Errorf("a pod of team-b naming llama: %v, want NotFound", err)
+	}
+	if mounted, _ := isMountPoint(target); mounted {
+		t.Fatal("mounted for a pod whose namespace has no cache of the name")
+	}
+	told := len(m.told)
+	if err := publishAs("team-a", map[string]string{prewarmv1alpha1.VolumeAttributeCache: "llama"}); err != nil {
+		t.Fatalf("a pod of team-a naming llama: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(target, "sub", "w.bin")); err != nil || string(b) != "weights" {
+		t.Errorf("model file through the volume by name: %q %v", b, err)
+	}
+	if len(m.told) != told+1 || m.told[told].CacheUID != "uid-a" || m.told[told].CacheName != "llama" {
+		t.Errorf("the agent was told of %+v, want one mount of uid-a named llama", m.told[told:])
+	}
+	if _, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: "csi-2", TargetPath: target}); err != nil {
+		t.Fatalf("unpublish: %v", err)
 	}
 
 	// The kubelet's plugin watcher learns the driver's name and socket from the registration

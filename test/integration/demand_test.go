@@ -10,16 +10,19 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
 )
 
 // A node the placement does not select becomes a target of a cache while pods of the cache's
 // namespace there ask for it through prewarm's CSI volume (its agent reports their demand), so
 // that they get their model; a demand from pods of another namespace makes nothing happen; when
-// the pods are gone, the request is withdrawn.
+// the pods are gone, the request is withdrawn. A pod naming the cache by name counts as one
+// naming its UID, when the name gives the cache in the pod's namespace.
 func TestPodsDemandMakesTheirNodeATarget(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -74,19 +77,23 @@ func TestPodsDemandMakesTheirNodeATarget(t *testing.T) {
 		t.Errorf("NodeCache of a node that does not exist: %v, want none", err)
 	}
 
-	// pod makes a pod of ns bound to dm-x with the cache's CSI volume, as a kubelet sees it.
-	pod := func(ns, name string) *corev1.Pod {
+	// podWith makes a pod of ns bound to dm-x with prewarm's CSI volume of these attributes, as a
+	// kubelet sees it; pod, one naming the cache's UID.
+	podWith := func(ns, name string, attrs map[string]string) *corev1.Pod {
 		t.Helper()
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.PodSpec{
 			NodeName: "dm-x", Containers: []corev1.Container{{Name: "w", Image: "x"}},
 			Volumes: []corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
-				Driver: prewarmv1alpha1.CSIDriverName, VolumeAttributes: map[string]string{prewarmv1alpha1.VolumeAttributeCacheUID: uid},
+				Driver: prewarmv1alpha1.CSIDriverName, VolumeAttributes: attrs,
 			}}}},
 		}}
 		if err := c.Create(ctx, p); err != nil {
 			t.Fatal(err)
 		}
 		return p
+	}
+	pod := func(ns, name string) *corev1.Pod {
+		return podWith(ns, name, map[string]string{prewarmv1alpha1.VolumeAttributeCacheUID: uid})
 	}
 
 	// A demand no pod bears out (an agent's forged report) makes nothing happen.
@@ -122,5 +129,36 @@ func TestPodsDemandMakesTheirNodeATarget(t *testing.T) {
 	demand("dm-x")
 	if rc.cache(t, ctx, m); asked("dm-x") {
 		t.Error("the request stayed on dm-x after its pods went")
+	}
+
+	// By name: a pod naming the cache by a ModelWeightsCacheConfig's name (here the view of the
+	// parent's cache, of the cache's name, as prewarm writes it) bears the demand out as one
+	// naming its UID, once the controller's own lookup of the name in the pod's namespace gives
+	// this cache; a name that gives none there does not, whatever the agent reports.
+	view := &inferencev1.ModelWeightsCacheConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "dm", Name: m.Name, OwnerReferences: []metav1.OwnerReference{{
+			APIVersion: inferencev1.GroupVersion.String(), Kind: "ModelDataCacheConfig", Name: m.Name, UID: m.UID, Controller: ptr.To(true)}}},
+		Spec: inferencev1.ModelWeightsCacheConfigSpec{ModelSourceConfig: m.Spec.ModelSourceConfig},
+	}
+	if err := c.Create(ctx, view); err != nil {
+		t.Fatal(err)
+	}
+	byName := func(ns, name, cache string) *corev1.Pod {
+		return podWith(ns, name, map[string]string{prewarmv1alpha1.VolumeAttributeCache: cache})
+	}
+	demand("dm-x", prewarmv1alpha1.CacheDemand{UID: uid, Namespace: "dm", Pods: 1})
+	stranger := byName("dm-other", "by-name-elsewhere", m.Name) // dm-other has no such cache
+	wrong := byName("dm", "by-name-typo", m.Name+"-typo")
+	if rc.cache(t, ctx, m); asked("dm-x") {
+		t.Error("pods naming names that do not give this cache in their namespace made dm-x a target")
+	}
+	for _, p := range []*corev1.Pod{stranger, wrong} {
+		if err := c.Delete(ctx, p, client.GracePeriodSeconds(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	byName("dm", "by-name", m.Name)
+	if got = rc.cache(t, ctx, m); !asked("dm-x") || got.Status.TargetNodes != 2 {
+		t.Errorf("a pod of the cache's namespace naming it by name on dm-x: asked %v, targets %d; want dm-x asked, 2 targets", asked("dm-x"), got.Status.TargetNodes)
 	}
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/cacheref"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -218,5 +220,34 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 	}
 	if err := event(unbound, "Pod", "prewarm-agent", own); err == nil || !strings.Contains(err.Error(), "names none") {
 		t.Errorf("a token bound to no pod recorded an event: %v; want it refused", err)
+	}
+
+	// The cache a pod's volume names by name: the agent's identity reads the two cache objects
+	// it resolves the name through, one by one, and may not list or change them.
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "binding-tenant"}}); err != nil {
+		t.Fatal(err)
+	}
+	mw := &inferencev1.ModelWeightsCacheConfig{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "binding-tenant", Name: "binding-named"},
+		Spec: inferencev1.ModelWeightsCacheConfigSpec{ModelSourceConfig: inferencev1.ModelSourceConfig{
+			ModelSourceType: inferencev1.ModelSourceS3, S3Storage: &inferencev1.S3Storage{BucketName: "example-bucket"}, ModelLocation: "m",
+		}},
+	}
+	if err := c.Create(ctx, mw); err != nil {
+		t.Fatal(err)
+	}
+	mw.Status.CacheName = "binding-named-cache"
+	if err := c.Status().Update(ctx, mw); err != nil {
+		t.Fatal(err)
+	}
+	// Read as far as the ModelDataCacheConfig, which is not there: no refusal of the reads.
+	if _, _, err := cacheref.Resolve(ctx, onA, "binding-tenant", "binding-named"); err != nil && !errors.Is(err, cacheref.ErrNotReady) {
+		t.Errorf("the agent resolving a cache by name: %v, want both objects read (the cache not there yet)", err)
+	}
+	if err := onA.List(ctx, &inferencev1.ModelWeightsCacheConfigList{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the agent listed ModelWeightsCacheConfigs: %v, want forbidden", err)
+	}
+	if err := onA.Delete(ctx, mw); !apierrors.IsForbidden(err) {
+		t.Errorf("the agent deleted a ModelWeightsCacheConfig: %v, want forbidden", err)
 	}
 }

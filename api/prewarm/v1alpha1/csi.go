@@ -13,6 +13,11 @@ const (
 	VolumeAttributeCacheUID = "cacheUID"
 	// VolumeAttributeCacheName is the cache's name, for people reading the pod (the UID decides).
 	VolumeAttributeCacheName = "cacheName"
+	// VolumeAttributeCache names, instead of a UID, the cache a volume mounts by a stable name:
+	// a ModelWeightsCacheConfig of the pod's own namespace (a user's standalone one, or the view
+	// prewarm writes beside a parent's ModelDataCacheConfig, of that cache's name). The name is
+	// looked up in the pod's namespace only, so a pod can name no other namespace's cache.
+	VolumeAttributeCache = "cache"
 	// VolumeAttributeFSxFileSystemID and VolumeAttributeFSxPath name, instead of a cache, an
 	// FSx file system and a directory in it (the model's): the volume is that directory, read
 	// from the file system's mount on the node, when a sourceAccess rule allows it for the pod's
@@ -27,4 +32,13 @@ func VolumeCacheUID(v corev1.Volume) string {
 		return ""
 	}
 	return v.CSI.VolumeAttributes[VolumeAttributeCacheUID]
+}
+
+// VolumeCacheByName returns the cache name a pod volume gives (VolumeAttributeCache), when it is
+// prewarm's CSI volume and names no UID, or "".
+func VolumeCacheByName(v corev1.Volume) string {
+	if v.CSI == nil || v.CSI.Driver != CSIDriverName || v.CSI.VolumeAttributes[VolumeAttributeCacheUID] != "" {
+		return ""
+	}
+	return v.CSI.VolumeAttributes[VolumeAttributeCache]
 }

@@ -12,6 +12,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/cacheref"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/placement"
 )
@@ -211,7 +212,7 @@ func (r *Reconciler) retain(p *decision, n *corev1.Node, asked *prewarmv1alpha1.
 }
 
 // podsDemand reports whether a pod of m's namespace that has not finished runs on node (is
-// bound to it) with prewarm's CSI volume naming m: what a node's reported demand must be borne
+// bound to it) with prewarm's CSI volume naming m (by UID, or by a name that means m there): what a node's reported demand must be borne
 // out by. It asks the API server (pods bound to one node, of one namespace), not the agent.
 func (r *Reconciler) podsDemand(ctx context.Context, node string, m *inferencev1.ModelDataCacheConfig) (bool, error) {
 	if r.APIReader == nil {
@@ -229,9 +230,28 @@ func (r *Reconciler) podsDemand(ctx context.Context, node string, m *inferencev1
 			if prewarmv1alpha1.VolumeCacheUID(v) == string(m.UID) {
 				return true, nil
 			}
+			if named, err := r.namesCache(ctx, m, prewarmv1alpha1.VolumeCacheByName(v)); named || err != nil {
+				return named, err
+			}
 		}
 	}
 	return false, nil
+}
+
+// namesCache reports whether name, given by a pod of m's namespace as the cache its volume
+// mounts, means m: resolved as the node's agent resolves it, in m's namespace, from the
+// controller's own view of the cache objects, not the agent's word. Only the names that can
+// mean m are looked up: m's own (its view's) and its standalone ModelWeightsCacheConfig's.
+func (r *Reconciler) namesCache(ctx context.Context, m *inferencev1.ModelDataCacheConfig, name string) (bool, error) {
+	ownName := name == m.Name || (standalone(m) && name == m.Spec.ParentReference.Name)
+	if name == "" || !ownName {
+		return false, nil
+	}
+	_, uid, err := cacheref.Resolve(ctx, r.Client, m.Namespace, name)
+	if err != nil && !errors.Is(err, cacheref.ErrNotFound) && !errors.Is(err, cacheref.ErrNotReady) && !errors.Is(err, cacheref.ErrInvalid) {
+		return false, err
+	}
+	return uid == m.UID, nil
 }
 
 // demanded reports whether pods of m's namespace on nc's node ask for m through prewarm's CSI
