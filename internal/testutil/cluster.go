@@ -180,24 +180,9 @@ func (c *Cluster) start(opts ClusterOptions) error {
 	} else if c.LogDir, err = os.MkdirTemp("", "prewarm-cluster-"); err != nil {
 		return err
 	}
-	kubeconfig, err := c.KubeConfig()
+	stages, err := c.writeConfigs(bin, opts)
 	if err != nil {
 		return err
-	}
-	c.KubeconfigPath = filepath.Join(c.LogDir, "kubeconfig")
-	if err := os.WriteFile(c.KubeconfigPath, kubeconfig, 0o600); err != nil {
-		return err
-	}
-	stages := filepath.Join(bin, "kwok-stages.yaml")
-	if opts.KwokStages != nil {
-		data, err := os.ReadFile(stages)
-		if err != nil {
-			return err
-		}
-		stages = filepath.Join(c.LogDir, "kwok-stages.yaml")
-		if err := os.WriteFile(stages, []byte(opts.KwokStages(string(data))), 0o644); err != nil {
-			return err
-		}
 	}
 	specs := []struct {
 		name string
@@ -255,6 +240,29 @@ func (c *Cluster) start(opts ClusterOptions) error {
 	// Give each process a moment to fail on bad flags before tests rely on it.
 	time.Sleep(500 * time.Millisecond)
 	return c.CheckProcesses()
+}
+
+// writeConfigs writes the control plane's kubeconfig and kwok's stages into the log folder,
+// returning the stages' path.
+func (c *Cluster) writeConfigs(bin string, opts ClusterOptions) (string, error) {
+	kubeconfig, err := c.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	c.KubeconfigPath = filepath.Join(c.LogDir, "kubeconfig")
+	if err := os.WriteFile(c.KubeconfigPath, kubeconfig, 0o600); err != nil {
+		return "", err
+	}
+	stages := filepath.Join(bin, "kwok-stages.yaml")
+	if opts.KwokStages == nil {
+		return stages, nil
+	}
+	data, err := os.ReadFile(stages)
+	if err != nil {
+		return "", err
+	}
+	stages = filepath.Join(c.LogDir, "kwok-stages.yaml")
+	return stages, os.WriteFile(stages, []byte(opts.KwokStages(string(data))), 0o644)
 }
 
 // CheckProcesses returns an error naming any harness process that has exited, with its log.
