@@ -63,7 +63,7 @@ func (a *Agent) CacheByName(ctx context.Context, req MountRequest) (MountRequest
 	if req.PodNamespace == "" {
 		return req, a.refuse(req, codes.InvalidArgument, "no pod namespace in the volume context: the CSIDriver must have podInfoOnMount: true")
 	}
-	uid, err := a.names.resolve(ctx, a.client, req.PodNamespace, req.CacheName, a.opts.Now())
+	uid, err := a.names.resolve(ctx, a.client, req.PodNamespace, req.CacheName)
 	switch {
 	case errors.Is(err, cacheref.ErrInvalid):
 		return req, a.refuse(req, codes.InvalidArgument, text.Clip(fmt.Sprintf("volume attribute %s: %v", prewarmv1alpha1.VolumeAttributeCache, err), text.MaxMessage))

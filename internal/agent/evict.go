@@ -66,11 +66,15 @@ func (f diskFigures) room() int64 {
 }
 
 // describe says, for people, where the disk stands.
-func (f diskFigures) describe(root string) string {
-	s := fmt.Sprintf("%s is %d%% full (%s of %s); caches may fill it to %d%%", root, percent(f.used, f.capacity),
-		engine.HumanBytes(f.used), engine.HumanBytes(f.capacity), f.high)
+func (f diskFigures) describe(root string) string { return f.describeFor(root, "caches", "") }
+
+// describeFor says, for people, how full the filesystem is and to where those (caches, copies)
+// may fill it; the reserve is named with reserveName.
+func (f diskFigures) describeFor(fs, those, reserveName string) string {
+	s := fmt.Sprintf("%s is %d%% full (%s of %s); %s may fill it to %d%%", fs, percent(f.used, f.capacity),
+		engine.HumanBytes(f.used), engine.HumanBytes(f.capacity), those, f.high)
 	if f.reserve > 0 {
-		s += fmt.Sprintf(" and leave %s free", engine.HumanBytes(f.reserve))
+		s += fmt.Sprintf(" and leave %s free%s", engine.HumanBytes(f.reserve), reserveName)
 	}
 	return s
 }
@@ -96,10 +100,15 @@ func (a *Agent) figures(root string) (diskFigures, error) {
 	if err := unix.Statfs(a.opts.rootDir(root), &st); err != nil {
 		return f, err
 	}
+	f.measured(&st)
+	return f, nil
+}
+
+// measured takes the filesystem's figures from st.
+func (f *diskFigures) measured(st *unix.Statfs_t) {
 	f.capacity = int64(st.Blocks) * st.Bsize
 	f.used = int64(st.Blocks-st.Bfree) * st.Bsize
 	f.avail = int64(st.Bavail) * st.Bsize
-	return f, nil
 }
 
 // rootOf returns the cache root whose directory holds dir, if any.

@@ -239,20 +239,13 @@ func (a *Agent) kubeletFigures() (diskFigures, error) {
 		}
 		dir = filepath.Dir(dir)
 	}
-	f.capacity = int64(st.Blocks) * st.Bsize
-	f.used = int64(st.Blocks-st.Bfree) * st.Bsize
-	f.avail = int64(st.Bavail) * st.Bsize
+	f.measured(&st)
 	return f, nil
 }
 
 // describeKubelet says, for people, where the kubelet's filesystem stands.
 func (f diskFigures) describeKubelet(dir string) string {
-	s := fmt.Sprintf("the kubelet's filesystem (%s) is %d%% full (%s of %s); copies may fill it to %d%%", dir, percent(f.used, f.capacity),
-		engine.HumanBytes(f.used), engine.HumanBytes(f.capacity), f.high)
-	if f.reserve > 0 {
-		s += fmt.Sprintf(" and leave %s free (agent.reserve)", engine.HumanBytes(f.reserve))
-	}
-	return s
+	return f.describeFor("the kubelet's filesystem ("+dir+")", "copies", " (agent.reserve)")
 }
 
 // wakeScratches gets the scratch copies that were refused room out of their wait, to claim it

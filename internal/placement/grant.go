@@ -209,18 +209,25 @@ func (g Grant) allowedFor(t corev1.Toleration) []corev1.Toleration {
 	return g.allowed
 }
 
+// narrower is the narrower of two of a toleration's key or effect, where empty means any; ok is
+// false when they name different ones.
+func narrower(t, a string) (string, bool) {
+	switch {
+	case t == "":
+		return a, true
+	case a == "" || a == t:
+		return t, true
+	}
+	return "", false
+}
+
 // intersect is the toleration that tolerates exactly the taints both t and a tolerate; ok is
 // false when there are none. Lt and Gt, which prewarm's matching does not use, tolerate none.
 func intersect(t, a corev1.Toleration) (x corev1.Toleration, ok bool) {
 	if !plainOperator(t.Operator) || !plainOperator(a.Operator) {
 		return x, false
 	}
-	switch {
-	case t.Key == "":
-		x.Key = a.Key
-	case a.Key == "" || a.Key == t.Key:
-		x.Key = t.Key
-	default:
+	if x.Key, ok = narrower(t.Key, a.Key); !ok {
 		return x, false
 	}
 	tAny, aAny := t.Operator == corev1.TolerationOpExists, a.Operator == corev1.TolerationOpExists
@@ -234,14 +241,11 @@ func intersect(t, a corev1.Toleration) (x corev1.Toleration, ok bool) {
 	default:
 		return x, false
 	}
-	switch {
-	case t.Effect == "":
-		x.Effect = a.Effect
-	case a.Effect == "" || a.Effect == t.Effect:
-		x.Effect = t.Effect
-	default:
+	var effect string
+	if effect, ok = narrower(string(t.Effect), string(a.Effect)); !ok {
 		return x, false
 	}
+	x.Effect = corev1.TaintEffect(effect)
 	switch {
 	case t.TolerationSeconds == nil:
 		x.TolerationSeconds = a.TolerationSeconds
