@@ -60,8 +60,14 @@ type Agent struct {
 	events   map[string]time.Time
 	// budgets are the node's origin budgets, by source type.
 	budgets map[inferencev1.ModelSourceType]*engine.Budget
-	// disks judges whether a cache root is a disk of its own.
+	// disks judges whether a cache root is a disk the node may keep caches on.
 	disks *diskCheck
+	// kubelet are the kubelet's thresholds that caches on a disk it shares, and the scratch
+	// copies, stay clear of; kubeletErr what kept the agent from reading its configuration.
+	kubelet    kubeletLimits
+	kubeletErr error
+	// sharedLogged holds the roots whose shared disk has been logged, with the thresholds.
+	sharedLogged sync.Map
 	// scratches are the copies of caches kept for the pods of a node with no local disk, by
 	// cache UID.
 	scratches map[string]*scratch
@@ -97,6 +103,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 		jobs: map[string]*job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir), names: newNames(opts.Now),
 	}
+	a.kubelet, a.kubeletErr = loadKubeletLimits(opts.Config.Agent.Kubelet, opts.local)
 	if opts.VerifyRate > 0 {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
 	}

@@ -176,5 +176,8 @@ func fsxSource(path string) prewarmv1alpha1.CacheSource {
 
 func testConfig(roots ...string) config.OperatorConfiguration {
 	return config.OperatorConfiguration{Kind: config.Kind, CacheRoots: testutil.DirRoots(roots...), FSx: []config.FSxMount{{FileSystemID: testFSx, MountPath: "/fsx"}},
-		SourceAccess: []config.SourceRule{{Namespaces: []string{"default", "a", "b", "c"}, FSx: &config.FSxRule{FileSystemID: testFSx}}}}
+		SourceAccess: []config.SourceRule{{Namespaces: []string{"default", "a", "b", "c"}, FSx: &config.FSxRule{FileSystemID: testFSx}}},
+		// The tests' roots and kubelet directories on this machine's disk are beside no kubelet;
+		// those that test the kubelet's thresholds set their own.
+		Agent: config.Agent{Kubelet: testutil.NoKubelet()}}
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // The disk check judges a cache root by the mount table: a directory of the node's root
-// filesystem, a directory of the kubelet's filesystem, memory, or nothing at all is not a disk
-// of its own; a filesystem mounted there (or above it, elsewhere than /) is.
+// filesystem, memory, or nothing at all is refused; a filesystem mounted there (or above it,
+// elsewhere than /) is taken, and said to be shared when the kubelet's directory is on it too.
 func TestDiskCheck(t *testing.T) {
 	dir := t.TempDir()
 	root := filepath.Join(dir, "opt", "dlami", "nvme")
@@ -26,34 +26,70 @@ func TestDiskCheck(t *testing.T) {
 	for _, tc := range []struct {
 		name, mounts string
 		kubelet      bool
-		want         string // "" accepted, else a word of the refusal
+		want         diskVerdict
+		refused      string // a word of the refusal, when refused
 	}{
-		{"a disk mounted at the root", line(root, "/", "ext4", "/dev/nvme1n1"), false, ""},
-		{"a directory of a disk mounted above it", line(filepath.Dir(root), "/data", "xfs", "/dev/nvme1n1"), false, ""},
+		{"a disk mounted at the root", line(root, "/", "ext4", "/dev/nvme1n1"), false, diskVerdict{}, ""},
+		{"a directory of a disk mounted above it", line(filepath.Dir(root), "/data", "xfs", "/dev/nvme1n1"), false, diskVerdict{}, ""},
 		// A hostPath of a directory of the node's /: mounted at the root, the filesystem's
 		// directory /opt/dlami/nvme.
-		{"a directory of the node's root filesystem", line(root, "/opt/dlami/nvme", "ext4", "/dev/nvme0n1p1"), false, "root filesystem"},
-		{"memory", line(root, "/", "tmpfs", "tmpfs"), false, "memory"},
-		{"the container's own filesystem", line("/", "/", "overlay", "overlay"), false, "container's own"},
-		{"on the kubelet's filesystem", line(root, "/", "ext4", "/dev/nvme1n1"), true, "the kubelet's directory"},
+		{"a directory of the node's root filesystem", line(root, "/opt/dlami/nvme", "ext4", "/dev/nvme0n1p1"), false, diskVerdict{rootFS: true}, ""},
+		{"memory", line(root, "/", "tmpfs", "tmpfs"), false, diskVerdict{}, "memory"},
+		{"the container's own filesystem", line("/", "/", "overlay", "overlay"), false, diskVerdict{}, "container's own"},
+		// nodeadm's RAID0: the array mounted at the root, the kubelet's directory bound onto it.
+		{"a data disk the kubelet's directory is on too", line(root, "/", "ext4", "/dev/md0"), true, diskVerdict{shares: "the kubelet's directory " + kubelet}, ""},
+		{"the root filesystem, the kubelet's directory on it too", line(root, "/opt/dlami/nvme", "ext4", "/dev/nvme0n1p1"), true,
+			diskVerdict{rootFS: true, shares: "the kubelet's directory " + kubelet}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &diskCheck{mounts: mountTableFrom(strings.NewReader(tc.mounts))}
 			if tc.kubelet {
 				d.refs = newDiskCheck(kubelet).refs
 			}
-			err := d.check(root, "/opt/dlami/nvme")
+			got, err := d.check(root, "/opt/dlami/nvme")
 			switch {
-			case tc.want == "" && err != nil:
+			case tc.refused == "" && err != nil:
 				t.Errorf("refused: %v", err)
-			case tc.want != "" && (!errors.As(err, new(errNoDisk)) || !strings.Contains(err.Error(), tc.want)):
-				t.Errorf("check = %v; want a NoLocalDisk refusal saying %q", err, tc.want)
+			case tc.refused != "" && (!errors.As(err, new(errNoDisk)) || !strings.Contains(err.Error(), tc.refused)):
+				t.Errorf("check = %v; want a NoLocalDisk refusal saying %q", err, tc.refused)
+			case tc.refused == "" && (got.rootFS != tc.want.rootFS || got.shares != tc.want.shares):
+				t.Errorf("check = %+v; want root filesystem %v, shared with %q", got, tc.want.rootFS, tc.want.shares)
 			}
 		})
 	}
 	d := &diskCheck{mounts: mountTableFrom(strings.NewReader(line("/", "/", "ext4", "/dev/vda")))}
-	if err := d.check(filepath.Join(dir, "missing"), "/mnt/nvme"); !errors.As(err, new(errNoDisk)) || !strings.Contains(err.Error(), "does not exist") {
+	if _, err := d.check(filepath.Join(dir, "missing"), "/mnt/nvme"); !errors.As(err, new(errNoDisk)) || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("a missing root: %v", err)
+	}
+}
+
+// The container runtime's directory is known by the file it mounts into the agent's container
+// (/etc/hostname, from containerd's sandbox directory): a root on that filesystem is shared
+// with it; a file that is no mount of its own, or one in memory, says nothing.
+func TestDiskCheckContainerRuntime(t *testing.T) {
+	dir := t.TempDir()
+	root, hostname := filepath.Join(dir, "mnt", "k8s-disks", "0"), filepath.Join(dir, "hostname")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(hostname, []byte("node\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	disk := line(root, "/", "xfs", "/dev/md0")
+	for _, tc := range []struct {
+		name, mounts, want string
+	}{
+		{"mounted from the runtime's directory on the disk", disk + line(hostname, "/containerd/sandboxes/1/hostname", "xfs", "/dev/md0"), "the container runtime's directory"},
+		{"not a mount of its own", disk, ""},
+		{"mounted from memory", disk + line(hostname, "/hostname", "tmpfs", "tmpfs"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &diskCheck{mounts: mountTableFrom(strings.NewReader(tc.mounts)), runtimeFile: hostname}
+			got, err := d.check(root, "/mnt/k8s-disks/0")
+			if err != nil || got.shares != tc.want || got.rootFS {
+				t.Errorf("check = %+v, %v; want shared with %q", got, err, tc.want)
+			}
+		})
 	}
 }
 
@@ -99,10 +135,25 @@ func TestDiskCheckOnRealMounts(t *testing.T) {
 	run("mount", "-o", "loop", img, disk)
 	t.Cleanup(func() { _ = exec.Command("umount", disk).Run() })
 	d := newDiskCheck(kubelet)
-	if err := d.check(disk, "/mnt/nvme"); err != nil {
-		t.Errorf("a mounted ext4 filesystem: %v; want it taken", err)
+	if v, err := d.check(disk, "/mnt/nvme"); err != nil || v.shares != "" || v.rootFS {
+		t.Errorf("a mounted ext4 filesystem: %+v, %v; want it taken, a disk of its own", v, err)
 	}
-	if err := d.check(plain, "/mnt/plain"); !errors.As(err, new(errNoDisk)) || !strings.Contains(err.Error(), "the kubelet's directory") {
-		t.Errorf("a directory beside the kubelet's: %v; want NoLocalDisk", err)
+	if v, err := d.check(plain, "/mnt/plain"); err != nil || !strings.Contains(v.shares, "the kubelet's directory") {
+		t.Errorf("a directory beside the kubelet's: %+v, %v; want it taken, shared with the kubelet", v, err)
+	}
+	// nodeadm's RAID0: the kubelet's directory bound onto a directory of the array, the cache
+	// root the array itself.
+	onDisk := filepath.Join(disk, "kubelet")
+	if err := os.MkdirAll(filepath.Join(onDisk, "pods"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	raid := filepath.Join(dir, "raid-kubelet")
+	if err := os.MkdirAll(raid, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run("mount", "--bind", onDisk, raid)
+	t.Cleanup(func() { _ = exec.Command("umount", raid).Run() })
+	if v, err := newDiskCheck(raid).check(disk, "/mnt/k8s-disks/0"); err != nil || !strings.Contains(v.shares, "the kubelet's directory") || v.rootFS {
+		t.Errorf("the array the kubelet's directory is bound onto: %+v, %v; want it taken, shared with the kubelet", v, err)
 	}
 }

@@ -49,6 +49,10 @@ type diskFigures struct {
 	capacity, used, avail int64
 	reserve               int64
 	high, low             int32
+	// shares names what else uses the filesystem (the kubelet, the container runtime, the
+	// node's system), when something does: used is then counted as the kubelet counts it, and
+	// high stays clear of the kubelet's thresholds.
+	shares string
 }
 
 // limit is the most the filesystem may hold once a cache is written.
@@ -73,6 +77,9 @@ func (f diskFigures) describe(root string) string { return f.describeFor(root, "
 func (f diskFigures) describeFor(fs, those, reserveName string) string {
 	s := fmt.Sprintf("%s is %d%% full (%s of %s); %s may fill it to %d%%", fs, percent(f.used, f.capacity),
 		engine.HumanBytes(f.used), engine.HumanBytes(f.capacity), those, f.high)
+	if f.shares != "" {
+		s += fmt.Sprintf(" (it is shared with %s: below the kubelet's thresholds)", f.shares)
+	}
 	if f.reserve > 0 {
 		s += fmt.Sprintf(" and leave %s free%s", engine.HumanBytes(f.reserve), reserveName)
 	}
@@ -86,7 +93,9 @@ func percent(n, of int64) int64 {
 	return n * 100 / of
 }
 
-// figures measures root's filesystem.
+// figures measures root's filesystem. On a filesystem the kubelet or the container runtime
+// also use, the watermarks are brought below the kubelet's thresholds (the gap between them
+// kept), when the configuration's are not already lower.
 func (a *Agent) figures(root string) (diskFigures, error) {
 	r, _ := a.opts.Config.Root(root)
 	f := diskFigures{reserve: a.opts.Reserve, high: r.HighWatermarkPercent, low: r.LowWatermarkPercent}
@@ -96,19 +105,42 @@ func (a *Agent) figures(root string) (diskFigures, error) {
 	if f.low == 0 {
 		f.low = min(config.DefaultLowWatermarkPercent, f.high)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(a.opts.rootDir(root), &st); err != nil {
+	shares, err := a.checkDisk(root)
+	if err != nil {
+		shares = ""
+	}
+	if err := f.measure(a.opts.rootDir(root)); err != nil {
 		return f, err
 	}
-	f.measured(&st)
+	if shares != "" {
+		f.shares = shares
+		f.keepClearOf(a.kubelet)
+		a.logShared(root, shares, f.high)
+	}
 	return f, nil
 }
 
-// measured takes the filesystem's figures from st.
-func (f *diskFigures) measured(st *unix.Statfs_t) {
+// measure fills in the filesystem's figures at dir.
+func (f *diskFigures) measure(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return err
+	}
 	f.capacity = int64(st.Blocks) * st.Bsize
 	f.used = int64(st.Blocks-st.Bfree) * st.Bsize
 	f.avail = int64(st.Bavail) * st.Bsize
+	return nil
+}
+
+// keepClearOf counts the filesystem as the kubelet does (used: all but what is available to
+// write, the blocks kept for root included), and brings the watermarks below the kubelet's
+// thresholds l when they are not already.
+func (f *diskFigures) keepClearOf(l kubeletLimits) {
+	f.used = max(f.used, f.capacity-f.avail)
+	if kh := l.high(f.capacity); kh < f.high {
+		gap := f.high - f.low
+		f.high, f.low = kh, max(1, min(f.low, kh-gap))
+	}
 }
 
 // rootOf returns the cache root whose directory holds dir, if any.

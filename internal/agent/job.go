@@ -182,7 +182,7 @@ func (j *job) admit() (dir string, wait time.Duration, ok bool) {
 	}
 	// A disk mounted after the agent started (the root's mount propagates into its pod) is
 	// taken on at the next try.
-	err := j.a.checkDisk(j.req.Root)
+	_, err := j.a.checkDisk(j.req.Root)
 	if err == nil {
 		dir, err = o.ensureCacheDir(j.req.Root, j.req.UID)
 	}

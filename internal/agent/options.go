@@ -30,8 +30,9 @@ type Options struct {
 	// at HostPrefix+/opt/dlami/nvme. Empty when the roots are mounted at their own paths.
 	HostPrefix string
 	// KubeletDir is the kubelet's root directory as the agent sees it (empty: the agent is not
-	// the node's CSI plugin). A cache root on its filesystem is not a disk of its own; the
-	// copies that the node plugin makes for the pods of a node without one are kept under it.
+	// the node's CSI plugin). A cache root on its filesystem shares the kubelet's disk (its
+	// watermarks stay below the kubelet's thresholds); the copies that the node plugin makes for
+	// the pods of a node without a cache are kept under it.
 	KubeletDir string
 	// Reserve is the free space, per root, that caches never take.
 	Reserve int64

@@ -33,17 +33,15 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
-// A node whose cache root is on the kubelet's filesystem keeps no cache (NoLocalDisk, for the
-// cache and for the root), yet its pod gets the model: a copy downloaded from the source under
-// the kubelet's directory, verified, and removed once no pod of the node uses it.
+// A node with no disk at its cache root keeps no cache (NoLocalDisk, for the cache and for the
+// root), yet its pod gets the model: a copy downloaded from the source under the kubelet's
+// directory, verified, and removed once no pod of the node uses it.
 func TestNoLocalDiskServesACopy(t *testing.T) {
 	ctx, api := startAPI(t)
 	host, kubelet := t.TempDir(), t.TempDir()
-	root := "/opt/dlami/nvme"
-	for _, d := range []string{filepath.Join(host, root), filepath.Join(kubelet, "pods")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
+	root := "/opt/dlami/nvme" // not there on the node
+	if err := os.MkdirAll(filepath.Join(kubelet, "pods"), 0o755); err != nil {
+		t.Fatal(err)
 	}
 	files := map[string][]byte{"config.json": []byte(`{}`), "w.bin": gen.Bytes(4, 2<<20)}
 	writeFiles(t, filepath.Join(host, "fsx", "model"), files)
@@ -58,7 +56,7 @@ func TestNoLocalDiskServesACopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig(root)
-	cfg.CacheRoots = []config.CacheRoot{{Path: root}} // not allowed on the kubelet's filesystem
+	cfg.CacheRoots = []config.CacheRoot{{Path: root}} // no disk there, and not allowed anywhere
 	a := runAgent(t, ctx, api, "node-1", agent.Options{
 		Config: cfg, HostPrefix: host, KubeletDir: kubelet, MountWait: 300 * time.Millisecond,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
@@ -74,8 +72,8 @@ func TestNoLocalDiskServesACopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(nc.Status.Roots) != 1 || nc.Status.Roots[0].Reason != prewarmv1alpha1.ReasonNoLocalDisk ||
-		!strings.Contains(nc.Status.Roots[0].Message, "same filesystem as the kubelet's directory") {
-		t.Errorf("roots %+v; want the root NoLocalDisk, on the kubelet's filesystem", nc.Status.Roots)
+		!strings.Contains(nc.Status.Roots[0].Message, "does not exist on this node") {
+		t.Errorf("roots %+v; want the root NoLocalDisk: nothing there", nc.Status.Roots)
 	}
 
 	// The pod, on the node, with the cache's volume.
@@ -289,6 +287,7 @@ func noDiskNode(t *testing.T, ctx context.Context, api *testutil.APIServer, node
 	askNode(t, ctx, api, node, reqs...)
 	cfg := testConfig(root)
 	cfg.CacheRoots = []config.CacheRoot{{Path: root}} // memory: not a disk
+	cfg.Agent.Kubelet = config.Kubelet{}              // the kubelet's defaults (no file on the node)
 	o := agent.Options{
 		Config: cfg, HostPrefix: host, KubeletDir: kubelet, MountWait: 300 * time.Millisecond,
 		StatusInterval: 100 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,

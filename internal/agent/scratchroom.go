@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -26,8 +25,8 @@ import (
 //     (namespaceQuotas[].maxBytesPerNode; a cache refused for that limit gets no copy begun at
 //     all, scratchToMount);
 //   - the node's copies together stay within agent.maxScratchBytes;
-//   - the kubelet's filesystem stays at most config.ScratchHighWatermarkPercent used, and
-//     agent.reserve free.
+//   - the kubelet's filesystem stays below the kubelet's eviction and image garbage collection
+//     thresholds, less a margin (agent.kubelet; kubelet.go), and agent.reserve free.
 //
 // The claim holds until the copy is removed. A refused copy is tried again with the backoff of
 // failed downloads, and at once when a cache or copy leaves the node; meanwhile the pod's mount
@@ -222,15 +221,15 @@ func (a *Agent) releaseScratch(uid string) {
 	a.space.mu.Unlock()
 }
 
-// kubeletFigures measures the kubelet's filesystem, against the limits of scratch copies. It is
-// measured where the copies go (the nearest directory of theirs that exists): the agent mounts
-// the kubelet's directories it uses, not the kubelet's whole directory.
+// kubeletFigures measures the kubelet's filesystem, against the limits of scratch copies: the
+// kubelet's thresholds, as for a cache root on its disk. It is measured where the copies go (the
+// nearest directory of theirs that exists): the agent mounts the kubelet's directories it uses,
+// not the kubelet's whole directory.
 func (a *Agent) kubeletFigures() (diskFigures, error) {
-	f := diskFigures{reserve: a.opts.Reserve, high: config.ScratchHighWatermarkPercent}
+	f := diskFigures{reserve: a.opts.Reserve, high: 100, low: 100}
 	dir := a.opts.scratchDir()
-	var st unix.Statfs_t
 	for {
-		err := unix.Statfs(dir, &st)
+		err := f.measure(dir)
 		if err == nil {
 			break
 		}
@@ -239,7 +238,7 @@ func (a *Agent) kubeletFigures() (diskFigures, error) {
 		}
 		dir = filepath.Dir(dir)
 	}
-	f.measured(&st)
+	f.keepClearOf(a.kubelet)
 	return f, nil
 }
 

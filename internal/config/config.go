@@ -54,19 +54,23 @@ type CacheRoot struct {
 	// Path is the root as parents name it (weightsCache.hostPath; HyperPod's default is
 	// /opt/dlami/nvme).
 	Path string `json:"path"`
-	// NodePath is where the root is on the nodes, when not at Path: the local NVMe of an EKS
-	// node group mounted at /mnt/nvme, say, still serves parents that keep HyperPod's default
-	// hostPath.
+	// NodePath is where the root is on the nodes, when not at Path: the instance-store array
+	// that EKS's nodeadm or Karpenter mount at /mnt/k8s-disks/0, say, still serves parents that
+	// keep HyperPod's default hostPath.
 	NodePath string `json:"nodePath,omitempty"`
-	// AllowRootFilesystem lets the agents keep caches under the root even when it is not a
-	// disk of its own (it is on the node's root filesystem, or on the kubelet's). Without it,
-	// such a node reports NoLocalDisk and keeps no cache: a model of 100 GB or more would fill
-	// the disk the kubelet and the container runtime need.
+	// AllowRootFilesystem lets the agents keep caches under the root even when it is a
+	// directory of the node's root filesystem (the OS disk, mounted at /). Without it, such a
+	// node reports NoLocalDisk and keeps no cache: a model of 100 GB or more would fill the
+	// small disk the system, the kubelet and the container runtime need. A data disk the
+	// kubelet and the container runtime also use needs no such setting. On either, caches stay
+	// below the kubelet's thresholds (Agent.Kubelet).
 	AllowRootFilesystem bool `json:"allowRootFilesystem,omitempty"`
 	// HighWatermarkPercent is the most of the root's filesystem, in percent of its capacity,
 	// that may be used once a cache is written (90): a download that would go past it first
 	// evicts caches no pod uses, by policy, and a disk found above it (other files grew) has
-	// caches evicted until it is at LowWatermarkPercent.
+	// caches evicted until it is at LowWatermarkPercent. On a filesystem the kubelet or the
+	// container runtime also use, the agent lowers both below the kubelet's thresholds
+	// (Agent.Kubelet) when they are not already.
 	HighWatermarkPercent int32 `json:"highWatermarkPercent,omitempty"`
 	// LowWatermarkPercent is where eviction stops (80): a download that must evict frees
 	// enough that, with it written, the disk is at most this full, so that the next one does
@@ -79,13 +83,6 @@ const (
 	DefaultHighWatermarkPercent = 90
 	DefaultLowWatermarkPercent  = 80
 )
-
-// ScratchHighWatermarkPercent is the most of the kubelet's filesystem, in percent of its
-// capacity, that may be used once a copy for the pods of a node that cannot hold a cache is
-// written (Agent.MaxScratchBytes). It stays clear of the kubelet's own thresholds on that
-// filesystem, at their defaults: image garbage collection from 85 % used
-// (imageGCHighThresholdPercent), hard eviction of pods from 90 % (nodefs.available<10%).
-const ScratchHighWatermarkPercent = 80
 
 // OnNode is where the root is on the nodes.
 func (r CacheRoot) OnNode() string {
@@ -566,10 +563,14 @@ type Agent struct {
 	// MaxScratchBytes is the most that the copies a node makes for its pods when it cannot hold
 	// their cache (NoLocalDisk, InsufficientCapacity, BudgetExceeded) may take together on the
 	// kubelet's filesystem, where they are kept (100Gi; 0: no copies, such pods wait). Each copy
-	// also keeps that filesystem at most ScratchHighWatermarkPercent used and Reserve free, and
+	// also keeps that filesystem clear of the kubelet's thresholds (Kubelet) and Reserve free, and
 	// counts in its namespace's maxBytesPerNode. A pod whose copy does not fit waits, its
 	// mount refused with the figures.
 	MaxScratchBytes *resource.Quantity `json:"maxScratchBytes,omitempty"`
+	// Kubelet is where the nodes' kubelets evict pods and remove images: caches on a disk the
+	// kubelet or the container runtime also use, and the copies on the kubelet's filesystem,
+	// stay clear of it.
+	Kubelet Kubelet `json:"kubelet,omitempty"`
 	// MetricsPerCache labels the agents' per-cache metrics by cache UID (false: sums over a
 	// node's caches). The metrics port is not authenticated: with it, any pod that can reach
 	// an agent learns which caches its node holds.
@@ -742,6 +743,7 @@ func (o *OperatorConfiguration) defaults() {
 	duration(&a.MountWait, 90*time.Second)
 	quantity(&a.VerifyRate, "200Mi")
 	quantity(&a.MaxScratchBytes, "100Gi")
+	a.Kubelet.defaults()
 	p := &o.Peers
 	number(&p.Port, 9444)
 	number(&p.GroupSize, 16)
@@ -936,6 +938,7 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, atLeast(agent.Child("partSize"), a.PartSize, 1<<20)...)
 	errs = append(errs, atLeast(agent.Child("verifyRate"), a.VerifyRate, 0)...)
 	errs = append(errs, atLeast(agent.Child("maxScratchBytes"), a.MaxScratchBytes, 0)...)
+	errs = append(errs, a.Kubelet.validate(agent.Child("kubelet"))...)
 	errs = append(errs, notNegative(ctl.Child("clientBurst"), c.ClientBurst)...)
 	errs = append(errs, notNegative(ctl.Child("concurrentReconciles"), c.ConcurrentReconciles)...)
 	errs = append(errs, notNegative(agent.Child("maxParallel"), a.MaxParallel)...)

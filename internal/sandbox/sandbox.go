@@ -417,7 +417,7 @@ func (s *sandbox) startPrewarm(ctx context.Context) error {
 		// The seed's bucket is read with the agents' own identity, for every namespace.
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
 		// Progress every second, to watch on a small cluster.
-		Agent: config.Agent{ProgressInterval: metav1.Duration{Duration: time.Second}},
+		Agent: config.Agent{ProgressInterval: metav1.Duration{Duration: time.Second}, Kubelet: testutil.NoKubelet()},
 	}
 	if err := op.Write(conf); err != nil {
 		return err

@@ -28,3 +28,16 @@ func DirRoots(paths ...string) []config.CacheRoot {
 	}
 	return out
 }
+
+// NoKubelet are the thresholds of a node beside which no kubelet runs: the agent processes the
+// tests and the sandbox start keep their caches on the machine's own disk (DirRoots), which the
+// agents take for the node's root filesystem and so keep clear of a kubelet's thresholds. No
+// kubelet evicts anything there, so none are kept clear of: the roots' own watermarks stand.
+func NoKubelet() config.Kubelet {
+	none := int32(0)
+	return config.Kubelet{
+		EvictionHard:                map[string]string{config.SignalNodefsAvailable: "0%", config.SignalImagefsAvailable: "0%"},
+		ImageGCHighThresholdPercent: 100,
+		MarginPercent:               &none,
+	}
+}

@@ -228,6 +228,28 @@ func TestAgentMountsFollowTheConfiguration(t *testing.T) {
 			t.Errorf("mount %v: propagation %q; want Bidirectional on /var/lib/kubelet/pods only", mm["mountPath"], prop)
 		}
 	}
+	// The kubelet's configuration file, when the configuration names it: its directory (the
+	// drop-ins beside it), or the file alone when it is in the kubelet's directory, read-only.
+	for _, tc := range []struct{ file, path, typ string }{
+		{"/etc/kubernetes/kubelet/config.json", "/etc/kubernetes/kubelet", "DirectoryOrCreate"},
+		{"/var/lib/kubelet/config.yaml", "/var/lib/kubelet/config.yaml", "File"},
+	} {
+		d := agentObject(t, render(t, "--set", "config.agent.kubelet.configFile="+tc.file), "DaemonSet")
+		vols, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "volumes")
+		i := slices.IndexFunc(vols, func(v any) bool { return v.(map[string]any)["name"] == "kubelet-config" })
+		if i < 0 {
+			t.Errorf("configFile %s: no kubelet-config volume", tc.file)
+			continue
+		}
+		path, _, _ := unstructured.NestedString(vols[i].(map[string]any), "hostPath", "path")
+		typ, _, _ := unstructured.NestedString(vols[i].(map[string]any), "hostPath", "type")
+		ctrs, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		mounts, _, _ := unstructured.NestedSlice(ctrs[0].(map[string]any), "volumeMounts")
+		j := slices.IndexFunc(mounts, func(m any) bool { return m.(map[string]any)["name"] == "kubelet-config" })
+		if path != tc.path || typ != tc.typ || j < 0 || mounts[j].(map[string]any)["mountPath"] != tc.path || mounts[j].(map[string]any)["readOnly"] != true {
+			t.Errorf("configFile %s: volume %s (%s), mount %v; want %s (%s) mounted read-only at the same path", tc.file, path, typ, mounts, tc.path, tc.typ)
+		}
+	}
 	// A kubelet with another --root-dir: every kubelet path and flag follows.
 	moved := agentObject(t, render(t, "--set", "agent.csi.kubeletDir=/data/kubelet"), "DaemonSet")
 	ctrs, _, _ = unstructured.NestedSlice(moved.Object, "spec", "template", "spec", "containers")

@@ -25,6 +25,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"config.placement.extendedResourceTolerations=maybe", "/config/placement/extendedResourceTolerations"},
 		{"config.agent.verifyInterval=daily", "/config/agent/verifyInterval"},
 		{"config.peers.port=70000", "/config/peers/port"},
+		{`config.agent.kubelet.evictionHard.nodefs\.available=ten`, "/config/agent/kubelet/evictionHard"},
+		{"config.agent.kubelet.marginPercent=60", "/config/agent/kubelet/marginPercent"},
 		{"image.pullPolicy=Sometimes", "/image/pullPolicy"},
 		{"priorityClass.preemptionPolicy=Always", "/priorityClass/preemptionPolicy"},
 		{"priorityClass.value=1.5", "/priorityClass/value"},
@@ -54,7 +56,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 	runHelm(t, "lint", "--strict", "--kube-version", kubeVersion, "charts/prewarm", "-f", writeValues(t, `
 serviceAccount: {agent: {annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::123456789012:role/prewarm-agent"}}}
 config:
-  cacheRoots: [{path: /opt/dlami/nvme, nodePath: /mnt/nvme}, /local]
+  cacheRoots: [{path: /opt/dlami/nvme, nodePath: /mnt/k8s-disks/0}, /local]
+  agent: {kubelet: {configFile: /etc/kubernetes/kubelet/config.json, evictionHard: {nodefs.available: 20Gi, imagefs.available: 15%}}}
   sourceAccess: [{namespaces: ["*"], s3: {bucket: example-bucket}}]
   placement:
     instanceTypes: [{instanceType: ml.g5.24xlarge, nodeSelector: {cloud.google.com/gke-accelerator: nvidia-l4}}]

@@ -294,7 +294,7 @@ func (e *weightsEnv) config(s3Endpoint string) string {
 	op := config.OperatorConfiguration{CacheRoots: testutil.DirRoots(root), FSx: e.fsx,
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
 		// Progress at every status tick: the tests act at points of a download.
-		Agent: config.Agent{ProgressInterval: metav1.Duration{Duration: 250 * time.Millisecond}}}
+		Agent: config.Agent{ProgressInterval: metav1.Duration{Duration: 250 * time.Millisecond}, Kubelet: testutil.NoKubelet()}}
 	if s3Endpoint != "" {
 		op.S3 = config.S3{Endpoint: s3Endpoint, PathStyle: true, CredentialsSecret: "prewarm-s3"}
 	}

@@ -226,7 +226,21 @@ type RootStatus struct {
 	// lowWatermarkPercent is where eviction stops.
 	// +optional
 	LowWatermarkPercent int32 `json:"lowWatermarkPercent,omitempty"`
+	// sharedWith names what else uses the root's filesystem (the kubelet's directory, the
+	// container runtime's, the node's root filesystem), when something does: usedBytes is then
+	// counted as the kubelet counts it, and the watermarks stay below the kubelet's thresholds.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	SharedWith string `json:"sharedWith,omitempty"`
+	// kubeletThresholds says, for people, the kubelet's eviction and image garbage collection
+	// thresholds the watermarks of a shared root derive from, and where each was read.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	KubeletThresholds string `json:"kubeletThresholds,omitempty"`
 }
+
+// MaxKubeletThresholds is the longest RootStatus.KubeletThresholds.
+const MaxKubeletThresholds = 512
 
 // CacheStatus is one cache's state on this node.
 type CacheStatus struct {
@@ -415,9 +429,9 @@ const (
 	// value past the NodeCache schema's limits, or an admission policy): the node is not asked,
 	// and the node's other caches are written without it.
 	ReasonRequestInvalid = "RequestInvalid"
-	// ReasonNoLocalDisk: the cache's root is not a disk of its own on this node (it does not
-	// exist, or it is on the node's root filesystem or the kubelet's), and the operator
-	// configuration does not allow that root there (cacheRoots[].allowRootFilesystem). The node
+	// ReasonNoLocalDisk: the cache's root is no data disk on this node (it does not exist, it is
+	// in memory, or it is a directory of the node's root filesystem and the operator
+	// configuration does not allow that: cacheRoots[].allowRootFilesystem). The node
 	// keeps no cache; its pods read the model from the source into a copy that goes with them.
 	ReasonNoLocalDisk = "NoLocalDisk"
 	// ReasonEvicted: the node removed the cache to make room for another (or to bring its disk

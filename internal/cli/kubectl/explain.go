@@ -50,6 +50,11 @@ type RootReport struct {
 	// evicting.
 	HighWatermarkPercent int32 `json:"highWatermarkPercent,omitempty"`
 	LowWatermarkPercent  int32 `json:"lowWatermarkPercent,omitempty"`
+	// SharedWith names what else uses the disk (the kubelet's directory, the container
+	// runtime's, the node's root filesystem); KubeletThresholds the kubelet's thresholds the
+	// watermarks then derive from.
+	SharedWith        string `json:"sharedWith,omitempty"`
+	KubeletThresholds string `json:"kubeletThresholds,omitempty"`
 	// Reason and Message say why the node keeps no cache under the root (NoLocalDisk).
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
@@ -122,7 +127,8 @@ func buildExplanation(ctx context.Context, c client.Client, nodeName, operatorNS
 		for _, r := range nc.Status.Roots {
 			ex.Roots = append(ex.Roots, RootReport{Path: r.Path, NodePath: r.NodePath, CapacityBytes: r.CapacityBytes, FreeBytes: r.FreeBytes,
 				ReservedBytes: r.ReservedBytes, UsedBytes: r.UsedBytes, CachedBytes: r.CachedBytes, Reason: r.Reason, Message: r.Message,
-				HighWatermarkPercent: r.HighWatermarkPercent, LowWatermarkPercent: r.LowWatermarkPercent})
+				HighWatermarkPercent: r.HighWatermarkPercent, LowWatermarkPercent: r.LowWatermarkPercent,
+				SharedWith: r.SharedWith, KubeletThresholds: r.KubeletThresholds})
 		}
 	}
 
@@ -274,6 +280,9 @@ func renderExplanation(w io.Writer, ex *NodeExplanation) error {
 			fmt.Fprintf(w, "; evicts above %d%%, down to %d%%", r.HighWatermarkPercent, r.LowWatermarkPercent)
 		}
 		fmt.Fprintln(w)
+		if r.SharedWith != "" {
+			fmt.Fprintf(w, "    shared with %s: %s\n", r.SharedWith, r.KubeletThresholds)
+		}
 	}
 	if ex.Note != "" {
 		fmt.Fprintf(w, "  note: %s\n", ex.Note)

@@ -59,7 +59,8 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 	}
 	cfg := prewarmconfig.OperatorConfiguration{CacheRoots: testutil.DirRoots(root),
 		FSx:          []prewarmconfig.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx"}},
-		SourceAccess: []prewarmconfig.SourceRule{{Namespaces: []string{"*"}, FSx: &prewarmconfig.FSxRule{FileSystemID: "fs-0123456789abcdef0"}}}}
+		SourceAccess: []prewarmconfig.SourceRule{{Namespaces: []string{"*"}, FSx: &prewarmconfig.FSxRule{FileSystemID: "fs-0123456789abcdef0"}}},
+		Agent:        prewarmconfig.Agent{Kubelet: testutil.NoKubelet()}}
 	cfg.SetDefaults()
 	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cfg.OperatorNamespace}}); err != nil {
 		t.Fatal(err)

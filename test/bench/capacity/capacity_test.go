@@ -94,7 +94,8 @@ func TestDiskUseOverARun(t *testing.T) {
 	}
 	cfg := config.OperatorConfiguration{Kind: config.Kind, CacheRoots: testutil.DirRoots(root),
 		FSx:          []config.FSxMount{{FileSystemID: fsxID, MountPath: "/fsx"}},
-		SourceAccess: []config.SourceRule{{Namespaces: []string{"default"}, FSx: &config.FSxRule{FileSystemID: fsxID}}}}
+		SourceAccess: []config.SourceRule{{Namespaces: []string{"default"}, FSx: &config.FSxRule{FileSystemID: fsxID}}},
+		Agent:        config.Agent{Kubelet: testutil.NoKubelet()}}
 	cfg.CacheRoots[0].HighWatermarkPercent, cfg.CacheRoots[0].LowWatermarkPercent = high, low
 	testutil.RunAgent(t, ctx, server, node, agent.Options{
 		Config: cfg, HostPrefix: host,

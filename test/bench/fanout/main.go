@@ -270,7 +270,7 @@ func (b *bench) setUp(tmp string) error {
 		op := config.OperatorConfiguration{CacheRoots: testutil.DirRoots(root),
 			S3:           config.S3{Endpoint: b.origin.URL, PathStyle: true},
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
-			Agent:        config.Agent{ProgressInterval: metav1.Duration{Duration: time.Second}},
+			Agent:        config.Agent{ProgressInterval: metav1.Duration{Duration: time.Second}, Kubelet: testutil.NoKubelet()},
 			Peers:        config.Peers{Disabled: c.disabled},
 		}
 		*c.path = filepath.Join(b.dir, fmt.Sprintf("config-%v.yaml", !c.disabled))
