@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,12 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,33 +30,43 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/realnode"
 	"github.com/prewarm/prewarm/internal/testutil/realseed"
 )
 
-// The nodes of the cloud-shaped runs: two GPU nodes with their NVMe at /mnt/nvme, one whose
-// /mnt/nvme is a directory of its root filesystem (nothing mounted there), one of another
-// instance type whose NVMe is too small to hold the seed's model, and a system
-// node.
+// The nodes of the cloud-shaped runs: two GPU nodes laid out as EKS's nodeadm lays out RAID0
+// instance store (the array at /mnt/k8s-disks/0, the kubelet's directory bound onto it; GKE's
+// local SSD path bound onto it too, for the GKE run), one whose /mnt/k8s-disks/0 is a directory
+// of its root filesystem (nothing mounted there), one of another instance type whose NVMe is too
+// small to hold the seed's model, one of that type laid out as the first two whose kubelet
+// evicts pods once less than 22 GiB of the array is free, and a system node.
 const (
 	gpuA, gpuB, rootFS = "ip-10-0-1-11", "ip-10-0-1-12", "ip-10-0-1-13"
 	smallDisk          = "ip-10-0-1-14"
+	shared             = "ip-10-0-1-15"
 	// smallDiskSize is a disk of its own, but too small for the seed's model (256 MiB).
 	smallDiskSize = 64 << 20
-	system        = "ip-10-0-0-10"
-	nvme          = "/mnt/nvme"
-	gpuTaint      = "nvidia.com/gpu=present:NoSchedule"
+	// sharedEviction is the shared node's kubelet's evictionHard nodefs.available: on its
+	// array of realseed.DiskSize, it binds before the chart's 20 GiB reserve does.
+	sharedEviction = "22Gi"
+	system         = "ip-10-0-0-10"
+	raid0          = "/mnt/k8s-disks/0"
+	gkeSSD         = "/mnt/stateful_partition/kube-ephemeral-ssd"
+	gpuTaint       = "nvidia.com/gpu=present:NoSchedule"
 )
 
 // TestSeedOnCloudShapedNodes installs prewarm as a platform engineer would on EKS and then on
 // GKE: from a release (its images and chart published to a registry by make push and make
 // chart-push), with only the values docs/operations.md tells them to set, on real kubelets
 // labelled and tainted as those clouds' GPU node groups, the API server running the
-// ExtendedResourceToleration admission plugin, and the NVMe at /mnt/nvme. The seed's manifests,
-// unchanged, must become Ready there: the caches on the nodes with a disk, the model servers
-// verifying every byte. The node whose cache root is its root filesystem reports NoLocalDisk,
-// keeps nothing, and its pod still starts, from the source. The documented uninstall then
+// ExtendedResourceToleration admission plugin, and the NVMe laid out as those clouds lay it out:
+// a RAID0 array the kubelet's directory is bound onto. The seed's manifests, unchanged, must
+// become Ready there: the caches on the nodes with an array, the model servers verifying every
+// byte. The node whose cache root is its root filesystem reports NoLocalDisk, keeps nothing,
+// and its pod still starts, from the source. On the array, the caches stay short of the
+// kubelet's eviction threshold, read from its configuration. The documented uninstall then
 // leaves no file, label or PriorityClass behind.
 func TestSeedOnCloudShapedNodes(t *testing.T) {
 	if testing.Short() {
@@ -64,7 +78,7 @@ func TestSeedOnCloudShapedNodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	const modelSize = 256<<20 + 2<<20
-	disk := map[string]int64{nvme: realseed.DiskSize(modelSize)}
+	disk := map[string]int64{raid0: realseed.DiskSize(modelSize)}
 	eksLabels := map[string]string{"eks.amazonaws.com/nodegroup": "gpu", "topology.kubernetes.io/zone": "us-west-2a"}
 	// A short folder: containerd's sockets are under it, and a Unix socket's path is at most
 	// 104 bytes.
@@ -83,12 +97,14 @@ func TestSeedOnCloudShapedNodes(t *testing.T) {
 			// The cluster's system node group: no GPU, no taint, no local disk (prewarm's
 			// controller runs here).
 			{Name: system, InstanceType: "m5.xlarge", Labels: map[string]string{"eks.amazonaws.com/nodegroup": "system"}},
-			{Name: gpuA, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, Labels: eksLabels, Taints: []string{gpuTaint}},
-			{Name: gpuB, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, Labels: eksLabels, Taints: []string{gpuTaint}},
-			{Name: rootFS, InstanceType: "g5.24xlarge", GPUs: 8, HostPaths: []string{nvme}, Labels: eksLabels, Taints: []string{gpuTaint}},
-			// Not a target of the seed (another instance type): a pod of the seed placed there
-			// makes it one.
-			{Name: smallDisk, InstanceType: "g5.12xlarge", GPUs: 4, Disks: map[string]int64{nvme: smallDiskSize}, Labels: eksLabels, Taints: []string{gpuTaint}},
+			{Name: gpuA, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, KubeletOn: raid0, Aliases: map[string]string{gkeSSD: raid0}, Labels: eksLabels, Taints: []string{gpuTaint}},
+			{Name: gpuB, InstanceType: "g5.24xlarge", GPUs: 8, Disks: disk, KubeletOn: raid0, Aliases: map[string]string{gkeSSD: raid0}, Labels: eksLabels, Taints: []string{gpuTaint}},
+			{Name: rootFS, InstanceType: "g5.24xlarge", GPUs: 8, RootPaths: []string{raid0, gkeSSD}, Labels: eksLabels, Taints: []string{gpuTaint}},
+			// Not targets of the seed (another instance type): a pod of the seed placed there
+			// makes them one.
+			{Name: smallDisk, InstanceType: "g5.12xlarge", GPUs: 4, Disks: map[string]int64{raid0: smallDiskSize}, Labels: eksLabels, Taints: []string{gpuTaint}},
+			{Name: shared, InstanceType: "g5.12xlarge", GPUs: 4, Disks: disk, KubeletOn: raid0, EvictionHard: map[string]string{"nodefs.available": sharedEviction},
+				Labels: eksLabels, Taints: []string{gpuTaint}},
 		},
 	})
 
@@ -137,6 +153,11 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 			"huggingFace": map[string]any{"endpoint": e.Hub.URL},
 		},
 	})
+	if file == "values-gke.yaml" {
+		// This run's kubelets are not GKE's: they keep their configuration where EKS's do and
+		// evict at this machine's thresholds (its disk is shared), not at GKE's defaults.
+		merge(values, map[string]any{"config": map[string]any{"agent": map[string]any{"kubelet": map[string]any{"configFile": realnode.KubeletConfig}}}})
+	}
 	b, err := yaml.Marshal(values)
 	if err != nil {
 		t.Fatal(err)
@@ -199,6 +220,9 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 		t.Run("the node whose disk cannot hold the cache says InsufficientCapacity, and its pod starts from the source", func(t *testing.T) {
 			e.noRoom(t, ctx, cache, iecKey)
 		})
+		t.Run("on an array the kubelet shares, the cache stops short of the kubelet's eviction threshold; the kubelet evicts nothing", func(t *testing.T) {
+			e.sharedDisk(t, ctx, cache, iecKey)
+		})
 		t.Run("HyperPod's ModelWeightsCacheConfig and ModelImageCache, with no endpoint, become Ready on the GPU nodes", func(t *testing.T) {
 			e.standaloneCaches(t, ctx, iecKey)
 		})
@@ -222,13 +246,18 @@ func (e *env) noLocalDisk(t *testing.T, ctx context.Context, cache *inferencev1.
 	if err := e.C.Client.Get(ctx, client.ObjectKey{Name: rootFS}, nc); err != nil {
 		t.Fatal(err)
 	}
-	if len(nc.Status.Roots) != 1 || nc.Status.Roots[0].Reason != prewarmv1alpha1.ReasonNoLocalDisk || nc.Status.Roots[0].NodePath != nvme {
-		t.Errorf("%s's roots: %+v; want %s (at %s) with NoLocalDisk", rootFS, nc.Status.Roots, realseed.CacheRoot, nvme)
+	var nodePath string
+	if len(nc.Status.Roots) == 1 {
+		nodePath = nc.Status.Roots[0].NodePath
+	}
+	if len(nc.Status.Roots) != 1 || nc.Status.Roots[0].Reason != prewarmv1alpha1.ReasonNoLocalDisk || (nodePath != raid0 && nodePath != gkeSSD) ||
+		!strings.Contains(nc.Status.Roots[0].Message, "root filesystem") {
+		t.Errorf("%s's roots: %+v; want %s (at %s or %s) with NoLocalDisk: the root filesystem", rootFS, nc.Status.Roots, realseed.CacheRoot, raid0, gkeSSD)
 	} else {
 		t.Logf("%s: %s", rootFS, nc.Status.Roots[0].Message)
 	}
 	out := e.kubectlPrewarm(t, ctx, "explain", "node", rootFS)
-	if !strings.Contains(out, "NoLocalDisk") || !strings.Contains(out, nvme) {
+	if !strings.Contains(out, "NoLocalDisk") || !strings.Contains(out, nodePath) {
 		t.Errorf("kubectl prewarm explain node %s does not say NoLocalDisk:\n%s", rootFS, out)
 	}
 	t.Logf("kubectl prewarm explain node %s:\n%s", rootFS, out)
@@ -250,8 +279,8 @@ func (e *env) noLocalDisk(t *testing.T, ctx context.Context, cache *inferencev1.
 	t.Logf("%s Ready on %s in %s: %s; %s", pod.Name, rootFS, took.Round(time.Millisecond), mounted, strings.TrimSpace(body))
 	node := e.C.Node(rootFS)
 	uid := string(cache.UID)
-	if _, err := os.Stat(node.HostPath(prewarmv1alpha1.CacheDir(nvme, uid))); !os.IsNotExist(err) {
-		t.Errorf("%s holds a cache under its root filesystem's %s (%v)", rootFS, nvme, err)
+	if _, err := os.Stat(node.HostPath(prewarmv1alpha1.CacheDir(nodePath, uid))); !os.IsNotExist(err) {
+		t.Errorf("%s holds a cache under its root filesystem's %s (%v)", rootFS, nodePath, err)
 	}
 	scratch := node.HostPath(filepath.Join("/var/lib/kubelet/plugins", prewarmv1alpha1.CSIDriverName, "scratch", uid))
 	if _, err := os.Stat(scratch); err != nil {
@@ -396,13 +425,13 @@ func (e *env) uninstall(t *testing.T, ctx context.Context, disks []string) {
 			}
 		}
 		for _, name := range disks {
-			dir := e.C.Node(name).HostPath(filepath.Join(nvme, prewarmv1alpha1.Directory))
+			dir := e.C.Node(name).HostPath(filepath.Join(raid0, prewarmv1alpha1.Directory))
 			entries, err := os.ReadDir(dir)
 			if err != nil && !os.IsNotExist(err) {
 				return err
 			}
 			for _, en := range entries {
-				errs = append(errs, fmt.Errorf("%s still holds %s", name, filepath.Join(nvme, prewarmv1alpha1.Directory, en.Name())))
+				errs = append(errs, fmt.Errorf("%s still holds %s", name, filepath.Join(raid0, prewarmv1alpha1.Directory, en.Name())))
 			}
 		}
 		return errors.Join(errs...)
@@ -517,4 +546,154 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// sharedDisk checks the node laid out as nodeadm's RAID0 whose kubelet evicts pods once less than
+// sharedEviction of the array is free, read by the agent from the kubelet's configuration
+// (values-eks.yaml names it). With the array filled by other files to just short of that
+// threshold, a pod of the seed placed there makes the node a target: the cache, which would take
+// the array past it, is refused (InsufficientCapacity), and so is a copy for the pod on the
+// kubelet's filesystem, the same array; nothing is written, the node reports no DiskPressure and
+// no pod in the cluster is evicted. Once those files go, the cache becomes Ready on the array
+// and the pod starts.
+func (e *env) sharedDisk(t *testing.T, ctx context.Context, cache *inferencev1.ModelDataCacheConfig, key client.ObjectKey) {
+	node := e.C.Node(shared)
+	threshold := resource.MustParse(sharedEviction)
+	var st unix.Statfs_t
+	if err := unix.Statfs(node.HostPath(raid0), &st); err != nil {
+		t.Fatal(err)
+	}
+	capacity := int64(st.Blocks) * st.Bsize
+	// The kubelet's threshold less the margin (5 points), in percent of the array.
+	wantHigh := int32(math.Floor(100-float64(threshold.Value())*100/float64(capacity))) - 5
+	// Free space between the agent's high watermark and the kubelet's threshold, less than the
+	// model: the cache would take the array past the threshold (the chart's 20 GiB reserve would
+	// not keep it off).
+	leave := threshold.Value() + 128<<20
+	if size := realseed.ModelBytes(e.Model); size <= leave-threshold.Value() {
+		t.Fatalf("the model (%d bytes) fits between the fill and the kubelet's threshold", size)
+	}
+	undo, err := node.Fill(raid0, leave)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filled := true
+	defer func() {
+		if filled {
+			_ = undo()
+		}
+	}()
+	dep := e.deployment(t, ctx, key)
+	pod := realseed.ProbePod(dep, "seed-on-"+shared, shared)
+	if err := e.C.Client.Create(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	uid := string(cache.UID)
+	nc := &prewarmv1alpha1.NodeCache{}
+	var refused prewarmv1alpha1.CacheStatus
+	err = testutil.Until(ctx, 3*time.Minute, func() error {
+		if err := e.C.Client.Get(ctx, client.ObjectKey{Name: shared}, nc); err != nil {
+			return err
+		}
+		i := slices.IndexFunc(nc.Status.Caches, func(c prewarmv1alpha1.CacheStatus) bool { return c.UID == uid })
+		if i < 0 || nc.Status.Caches[i].Reason != prewarmv1alpha1.ReasonInsufficientCapacity {
+			return fmt.Errorf("%s's NodeCache says of the cache: %+v; want InsufficientCapacity", shared, nc.Status.Caches)
+		}
+		refused = nc.Status.Caches[i]
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, e.PodReport(ctx, pod.Namespace))
+	}
+	t.Logf("%s: %s", shared, refused.Message)
+	if !strings.Contains(refused.Message, "shared with the kubelet's directory") {
+		t.Errorf("the refusal does not say the array is the kubelet's: %s", refused.Message)
+	}
+	if len(nc.Status.Roots) != 1 {
+		t.Fatalf("%s's roots: %+v", shared, nc.Status.Roots)
+	}
+	root := nc.Status.Roots[0]
+	t.Logf("%s's root: shared with %q, watermarks %d/%d %%: %s", shared, root.SharedWith, root.HighWatermarkPercent, root.LowWatermarkPercent, root.KubeletThresholds)
+	if root.Reason != "" || !strings.Contains(root.SharedWith, "the kubelet's directory") || root.HighWatermarkPercent != wantHigh ||
+		!strings.Contains(root.KubeletThresholds, "nodefs.available<"+sharedEviction+" ("+realnode.KubeletConfig+")") {
+		t.Errorf("%s's root: %+v; want it shared with the kubelet's directory, its high watermark %d %% (nodefs.available<%s in %s, less 5)",
+			shared, root, wantHigh, sharedEviction, realnode.KubeletConfig)
+	}
+	note := e.waitEvent(t, ctx, pod, agent.EventCacheRefused, "the kubelet's filesystem")
+	t.Logf("%s's copy refused: %s", pod.Name, note)
+	// Nothing of the model was written: the array is as free as the fill left it, short of the
+	// kubelet's threshold, and the kubelet has evicted nothing.
+	if err := unix.Statfs(node.HostPath(raid0), &st); err != nil {
+		t.Fatal(err)
+	}
+	if free := int64(st.Bavail) * st.Bsize; free < threshold.Value() {
+		t.Errorf("%s's array has %d bytes free, under the kubelet's threshold %s", shared, free, sharedEviction)
+	}
+	e.nothingEvicted(t, ctx, shared)
+
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	filled = false
+	// The refused download is tried again with its backoff (up to 5 minutes).
+	err = testutil.Until(ctx, 8*time.Minute, func() error {
+		if err := e.C.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			return err
+		}
+		if !realseed.PodReady(pod) {
+			return fmt.Errorf("%s is not Ready", pod.Name)
+		}
+		c, err := e.nodeCache(ctx, shared, uid)
+		if err != nil {
+			return err
+		}
+		if c == nil || c.State != inferencev1.CacheReady {
+			return fmt.Errorf("%s's cache: %+v; want Ready", shared, c)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, e.PodReport(ctx, pod.Namespace))
+	}
+	t.Logf("%s Ready on %s once the array had room: %s", pod.Name, shared, e.MountEvent(ctx, pod))
+	e.nothingEvicted(t, ctx, shared)
+	if err := e.DeletePods(ctx, pod.Namespace, pod.Name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nothingEvicted checks that the node reports no disk pressure and no pod of the cluster was
+// evicted.
+func (e *env) nothingEvicted(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	n := &corev1.Node{}
+	if err := e.C.Client.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeDiskPressure && c.Status != corev1.ConditionFalse {
+			t.Errorf("%s reports DiskPressure %s: %s", name, c.Status, c.Message)
+		}
+	}
+	var pods corev1.PodList
+	if err := e.C.Client.List(ctx, &pods); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if p.Status.Reason == "Evicted" || slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+			return c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue && c.Reason == "TerminationByKubelet"
+		}) {
+			t.Errorf("pod %s/%s on %s was evicted by the kubelet: %s", p.Namespace, p.Name, p.Spec.NodeName, p.Status.Message)
+		}
+	}
+	var events eventsv1.EventList
+	if err := e.C.Client.List(ctx, &events); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events.Items {
+		// The kubelet's: a pod it evicts, a node whose threshold is met.
+		if ev.Regarding.Kind == "Pod" && ev.Reason == "Evicted" || ev.Regarding.Kind == "Node" && ev.Reason == "EvictionThresholdMet" {
+			t.Errorf("event %s on %s/%s: %s", ev.Reason, ev.Regarding.Kind, ev.Regarding.Name, ev.Note)
+		}
+	}
 }

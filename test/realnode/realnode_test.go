@@ -34,7 +34,8 @@ import (
 // middle of its node's download, its replacement resuming; both parents DeploymentComplete with
 // model servers that read every byte of their models; pods timed warm against cold, and an image
 // cached against not; the cached image kept through image garbage collection and released with
-// its parent; the parent's files and labels gone from the nodes once it is deleted.
+// its parent; Deployments of another serving stack naming a standalone cache by name; the
+// parent's files and labels gone from the nodes once it is deleted.
 func TestSeedOnRealNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real nodes: minutes")
@@ -120,6 +121,9 @@ func TestSeedOnRealNodes(t *testing.T) {
 	})
 	t.Run("a deleted cache stays on a node while a pod there uses it", func(t *testing.T) {
 		e.deletedWhileInUse(t, ctx, tenant, tenantCache)
+	})
+	t.Run("Deployments written by hand mount a standalone cache by name, on a warm node and a cold one", func(t *testing.T) {
+		e.deploymentsByName(t, ctx)
 	})
 	t.Run("deleting the parent removes files, labels and the image pin", func(t *testing.T) {
 		e.deleteParent(t, ctx, iec, cache, image)

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
@@ -43,6 +44,18 @@ type NodeOptions struct {
 	// Disks are filesystems of their own the node has (its NVMe), by mount path: each an ext4
 	// filesystem of the given size on a loop device, mounted there in the node's mount namespace.
 	Disks map[string]int64
+	// KubeletOn, when set, is one of Disks: the kubelet's directory is <disk>/kubelet bound
+	// onto /var/lib/kubelet, as EKS's nodeadm and Karpenter bind it onto their RAID0 array.
+	KubeletOn string
+	// Aliases are more node paths, each bound onto another of the node's paths: the same disk
+	// where another platform mounts it.
+	Aliases map[string]string
+	// RootPaths are directories the node sees as they are on this machine's root filesystem,
+	// nothing bound there: directories of the node's OS disk, as a hostPath of one is.
+	RootPaths []string
+	// EvictionHard are the kubelet's hard eviction thresholds that replace the run's (1 % of
+	// the disks, which are the machine's), by signal.
+	EvictionHard map[string]string
 	// Labels are more labels the kubelet registers the node with.
 	Labels map[string]string
 	// Taints are the taints the kubelet registers the node with (key=value:Effect).
@@ -59,19 +72,42 @@ type Node struct {
 	// Socket is its containerd's CRI socket.
 	Socket string
 
-	bridge  string
-	cgroup  string
-	disks   []disk
-	holder  *exec.Cmd
-	procs   []*testutil.Process
-	cluster *Cluster
+	bridge string
+	cgroup string
+	disks  []disk
+	// kubeletOn and rootPaths are NodeOptions.KubeletOn and RootPaths.
+	kubeletOn string
+	rootPaths []string
+	holder    *exec.Cmd
+	procs     []*testutil.Process
+	cluster   *Cluster
 }
 
-// nodePaths are the host paths every node has of its own, besides NodeOptions.HostPaths.
-var nodePaths = []string{"/var/lib/kubelet", "/var/log", "/var/lib/cni", "/run/containerd"}
+// nodePaths are the host paths every node has of its own, besides NodeOptions.HostPaths:
+// /etc/kubernetes/kubelet holds the kubelet's configuration, config.json, where EKS's AL2023
+// nodes keep it.
+var nodePaths = []string{"/var/lib/kubelet", "/var/log", "/var/lib/cni", "/run/containerd", kubeletConfigDir}
 
-// HostPath is where the node's path p (under one of its host paths) is on this machine.
-func (n *Node) HostPath(p string) string { return filepath.Join(n.Dir, "host", p) }
+const (
+	kubeletDir       = "/var/lib/kubelet"
+	kubeletConfigDir = "/etc/kubernetes/kubelet"
+	// KubeletConfig is where the kubelet's configuration is on every node.
+	KubeletConfig = kubeletConfigDir + "/config.json"
+)
+
+// HostPath is where the node's path p (under one of its host paths, or a root path) is on this
+// machine.
+func (n *Node) HostPath(p string) string {
+	for _, r := range n.rootPaths {
+		if p == r || strings.HasPrefix(p, r+"/") {
+			return p
+		}
+	}
+	if n.kubeletOn != "" && (p == kubeletDir || strings.HasPrefix(p, kubeletDir+"/")) {
+		return filepath.Join(n.Dir, "host", n.kubeletOn, "kubelet", strings.TrimPrefix(p, kubeletDir))
+	}
+	return filepath.Join(n.Dir, "host", p)
+}
 
 // AddNode starts node number i (1-254): its mount namespace, containerd and kubelet; waits until
 // it is Ready and writes its GPU capacity.
@@ -84,9 +120,13 @@ func (c *Cluster) AddNode(ctx context.Context, i int, o NodeOptions) (*Node, err
 	if _, err := rand.Read(suffix); err != nil {
 		return nil, err
 	}
+	if _, ok := o.Disks[o.KubeletOn]; o.KubeletOn != "" && !ok {
+		return nil, fmt.Errorf("node %s: KubeletOn %s is none of its disks", o.Name, o.KubeletOn)
+	}
 	n := &Node{
 		Name: o.Name, IP: fmt.Sprintf("10.250.0.%d", i), Dir: filepath.Join(c.Dir, "nodes", o.Name),
 		bridge: fmt.Sprintf("pwbr%d", i), cgroup: fmt.Sprintf("/prewarm-%x-%s", suffix, o.Name), cluster: c,
+		kubeletOn: o.KubeletOn, rootPaths: o.RootPaths,
 	}
 	n.Socket = filepath.Join(n.Dir, "containerd", "containerd.sock")
 	c.Nodes = append(c.Nodes, n)
@@ -120,8 +160,14 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 			return fmt.Errorf("disk %s: %w", p, err)
 		}
 	}
-	if err := n.makeMountNamespace(slices.Concat(nodePaths, o.HostPaths, disks)); err != nil {
+	// The disks before the kubelet's directory: it may be bound from one.
+	if err := n.makeMountNamespace(slices.Concat(disks, nodePaths, o.HostPaths), o.Aliases); err != nil {
 		return err
+	}
+	for _, p := range o.RootPaths {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
 	}
 	if err := n.writeContainerdConfig(i); err != nil {
 		return err
@@ -143,7 +189,7 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 	if err := writeKubeconfig(kc, fmt.Sprintf("https://%s:%d", HostIP, apiPort), n.cluster.pki.path("ca.crt"), id); err != nil {
 		return err
 	}
-	conf, err := n.writeKubeletConfig(i)
+	conf, err := n.writeKubeletConfig(i, o.EvictionHard)
 	if err != nil {
 		return err
 	}
@@ -199,8 +245,9 @@ func (n *Node) makeCgroups() error {
 }
 
 // makeMountNamespace starts a process holding the node's mount namespace and bind-mounts, in it,
-// a folder of the node's directory onto each of paths.
-func (n *Node) makeMountNamespace(paths []string) error {
+// a folder of the node's directory onto each of paths (HostPath), then each alias's target onto
+// the alias.
+func (n *Node) makeMountNamespace(paths []string, aliases map[string]string) error {
 	n.holder = exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "infinity")
 	n.holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := n.holder.Start(); err != nil {
@@ -217,11 +264,7 @@ func (n *Node) makeMountNamespace(paths []string) error {
 	if err != nil {
 		return fmt.Errorf("the node's mount namespace: %w", err)
 	}
-	for _, p := range paths {
-		src := n.HostPath(p)
-		if err := os.MkdirAll(src, 0o755); err != nil {
-			return err
-		}
+	bind := func(src, p string) error {
 		// The mount point must exist on the machine; it stays empty there.
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return err
@@ -231,11 +274,28 @@ func (n *Node) makeMountNamespace(paths []string) error {
 		}
 		// Shared, as a node's mounts are: a CSI plugin's mounts under /var/lib/kubelet/pods
 		// (Bidirectional propagation) then reach the kubelet and the pods.
-		if err := run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--make-rshared", p); err != nil {
+		return run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--make-rshared", p)
+	}
+	for _, p := range paths {
+		src := n.HostPath(p)
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			return err
+		}
+		if err := bind(src, p); err != nil {
 			return err
 		}
 	}
-	return nil
+	for _, alias := range slices.Sorted(maps.Keys(aliases)) {
+		if err := bind(aliases[alias], alias); err != nil {
+			return err
+		}
+	}
+	// And the rest shared too, as systemd makes a node's mounts: a hostPath of a directory of
+	// the node's root filesystem, nothing bound there, can then be mounted into a container with
+	// HostToContainer propagation, which containerd refuses from a private mount. After the
+	// binds: a bind of a shared mount would be its peer, and the node's folders would show what
+	// is mounted on their binds.
+	return run("nsenter", "--mount="+n.mountNS(), "--", "mount", "--make-rshared", "/")
 }
 
 // mountDisk makes an ext4 filesystem of size bytes in a sparse file of the node's directory and
@@ -360,8 +420,12 @@ state = "%[1]s/state"
 	return nil
 }
 
-// writeKubeletConfig writes the kubelet's configuration for node i.
-func (n *Node) writeKubeletConfig(i int) (string, error) {
+// writeKubeletConfig writes the kubelet's configuration for node i, in JSON at KubeletConfig,
+// with the thresholds evictionHard replaces; it returns its node path.
+func (n *Node) writeKubeletConfig(i int, evictionHard map[string]string) (string, error) {
+	// A shared machine's disk is not this node's alone: evict only when it is truly full.
+	eviction := map[string]string{"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}
+	maps.Copy(eviction, evictionHard)
 	conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %s
@@ -382,12 +446,24 @@ failSwapOn: false
 containerRuntimeEndpoint: unix://%s
 clusterDomain: cluster.local
 serializeImagePulls: false
-# A shared machine's disk is not this node's alone: evict only when it is truly full.
-evictionHard: {memory.available: 50Mi, nodefs.available: 1%%, imagefs.available: 1%%, nodefs.inodesFree: 1%%}
 syncFrequency: 10s
+# Nor remove images before it is: the agents stay clear of this threshold too, on this
+# machine's disk.
+imageGCHighThresholdPercent: 100
 `, n.IP, 10300+i, n.cluster.pki.path("ca.crt"), n.cgroup, n.Socket)
-	p := filepath.Join(n.Dir, "kubelet-config.yaml")
-	return p, os.WriteFile(p, []byte(conf), 0o644)
+	b, err := yaml.YAMLToJSON([]byte(conf))
+	if err != nil {
+		return "", err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return "", err
+	}
+	m["evictionHard"] = eviction
+	if b, err = json.MarshalIndent(m, "", "  "); err != nil {
+		return "", err
+	}
+	return KubeletConfig, os.WriteFile(n.HostPath(KubeletConfig), b, 0o644)
 }
 
 // waitReady waits until the node is Ready, then writes its GPU capacity into its status.

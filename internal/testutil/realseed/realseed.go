@@ -448,7 +448,10 @@ func (e *Env) values() map[string]any {
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: Bucket}}},
 			Controller:   config.Controller{GateTimeout: metav1.Duration{Duration: 10 * time.Minute}},
 			// Progress every second: the tests act at points of a download.
-			Agent: config.Agent{Reserve: ptr.To(resource.MustParse(AgentReserve)), MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: ptr.To(resource.MustParse("16Mi")), ProgressInterval: metav1.Duration{Duration: time.Second}},
+			// The agents read the kubelets' configuration (EKS's path): they evict only when this
+			// machine's disk, which every node's kubelet directory is on, is truly full.
+			Agent: config.Agent{Reserve: ptr.To(resource.MustParse(AgentReserve)), MaxParallel: 2, Concurrency: AgentConcurrency, PartSize: ptr.To(resource.MustParse("16Mi")), ProgressInterval: metav1.Duration{Duration: time.Second},
+				Kubelet: config.Kubelet{ConfigFile: realnode.KubeletConfig}},
 			// Sharing off: these runs time a cold node reading S3 (at S3's pace, 120 MB/s in
 			// one of them) and count what S3 sends it; with sharing, the cold node would take the
 			// model from the warm one. Sharing is measured by make bench-fanout and the e2e tests.
