@@ -97,6 +97,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 		jobs: map[string]*job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir), names: newNames(opts.Now),
 	}
+	registerBudgets(opts.Registerer, a.budgets)
 	if opts.VerifyRate > 0 {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
 	}
