@@ -104,6 +104,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir), names: newNames(opts.Now),
 	}
 	a.kubelet, a.kubeletErr = loadKubeletLimits(opts.Config.Agent.Kubelet, opts.local)
+	registerBudgets(opts.Registerer, a.budgets)
 	if opts.VerifyRate > 0 {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
 	}

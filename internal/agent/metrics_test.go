@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 )
 
 // By default the agent's metrics are sums over its node's caches and name none of them (the
@@ -81,4 +84,38 @@ func gather(t *testing.T, reg *prometheus.Registry, names ...string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// A node's origin budgets are exposed by source type: a source with a budget has its refusals
+// and its waits counted, a source without one has neither series.
+func TestOriginBudgetMetrics(t *testing.T) {
+	o := &Options{}
+	o.Config.S3.Budget = config.Budget{MaxConcurrency: 4}
+	budgets := newBudgets(o)
+	reg := prometheus.NewRegistry()
+	registerBudgets(reg, budgets)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got = append(got, fmt.Sprintf("%s %s{%s} %g", f.GetType(), f.GetName(), strings.Join(labels, ","), m.GetCounter().GetValue()))
+		}
+	}
+	want := []string{
+		"COUNTER prewarm_agent_origin_budget_wait_seconds_total{source=s3} 0",
+		"COUNTER prewarm_agent_origin_throttled_total{source=s3} 0",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("the budgets' series:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if budgets[inferencev1.ModelSourceHuggingFace] != nil {
+		t.Error("the Hub has a budget the configuration did not give it")
+	}
 }

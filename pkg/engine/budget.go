@@ -26,6 +26,9 @@ type Budget struct {
 	pauseUntil time.Time
 	pause      time.Duration
 	throttled  int64
+	// waited is how long reads have waited for the budget: a slot, the end of a pause, or
+	// bytes of the rate cap (summed over readers).
+	waited time.Duration
 }
 
 // NewBudget returns a budget; zero values mean no cap.
@@ -50,11 +53,28 @@ func (b *Budget) Throttled() int64 {
 	return b.throttled
 }
 
+// Waited is how long reads have waited for the budget, summed over readers: a slot, the end of
+// a pause, or bytes of the rate cap.
+func (b *Budget) Waited() time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waited
+}
+
+// count adds the time since start to what reads have waited.
+func (b *Budget) count(start time.Time) {
+	d := time.Since(start)
+	b.mu.Lock()
+	b.waited += d
+	b.mu.Unlock()
+}
+
 // acquire waits for a slot and for the end of any pause.
 func (b *Budget) acquire(ctx context.Context) (func(), error) {
 	if b == nil {
 		return func() {}, nil
 	}
+	defer b.count(time.Now())
 	for {
 		b.mu.Lock()
 		wait := time.Until(b.pauseUntil)
@@ -82,6 +102,7 @@ func (b *Budget) wait(ctx context.Context, n int) error {
 	if b == nil || b.limiter == nil {
 		return nil
 	}
+	defer b.count(time.Now())
 	return b.limiter.WaitN(ctx, n)
 }
 

@@ -64,4 +64,8 @@ func TestBudgetCapsConcurrencyAndPausesOnSlowDown(t *testing.T) {
 	if got := budget.Throttled(); got != 1 {
 		t.Errorf("the budget counted %d refusals, want 1", got)
 	}
+	// Eight workers for two slots, and a pause of a second: reads waited for the budget.
+	if budget.Waited() <= 0 {
+		t.Errorf("the budget says no read waited for it")
+	}
 }

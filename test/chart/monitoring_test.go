@@ -190,7 +190,7 @@ func TestAlertsQueryExportedMetrics(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"PrewarmAgentNotReporting", "PrewarmCacheFailedOnNodes", "PrewarmDiskOverHighWatermark", "PrewarmEvictionStorm", "PrewarmBudgetExceeded", "PrewarmOriginThrottling", "PrewarmControllerDown"} {
+	for _, want := range []string{"PrewarmAgentNotReporting", "PrewarmCacheFailedOnNodes", "PrewarmDiskOverHighWatermark", "PrewarmEvictionStorm", "PrewarmBudgetExceeded", "PrewarmOriginThrottling", "PrewarmOriginBudgetExhausted", "PrewarmControllerDown"} {
 		if alerts[want] == nil {
 			t.Errorf("no alert %s; the rule has %v", want, slices.Sorted(maps.Keys(alerts)))
 		}
