@@ -275,12 +275,12 @@ func TestReadmeListsEveryValue(t *testing.T) {
 }
 
 // valueLeaves lists the values a user sets: paths down to scalars, lists and empty maps, and
-// the maps of Kubernetes objects (resources) as one value.
+// the maps of Kubernetes objects (resources, node selectors, affinities) as one value.
 func valueLeaves(v map[string]any, at string, out *[]string) {
 	for k, x := range v {
 		path := strings.TrimPrefix(at+"."+k, ".")
 		m, ok := x.(map[string]any)
-		if !ok || len(m) == 0 || strings.HasSuffix(path, "resources") || strings.HasSuffix(path, "nodeSelector") {
+		if !ok || len(m) == 0 || strings.HasSuffix(path, "resources") || strings.HasSuffix(path, "nodeSelector") || strings.HasSuffix(path, "affinity") {
 			*out = append(*out, path)
 			continue
 		}
