@@ -199,7 +199,7 @@ func (a *Agent) rootStatus(root string) prewarmv1alpha1.RootStatus {
 	if f, err := a.figures(root); err == nil && rs.Reason == "" {
 		rs.CapacityBytes, rs.UsedBytes, rs.FreeBytes = f.capacity, f.used, min(f.room(), f.avail)
 		rs.HighWatermarkPercent, rs.LowWatermarkPercent = f.high, f.low
-		rs.SharedWith = f.shares
+		rs.SharedWith = text.Clip(f.shares, prewarmv1alpha1.MaxSharedWith)
 		if f.shares != "" {
 			rs.KubeletThresholds = text.Clip(a.kubelet.String(), prewarmv1alpha1.MaxKubeletThresholds)
 		}

@@ -239,8 +239,12 @@ type RootStatus struct {
 	KubeletThresholds string `json:"kubeletThresholds,omitempty"`
 }
 
-// MaxKubeletThresholds is the longest RootStatus.KubeletThresholds.
-const MaxKubeletThresholds = 512
+// MaxSharedWith and MaxKubeletThresholds are the longest RootStatus.SharedWith and
+// KubeletThresholds.
+const (
+	MaxSharedWith        = 128
+	MaxKubeletThresholds = 512
+)
 
 // CacheStatus is one cache's state on this node.
 type CacheStatus struct {

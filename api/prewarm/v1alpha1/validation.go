@@ -110,5 +110,7 @@ func (r RootStatus) Validate(path *field.Path) field.ErrorList {
 	errs = append(errs, maxLen(path.Child("nodePath"), r.NodePath, 255)...)
 	errs = append(errs, maxLen(path.Child("reason"), r.Reason, 64)...)
 	errs = append(errs, maxLen(path.Child("message"), r.Message, 1024)...)
+	errs = append(errs, maxLen(path.Child("sharedWith"), r.SharedWith, MaxSharedWith)...)
+	errs = append(errs, maxLen(path.Child("kubeletThresholds"), r.KubeletThresholds, MaxKubeletThresholds)...)
 	return errs
 }
