@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -322,7 +323,7 @@ func TestUnsupportedFieldsAreNamed(t *testing.T) {
 	if got := fromEndpoint(iec).unsupported; len(got) != 0 {
 		t.Errorf("fields that ask for nothing unsupported: %v; want none", got)
 	}
-	iec.Spec.AutoScalingSpec = &inferencev1.AutoScalingSpec{}
+	iec.Spec.AutoScalingSpec = &inferencev1.AutoScalingSpec{PrometheusTrigger: &inferencev1.PrometheusTrigger{Query: ptr.To("sum(rate(requests_total[1m]))")}}
 	iec.Spec.LoadBalancer = &inferencev1.LoadBalancer{}
 	iec.Spec.PDSpec = &inferencev1.PDSpec{}
 	iec.Spec.Worker.RequestLimits = &inferencev1.RequestLimits{MaxConcurrentRequests: ptr.To[int32](8)}
@@ -486,6 +487,52 @@ func TestPrefetchBounds(t *testing.T) {
 			args := strings.Join(c.Args, " ")
 			if !strings.Contains(args, "--size-limit="+resource.NewQuantity(tc.want, resource.BinarySI).String()+" ") || !strings.Contains(args, tc.wantFrom) {
 				t.Errorf("prefetch args %q: want the size limit and what set it (%q)", args, tc.wantFrom)
+			}
+		})
+	}
+}
+
+// HyperPod's CLI (hyp create hyp-custom-endpoint, templates v1_0 to v1_2) writes this
+// autoScalingSpec into every endpoint it makes when no metric is given: a cloudWatchTrigger
+// whose metricName, name, namespace and targetValue are empty. It asks for no autoscaling, so
+// the endpoint is not Unsupported; a trigger that names a metric or a query is.
+func TestAnAutoScalingSpecWithNoMetricAsksForNothing(t *testing.T) {
+	const cliTemplate = `
+cloudWatchTrigger:
+  metricCollectionPeriod: 300
+  metricCollectionStartTime: 300
+  metricName:
+  metricStat: Average
+  metricType: Average
+  minValue: 0
+  name:
+  namespace:
+  targetValue:
+  useCachedMetrics: false
+`
+	for _, tc := range []struct {
+		name, spec string
+		asked      bool
+	}{
+		{"the CLI's template with no metric", cliTemplate, false},
+		{"an empty metricName", "cloudWatchTrigger: {metricName: \"\", namespace: AWS/SageMaker}", false},
+		{"no trigger at all", "{minReplicaCount: 1, maxReplicaCount: 4}", false},
+		{"a Prometheus trigger with no query", "prometheusTrigger: {serverAddress: \"\", targetValue: 10}", false},
+		{"a CloudWatch metric", "cloudWatchTrigger: {metricName: Invocations, namespace: AWS/SageMaker, targetValue: 10}", true},
+		{"a CloudWatch metric in the list", "cloudWatchTriggerList: [{metricName: \"\"}, {metricName: ApproximateBacklogSize}]", true},
+		{"a Prometheus query", "prometheusTrigger: {query: 'sum(rate(requests_total[1m]))', targetValue: 10}", true},
+		{"a Prometheus query in the list", "prometheusTriggerList: [{query: 'avg(queue_size)'}]", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &inferencev1.AutoScalingSpec{}
+			if err := yaml.UnmarshalStrict([]byte(tc.spec), s); err != nil {
+				t.Fatal(err)
+			}
+			iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+			iec.Spec.AutoScalingSpec = s
+			got := slices.Contains(fromEndpoint(iec).unsupported, "autoScalingSpec")
+			if got != tc.asked {
+				t.Errorf("autoScalingSpec %s: Unsupported %v; want %v", tc.spec, got, tc.asked)
 			}
 		})
 	}

@@ -97,7 +97,7 @@ func caches(c *inferencev1.ModelCacheConfig) (*inferencev1.WeightsCacheConfig, b
 func unsupportedFields(own map[string]bool, b *inferencev1.HyperPodFeatures) []string {
 	shared := map[string]bool{
 		"tlsConfig":              b.TLSConfig != nil,
-		"autoScalingSpec":        b.AutoScalingSpec != nil,
+		"autoScalingSpec":        scalingAsked(b.AutoScalingSpec),
 		"metrics":                b.Metrics != nil && ptr.Deref(b.Metrics.Enabled, true),
 		"loadBalancer":           b.LoadBalancer != nil,
 		"intelligentRoutingSpec": b.IntelligentRoutingSpec != nil && ptr.Deref(b.IntelligentRoutingSpec.Enabled, false),
@@ -115,6 +115,26 @@ func unsupportedFields(own map[string]bool, b *inferencev1.HyperPodFeatures) []s
 	}
 	slices.Sort(out)
 	return out
+}
+
+// scalingAsked reports whether an autoScalingSpec asks for autoscaling: a trigger that names what
+// to scale on (a CloudWatch metric, a Prometheus query). HyperPod's CLI and SDK write a
+// cloudWatchTrigger without a metricName into every endpoint they make, and a block with no
+// trigger gives KEDA nothing to scale on: neither asks for anything.
+func scalingAsked(s *inferencev1.AutoScalingSpec) bool {
+	if s == nil {
+		return false
+	}
+	cloudWatch := s.CloudWatchTriggerList
+	if s.CloudWatchTrigger != nil {
+		cloudWatch = append(slices.Clip(cloudWatch), *s.CloudWatchTrigger)
+	}
+	prometheus := s.PrometheusTriggerList
+	if s.PrometheusTrigger != nil {
+		prometheus = append(slices.Clip(prometheus), *s.PrometheusTrigger)
+	}
+	return slices.ContainsFunc(cloudWatch, func(t inferencev1.CloudWatchTrigger) bool { return ptr.Deref(t.MetricName, "") != "" }) ||
+		slices.ContainsFunc(prometheus, func(t inferencev1.PrometheusTrigger) bool { return ptr.Deref(t.Query, "") != "" })
 }
 
 // deployTime is maxDeployTimeInSeconds as a duration; unset (an object stored before the field
