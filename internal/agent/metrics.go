@@ -4,6 +4,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 // metrics are the agent's Prometheus metrics (besides the engine's
@@ -81,6 +83,27 @@ func newMetrics(reg prometheus.Registerer, perCache bool) *metrics {
 		reg.MustRegister(m.state, m.rate, m.done, m.disk, m.failures, m.free, m.capacity, m.used, m.cached, m.verified, m.damaged, m.repaired, m.evictions)
 	}
 	return m
+}
+
+// registerBudgets exposes the node's origin budgets: how often each origin refused the node
+// (429, 503) and how long its reads waited for the budget, by source type.
+func registerBudgets(reg prometheus.Registerer, budgets map[inferencev1.ModelSourceType]*engine.Budget) {
+	if reg == nil {
+		return
+	}
+	for t, b := range budgets {
+		labels := prometheus.Labels{"source": string(t)}
+		reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "prewarm_agent_origin_throttled_total", ConstLabels: labels,
+				Help: "Reads of a source with a budget (config.s3.budget, config.huggingFace.budget) that the origin refused with 429 or 503; each pauses the node's reads of it.",
+			}, func() float64 { return float64(b.Throttled()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "prewarm_agent_origin_budget_wait_seconds_total", ConstLabels: labels,
+				Help: "Seconds the node's reads of a source waited for its budget (a slot, the end of a pause, bytes of the rate cap), summed over readers.",
+			}, func() float64 { return b.Waited().Seconds() }),
+		)
+	}
 }
 
 // observe records a status the agent is about to write.

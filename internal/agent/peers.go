@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/peer"
@@ -71,27 +69,6 @@ func (a *Agent) withdraw(uid string) {
 // budget is the node's origin budget for a source type (nil: none).
 func (a *Agent) budget(t inferencev1.ModelSourceType) *engine.Budget {
 	return a.budgets[t]
-}
-
-// registerBudgets exposes the node's origin budgets: how often each origin refused the node
-// (429, 503) and how long its reads waited for the budget, by source type.
-func registerBudgets(reg prometheus.Registerer, budgets map[inferencev1.ModelSourceType]*engine.Budget) {
-	if reg == nil {
-		return
-	}
-	for t, b := range budgets {
-		labels := prometheus.Labels{"source": string(t)}
-		reg.MustRegister(
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "prewarm_agent_origin_throttled_total", ConstLabels: labels,
-				Help: "Reads of a source with a budget (config.s3.budget, config.huggingFace.budget) that the origin refused with 429 or 503; each pauses the node's reads of it.",
-			}, func() float64 { return float64(b.Throttled()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{
-				Name: "prewarm_agent_origin_budget_wait_seconds_total", ConstLabels: labels,
-				Help: "Seconds the node's reads of a source waited for its budget (a slot, the end of a pause, bytes of the rate cap), summed over readers.",
-			}, func() float64 { return b.Waited().Seconds() }),
-		)
-	}
 }
 
 func newBudgets(o *Options) map[inferencev1.ModelSourceType]*engine.Budget {

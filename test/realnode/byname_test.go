@@ -3,7 +3,6 @@ package realnode
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -93,34 +92,8 @@ func (e *env) deploymentsByName(t *testing.T, ctx context.Context) {
 	if err := e.C.Client.Get(ctx, client.ObjectKey{Namespace: namedNS, Name: mw.Status.CacheName}, cache); err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("%d files, %d bytes verified", len(e.Model), realseed.ModelBytes(e.Model))
 	for _, d := range []*appsv1.Deployment{namedDeployment("server-warm", warm1, mw.Name), namedDeployment("server-cold", cold, mw.Name)} {
-		if err := e.C.Client.Create(ctx, d); err != nil {
-			t.Fatal(err)
-		}
-		p := &corev1.Pod{}
-		err := testutil.Until(ctx, 5*time.Minute, func() error {
-			pods := &corev1.PodList{}
-			if err := e.C.Client.List(ctx, pods, client.InNamespace(namedNS), client.MatchingLabels(d.Spec.Selector.MatchLabels)); err != nil {
-				return err
-			}
-			for i := range pods.Items {
-				if realseed.PodReady(&pods.Items[i]) {
-					*p = pods.Items[i]
-					return nil
-				}
-			}
-			return fmt.Errorf("no Ready pod of %s among %d", d.Name, len(pods.Items))
-		})
-		if err != nil {
-			t.Fatalf("%v\n%s", err, e.PodReport(ctx, namedNS))
-		}
-		body := e.health(t, ctx, p)
-		if !strings.Contains(body, want) || !strings.Contains(body, onlyTheModel) {
-			t.Errorf("%s on %s: /health %q; want the whole model verified, nothing else", p.Name, p.Spec.NodeName, body)
-		}
-		note := e.waitEvent(t, ctx, p, agent.EventCacheMounted, mw.Name+" ("+string(cache.UID)+")")
-		t.Logf("%s on %s: %s", d.Name, p.Spec.NodeName, note)
+		e.serveByName(t, ctx, d, mw.Name, string(cache.UID))
 	}
 
 	// The vLLM production stack's Deployment, as its chart renders it from the docs' values.

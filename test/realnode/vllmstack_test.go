@@ -84,6 +84,17 @@ func (e *env) vllmStack(t *testing.T, ctx context.Context, instanceType string, 
 	if got := d.Spec.Template.Spec.Volumes[0].CSI; got == nil || got.Driver != prewarmv1alpha1.CSIDriverName || got.VolumeAttributes[prewarmv1alpha1.VolumeAttributeCache] != mw.GetName() {
 		t.Fatalf("the chart's volume %+v does not name the cache %s", d.Spec.Template.Spec.Volumes[0], mw.GetName())
 	}
+	e.serveByName(t, ctx, d, mw.GetName(), cacheUID)
+	if err := e.C.Client.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: namedNS, Name: d.Name}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// serveByName creates d, a Deployment of namedNS whose pods name the cache by name, and waits
+// until every replica is Ready, its model server having read the whole model from the cache
+// (uid) prewarm mounted; it logs where each runs and how it was mounted.
+func (e *env) serveByName(t *testing.T, ctx context.Context, d *appsv1.Deployment, cache, uid string) {
+	t.Helper()
 	if err := e.C.Client.Create(ctx, d); err != nil {
 		t.Fatal(err)
 	}
@@ -114,10 +125,7 @@ func (e *env) vllmStack(t *testing.T, ctx context.Context, instanceType string, 
 		if !strings.Contains(body, want) || !strings.Contains(body, onlyTheModel) {
 			t.Errorf("%s on %s: /health %q; want the whole model verified, nothing else", p.Name, p.Spec.NodeName, body)
 		}
-		note := e.waitEvent(t, ctx, p, agent.EventCacheMounted, mw.GetName()+" ("+cacheUID+")")
-		t.Logf("vLLM production stack's %s on %s: %s", p.Name, p.Spec.NodeName, note)
-	}
-	if err := e.C.Client.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: namedNS, Name: d.Name}}); err != nil {
-		t.Fatal(err)
+		note := e.waitEvent(t, ctx, p, agent.EventCacheMounted, cache+" ("+uid+")")
+		t.Logf("%s's %s on %s: %s", d.Name, p.Name, p.Spec.NodeName, note)
 	}
 }
