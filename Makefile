@@ -25,7 +25,7 @@ help: ## Show this help.
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
-	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/... paths=./internal/keda/...
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRDs into config/crd/bases and the RBAC roles into config/rbac.

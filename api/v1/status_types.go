@@ -42,6 +42,9 @@ const (
 	// ConditionRegistered: a SageMakerEndpointRegistration is registered with SageMaker (never,
 	// off SageMaker).
 	ConditionRegistered = "Registered"
+	// ConditionAutoscaling: the parent's autoScalingSpec scales its Deployment through a KEDA
+	// ScaledObject, which KEDA reports Ready (absent when the parent asks for no autoscaling).
+	ConditionAutoscaling = "Autoscaling"
 )
 
 // Condition reasons (CamelCase, stable: scripts may match on them).
@@ -122,6 +125,24 @@ const (
 	// ReasonNodesNotGranted: the operator configuration grants the namespace's standalone
 	// caches (ModelWeightsCacheConfig, ModelImageCache) no nodes; the cache is on no node.
 	ReasonNodesNotGranted = "NodesNotGranted"
+	// ReasonScaledObjectReady: KEDA scales the Deployment on the parent's triggers.
+	ReasonScaledObjectReady = "ScaledObjectReady"
+	// ReasonScaledObjectNotReady: KEDA has not reported the parent's ScaledObject ready yet, or
+	// reports it failing (its message follows).
+	ReasonScaledObjectNotReady = "ScaledObjectNotReady"
+	// ReasonKEDANotInstalled: the parent asks for autoscaling and the cluster has no KEDA
+	// (keda.sh ScaledObject is not served); spec.replicas is the count.
+	ReasonKEDANotInstalled = "KEDANotInstalled"
+	// ReasonInvalidAutoScaling: autoScalingSpec holds values HyperPod's schema accepts and KEDA
+	// or the HPA refuses (named in the message); a ScaledObject written before keeps scaling.
+	ReasonInvalidAutoScaling = "InvalidAutoScaling"
+	// ReasonNoUsableTrigger: every trigger that names a metric cannot work here (a SageMaker
+	// metric, no Prometheus server, no AWS region; the message says which and what to use);
+	// spec.replicas is the count.
+	ReasonNoUsableTrigger = "NoUsableTrigger"
+	// ReasonMetricUnavailable: the ScaledObject is written (its counts hold), but a trigger reads
+	// a metric this cluster never has (SageMaker's Invocations); the message says what to use.
+	ReasonMetricUnavailable = "MetricUnavailable"
 )
 
 // ImageCacheState is HyperPod's summary of a parent's image cache.

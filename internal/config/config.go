@@ -207,6 +207,8 @@ type OperatorConfiguration struct {
 	// ImageCaches says which registries image caches may pull from, and how many one
 	// namespace may use.
 	ImageCaches ImageCaches `json:"imageCaches,omitempty"`
+	// Autoscaling is how parents' autoScalingSpec reaches KEDA.
+	Autoscaling Autoscaling `json:"autoscaling,omitempty"`
 	// StandaloneCacheNodes says which nodes the standalone caches of each namespace may be kept
 	// on, and which of their tolerations are honoured: the first entry naming a namespace (or
 	// "*") is its own; a namespace no entry names has its standalone caches on no node. Unset:
@@ -913,6 +915,7 @@ func (o OperatorConfiguration) Validate() error {
 	errs = append(errs, o.validateQuotas()...)
 	errs = append(errs, o.ImageCaches.validate()...)
 	errs = append(errs, o.validateStandaloneNodes()...)
+	errs = append(errs, o.Autoscaling.validate()...)
 	if js := o.JumpStart; js.Region != "" && !regionPattern.MatchString(js.Region) {
 		errs = append(errs, field.Invalid(field.NewPath("jumpStart", "region"), js.Region, "want an AWS region such as us-west-2"))
 	}

@@ -117,6 +117,10 @@ const (
 	// image cache (not a pull secret type, too large, past the count); the message names it and
 	// the rule.
 	EventPullSecretRefused = "PullSecretRefused"
+	// EventScaledObjectCreated, EventScaledObjectDeleted: the parent's autoScalingSpec got its
+	// KEDA ScaledObject, or lost it (no trigger left to scale on, or the block removed).
+	EventScaledObjectCreated = "ScaledObjectCreated"
+	EventScaledObjectDeleted = "ScaledObjectDeleted"
 )
 
 // Event records an Event about obj when rec is set (the reconcilers' tests run without one). The

@@ -118,6 +118,10 @@ type APIServer struct {
 // CRDs in config/crd/bases. Stop it when done.
 func StartAPIServer() (*APIServer, error) { return startAPIServer("") }
 
+// StartAPIServerWith is StartAPIServer that also installs the CRDs in the folders crds (other
+// projects' kinds prewarm writes, such as KEDA's ScaledObject).
+func StartAPIServerWith(crds ...string) (*APIServer, error) { return startAPIServer("", crds...) }
+
 // APIServerFor starts an API server for test t (skipped with -short) and stops it when t ends.
 func APIServerFor(t testing.TB) *APIServer {
 	t.Helper()
@@ -131,7 +135,7 @@ func APIServerFor(t testing.TB) *APIServer {
 }
 
 // startAPIServer is StartAPIServer with the two processes' output in logDir (when set).
-func startAPIServer(logDir string) (*APIServer, error) {
+func startAPIServer(logDir string, crds ...string) (*APIServer, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return nil, err
@@ -146,7 +150,7 @@ func startAPIServer(logDir string) (*APIServer, error) {
 	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory:    bin,
-		CRDDirectoryPaths:        []string{filepath.Join(root, "config", "crd", "bases")},
+		CRDDirectoryPaths:        append([]string{filepath.Join(root, "config", "crd", "bases")}, crds...),
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: 60 * time.Second,
 		ControlPlaneStopTimeout:  30 * time.Second,
@@ -275,12 +279,13 @@ func TableHeaders(tab *metav1.Table) []string {
 }
 
 // RunWithAPIServer runs a package's tests (from its TestMain) against one API server, started
-// first and stored in *server, and stopped after them; it returns the exit code.
-func RunWithAPIServer(m interface{ Run() int }, server **APIServer) int {
+// first (with prewarm's CRDs and those in the folders crds) and stored in *server, and stopped
+// after them; it returns the exit code.
+func RunWithAPIServer(m interface{ Run() int }, server **APIServer, crds ...string) int {
 	if SkipPackageIfShort() {
 		return 0
 	}
-	s, err := StartAPIServer()
+	s, err := StartAPIServerWith(crds...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
 	"github.com/prewarm/prewarm/internal/config"
@@ -301,4 +302,39 @@ func documented(readme, path string) bool {
 		}
 	}
 	return false
+}
+
+// keda.enabled installs KEDA (its operator and ScaledObject CRD) with the release, as HyperPod's
+// chart bundles it; off, as by default, the release holds nothing of KEDA's; the configuration's
+// autoscaling block reaches the controller as written.
+func TestKEDAIsAnOptionalDependency(t *testing.T) {
+	kedaObjects := func(objs []*unstructured.Unstructured) (operator, crd bool) {
+		for _, o := range objs {
+			switch {
+			case o.GetKind() == "Deployment" && o.GetName() == "keda-operator":
+				operator = true
+			case o.GetKind() == "CustomResourceDefinition" && o.GetName() == "scaledobjects.keda.sh":
+				crd = true
+			}
+		}
+		return operator, crd
+	}
+	if op, crd := kedaObjects(render(t)); op || crd {
+		t.Errorf("by default: keda-operator %v, ScaledObject CRD %v; want neither", op, crd)
+	}
+	if op, crd := kedaObjects(render(t, "--set", "keda.enabled=true")); !op || !crd {
+		t.Errorf("keda.enabled=true: keda-operator %v, ScaledObject CRD %v; want both", op, crd)
+	}
+	values := writeValues(t, "config:\n  autoscaling:\n    prometheus: {serverAddress: \"http://prometheus-operated.monitoring:9090\"}\n    aws: {region: us-west-2}\n")
+	for _, o := range render(t, "-f", values) {
+		if o.GetKind() != "ConfigMap" || o.GetName() != "prewarm-config" {
+			continue
+		}
+		cfg, _, _ := unstructured.NestedString(o.Object, "data", "config.yaml")
+		if !strings.Contains(cfg, "serverAddress: http://prometheus-operated.monitoring:9090") || !strings.Contains(cfg, "region: us-west-2") {
+			t.Errorf("config.yaml %s; want the autoscaling block", cfg)
+		}
+		return
+	}
+	t.Error("no prewarm-config ConfigMap")
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/version"
@@ -16,7 +17,11 @@ import (
 
 var server *testutil.APIServer
 
-func TestMain(m *testing.M) { os.Exit(testutil.RunWithAPIServer(statusChecked{m}, &server)) }
+// The API server also serves KEDA's ScaledObject (its CRD, as KEDA v2.21.0 ships it): the
+// controller writes them for autoScalingSpec.
+func TestMain(m *testing.M) {
+	os.Exit(testutil.RunWithAPIServer(statusChecked{m}, &server, filepath.Join("testdata", "keda")))
+}
 
 // statusChecked runs the package's tests while watching every parent they make: each status
 // the controller writes, of every parent in every test, must be one HyperPod's clients read

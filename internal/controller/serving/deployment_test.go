@@ -329,7 +329,7 @@ func TestUnsupportedFieldsAreNamed(t *testing.T) {
 	iec.Spec.Worker.RequestLimits = &inferencev1.RequestLimits{MaxConcurrentRequests: ptr.To[int32](8)}
 	iec.Spec.EndpointName = "llama"
 	iec.Spec.Metrics.Enabled = ptr.To(true)
-	want := []string{"autoScalingSpec", "endpointName", "loadBalancer", "metrics", "pdSpec", "worker.requestLimits"}
+	want := []string{"endpointName", "loadBalancer", "metrics", "pdSpec", "worker.requestLimits"} // autoScalingSpec: KEDA scales by it
 	if diff := cmp.Diff(want, fromEndpoint(iec).unsupported); diff != "" {
 		t.Errorf("unsupported (-want +got):\n%s", diff)
 	}
@@ -494,8 +494,9 @@ func TestPrefetchBounds(t *testing.T) {
 
 // HyperPod's CLI (hyp create hyp-custom-endpoint, templates v1_0 to v1_2) writes this
 // autoScalingSpec into every endpoint it makes when no metric is given: a cloudWatchTrigger
-// whose metricName, name, namespace and targetValue are empty. It asks for no autoscaling, so
-// the endpoint is not Unsupported; a trigger that names a metric or a query is.
+// whose metricName, name, namespace and targetValue are empty. It asks for no autoscaling (no
+// ScaledObject, no Autoscaling condition); a trigger that names a metric or a query does. No
+// autoScalingSpec is ever Unsupported: KEDA scales by it.
 func TestAnAutoScalingSpecWithNoMetricAsksForNothing(t *testing.T) {
 	const cliTemplate = `
 cloudWatchTrigger:
@@ -520,6 +521,7 @@ cloudWatchTrigger:
 		{"a Prometheus trigger with no query", "prometheusTrigger: {serverAddress: \"\", targetValue: 10}", false},
 		{"a CloudWatch metric", "cloudWatchTrigger: {metricName: Invocations, namespace: AWS/SageMaker, targetValue: 10}", true},
 		{"a CloudWatch metric in the list", "cloudWatchTriggerList: [{metricName: \"\"}, {metricName: ApproximateBacklogSize}]", true},
+		{"a metric in the single trigger only, beside a list (the list takes priority)", "cloudWatchTriggerList: [{metricName: \"\"}]\ncloudWatchTrigger: {metricName: X}", false},
 		{"a Prometheus query", "prometheusTrigger: {query: 'sum(rate(requests_total[1m]))', targetValue: 10}", true},
 		{"a Prometheus query in the list", "prometheusTriggerList: [{query: 'avg(queue_size)'}]", true},
 	} {
@@ -530,9 +532,12 @@ cloudWatchTrigger:
 			}
 			iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
 			iec.Spec.AutoScalingSpec = s
-			got := slices.Contains(fromEndpoint(iec).unsupported, "autoScalingSpec")
-			if got != tc.asked {
-				t.Errorf("autoScalingSpec %s: Unsupported %v; want %v", tc.spec, got, tc.asked)
+			m := fromEndpoint(iec)
+			if got := scalingAsked(m.autoscaling); got != tc.asked {
+				t.Errorf("autoScalingSpec %s: asks for autoscaling %v; want %v", tc.spec, got, tc.asked)
+			}
+			if slices.Contains(m.unsupported, "autoScalingSpec") {
+				t.Errorf("autoScalingSpec %s: Unsupported", tc.spec)
 			}
 		})
 	}

@@ -44,7 +44,7 @@ func (r *JumpStartReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.CatalogName == "" {
 		r.CatalogName = catalog.DefaultConfigMap
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("jumpstart").
 		// Not its own status writes: they change nothing the reconcile reads.
 		For(&inferencev1.JumpStartModel{}, builder.WithPredicates(ownChanges)).
@@ -56,8 +56,11 @@ func (r *JumpStartReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.ConfigMap{}, controller.EnqueueAll(r.Client, func() client.ObjectList { return &inferencev1.JumpStartModelList{} },
 			func(o client.Object) bool { // the catalog only
 				return o.GetNamespace() == r.Config.OperatorNamespace && o.GetName() == r.CatalogName
-			})).
-		Complete(r)
+			}))
+	if err := r.ownScaledObjects(b); err != nil {
+		return err
+	}
+	return b.Complete(r)
 }
 
 func jumpStartParentsOf(_ context.Context, o client.Object) []reconcile.Request {
@@ -195,6 +198,7 @@ func fromJumpStart(j *inferencev1.JumpStartModel, e *catalog.Entry) *model {
 		placement:     placement.FromParent(s.Server.InstanceType, nil, nil, s.Tolerations),
 		replicas:      ptr.Deref(s.Replicas, 1),
 		maxDeployTime: deployTime(s.MaxDeployTimeInSeconds),
+		autoscaling:   s.AutoScalingSpec,
 		worker: inferencev1.Worker{
 			Image: e.Image, Command: e.Command, Args: e.Args, EnvironmentVariables: env, Resources: resources,
 			ModelInvocationPort: inferencev1.ModelInvocationPort{ContainerPort: port},

@@ -35,6 +35,8 @@ type model struct {
 	restricted bool
 	// prefetch is HyperPod's prefetchEnabled: the worker reads the model from memory.
 	prefetch bool
+	// autoscaling is HyperPod's autoScalingSpec (nil: none), which KEDA scales by.
+	autoscaling *inferencev1.AutoScalingSpec
 }
 
 func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
@@ -48,6 +50,7 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 		worker:        s.Worker,
 		maxDeployTime: deployTime(s.MaxDeployTimeInSeconds),
 		prefetch:      ptr.Deref(s.ModelSourceConfig.PrefetchEnabled, false),
+		autoscaling:   s.AutoScalingSpec,
 	}
 	if s.Kubernetes != nil {
 		m.kubernetes = *s.Kubernetes
@@ -66,7 +69,7 @@ func fromEndpoint(iec *inferencev1.InferenceEndpointConfig) *model {
 	m.unsupported = unsupportedFields(map[string]bool{
 		"endpointName": s.EndpointName != "",
 		"tags":         len(s.Tags) > 0,
-		// Without autoscaling here, replicas is the count.
+		// Deprecated by HyperPod: spec.replicas is the first count, autoScalingSpec the range.
 		"InitialReplicaCount":  s.InitialReplicaCount != nil,
 		"worker.requestLimits": s.Worker.RequestLimits != nil,
 		"pdSpec":               s.PDSpec != nil,
@@ -97,7 +100,6 @@ func caches(c *inferencev1.ModelCacheConfig) (*inferencev1.WeightsCacheConfig, b
 func unsupportedFields(own map[string]bool, b *inferencev1.HyperPodFeatures) []string {
 	shared := map[string]bool{
 		"tlsConfig":              b.TLSConfig != nil,
-		"autoScalingSpec":        scalingAsked(b.AutoScalingSpec),
 		"metrics":                b.Metrics != nil && ptr.Deref(b.Metrics.Enabled, true),
 		"loadBalancer":           b.LoadBalancer != nil,
 		"intelligentRoutingSpec": b.IntelligentRoutingSpec != nil && ptr.Deref(b.IntelligentRoutingSpec.Enabled, false),
@@ -118,21 +120,16 @@ func unsupportedFields(own map[string]bool, b *inferencev1.HyperPodFeatures) []s
 }
 
 // scalingAsked reports whether an autoScalingSpec asks for autoscaling: a trigger that names what
-// to scale on (a CloudWatch metric, a Prometheus query). HyperPod's CLI and SDK write a
-// cloudWatchTrigger without a metricName into every endpoint they make, and a block with no
-// trigger gives KEDA nothing to scale on: neither asks for anything.
+// to scale on (a CloudWatch metric, a Prometheus query), of the list when it has any, else the
+// single trigger (planScaling's rule). HyperPod's CLI and SDK write a cloudWatchTrigger without
+// a metricName into every endpoint they make, and a block with no trigger gives KEDA nothing to
+// scale on: neither asks for anything.
 func scalingAsked(s *inferencev1.AutoScalingSpec) bool {
 	if s == nil {
 		return false
 	}
-	cloudWatch := s.CloudWatchTriggerList
-	if s.CloudWatchTrigger != nil {
-		cloudWatch = append(slices.Clip(cloudWatch), *s.CloudWatchTrigger)
-	}
-	prometheus := s.PrometheusTriggerList
-	if s.PrometheusTrigger != nil {
-		prometheus = append(slices.Clip(prometheus), *s.PrometheusTrigger)
-	}
+	cloudWatch, _ := triggerList(s.CloudWatchTriggerList, s.CloudWatchTrigger, nil, "", "")
+	prometheus, _ := triggerList(s.PrometheusTriggerList, s.PrometheusTrigger, nil, "", "")
 	return slices.ContainsFunc(cloudWatch, func(t inferencev1.CloudWatchTrigger) bool { return ptr.Deref(t.MetricName, "") != "" }) ||
 		slices.ContainsFunc(prometheus, func(t inferencev1.PrometheusTrigger) bool { return ptr.Deref(t.Query, "") != "" })
 }

@@ -28,7 +28,8 @@ import (
 
 // phases are the steps of a parent's reconcile, in order: what the API server would refuse,
 // the image cache, what the parent owns, the Hugging Face pin, the weights cache and its gate,
-// the pod template, the Deployment and Service, the old caches, the rollout's status. Each
+// the pod template, the autoscaling asked, the Deployment and Service, the KEDA ScaledObject,
+// the old caches, the rollout's status. Each
 // writes what it finds into the state's status.
 func (r *Reconciler) phases() []phase {
 	return []phase{
@@ -38,8 +39,10 @@ func (r *Reconciler) phases() []phase {
 		{r.pinPhase, 30 * time.Second},
 		{r.weightsPhase, time.Minute},
 		{r.templatePhase, time.Minute},
+		{r.scalingPhase, time.Minute},
 		{r.deploymentPhase, time.Minute},
 		{r.servicePhase, time.Minute},
+		{r.scaledObjectPhase, time.Minute},
 		{r.cleanupPhase, time.Minute},
 		{r.rolloutPhase, time.Minute},
 	}
@@ -57,11 +60,16 @@ func (r *Reconciler) validatePhase(_ context.Context, s *state) error {
 	if p := r.checkDerived(m); p != nil {
 		return p
 	}
-	if len(m.unsupported) == 0 {
+	unsupported := m.unsupported
+	if r.Config.Autoscaling.Disabled && scalingAsked(m.autoscaling) {
+		unsupported = append(slices.Clone(unsupported), "autoScalingSpec (autoscaling.disabled in prewarm's configuration)")
+		slices.Sort(unsupported)
+	}
+	if len(unsupported) == 0 {
 		s.condition(inferencev1.ConditionUnsupported, metav1.ConditionFalse, inferencev1.ReasonFieldsWithoutEffect, "every field set has its effect")
 		return nil
 	}
-	msg := "accepted and validated as HyperPod defines them, without effect here: " + joinNames(m.unsupported)
+	msg := "accepted and validated as HyperPod defines them, without effect here: " + joinNames(unsupported)
 	if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionUnsupported); prev == nil || prev.Message != msg {
 		s.events.Tell(corev1.EventTypeWarning, controller.EventUnsupportedFields, "Validate", msg)
 	}
@@ -273,6 +281,9 @@ func (r *Reconciler) templatePhase(ctx context.Context, s *state) error {
 func (r *Reconciler) deploymentPhase(ctx context.Context, s *state) error {
 	m, dep, log := s.m, s.dep, ctrl.LoggerFrom(ctx)
 	want := r.deployment(m, s.tmpl)
+	// While a ScaledObject scales the Deployment, its replicas are the HPA's: spec.replicas is
+	// only the count it is created with.
+	scaled := s.scaling.owns(m.owner)
 	switch {
 	case dep == nil:
 		if err := controllerutil.SetControllerReference(m.owner, want, r.Client.Scheme()); err != nil {
@@ -292,7 +303,7 @@ func (r *Reconciler) deploymentPhase(ctx context.Context, s *state) error {
 	case !metav1.IsControlledBy(dep, m.owner):
 		return conflict("Deployment", dep, m)
 	case dep.Annotations[controller.TemplateHashAnnotation] != want.Annotations[controller.TemplateHashAnnotation] ||
-		ptr.Deref(dep.Spec.Replicas, 1) != m.replicas:
+		(!scaled && ptr.Deref(dep.Spec.Replicas, 1) != m.replicas):
 		patch := client.MergeFrom(dep.DeepCopy())
 		before := dep.Spec.Template.Annotations[controller.WeightsCacheAnnotation]
 		if dep.Annotations == nil {
@@ -302,12 +313,14 @@ func (r *Reconciler) deploymentPhase(ctx context.Context, s *state) error {
 			dep.Annotations[controller.RolloutStartedAnnotation] = r.Now().UTC().Format(time.RFC3339)
 		}
 		dep.Annotations[controller.TemplateHashAnnotation] = want.Annotations[controller.TemplateHashAnnotation]
-		dep.Spec.Replicas = want.Spec.Replicas
+		if !scaled {
+			dep.Spec.Replicas = want.Spec.Replicas
+		}
 		dep.Spec.Template = want.Spec.Template
 		if err := r.Client.Patch(ctx, dep, patch); err != nil {
 			return refused("Deployment", dep.Name, err)
 		}
-		log.Info("updated Deployment", "deployment", dep.Name, "replicas", m.replicas, "weightsCache", s.tmpl.Annotations[controller.WeightsCacheAnnotation])
+		log.Info("updated Deployment", "deployment", dep.Name, "replicas", ptr.Deref(dep.Spec.Replicas, 1), "scaledByKEDA", scaled, "weightsCache", s.tmpl.Annotations[controller.WeightsCacheAnnotation])
 		if after := s.tmpl.Annotations[controller.WeightsCacheAnnotation]; after != before {
 			s.record(controller.EventRollStarted, "Update",
 				fmt.Sprintf("Deployment %s rolls from weights cache %q to %q", dep.Name, before, after))
@@ -344,16 +357,18 @@ func (r *Reconciler) rolloutPhase(ctx context.Context, s *state) error {
 	m, dep := s.m, s.dep
 	s.status.Replicas = dep.Status.Replicas
 	s.rollout = true
-	if rolledOut(dep) && dep.Status.AvailableReplicas >= m.replicas {
+	// The Deployment's count: spec.replicas, or the HPA's while a ScaledObject scales it.
+	want := ptr.Deref(dep.Spec.Replicas, 1)
+	if rolledOut(dep) && dep.Status.AvailableReplicas >= want {
 		s.status.State = inferencev1.DeploymentComplete
 		s.condition(inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
-			fmt.Sprintf("Deployment %s has %d of %d pods available", dep.Name, dep.Status.AvailableReplicas, m.replicas))
+			fmt.Sprintf("Deployment %s has %d of %d pods available", dep.Name, dep.Status.AvailableReplicas, want))
 		return nil
 	}
 	s.status.State = inferencev1.DeploymentInProgress
 	s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
 		fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available",
-			dep.Name, dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas))
+			dep.Name, dep.Status.UpdatedReplicas, want, dep.Status.AvailableReplicas))
 	switch p, err := r.rolloutProblem(ctx, dep, &s.tmpl); {
 	case err != nil:
 		return err
@@ -370,7 +385,7 @@ func (r *Reconciler) rolloutPhase(ctx context.Context, s *state) error {
 	}
 	return &problem{inferencev1.ReasonDeploymentTimeout, fmt.Sprintf(
 		"Deployment %s has not rolled out within maxDeployTimeInSeconds (%s since %s): %d of %d pods updated, %d available",
-		dep.Name, m.maxDeployTime, started.UTC().Format(time.RFC3339), dep.Status.UpdatedReplicas, m.replicas, dep.Status.AvailableReplicas)}
+		dep.Name, m.maxDeployTime, started.UTC().Format(time.RFC3339), dep.Status.UpdatedReplicas, want, dep.Status.AvailableReplicas)}
 }
 
 // deploymentRollup is the Deployment in HyperPod's deploymentStatus shape: its status, and its

@@ -58,6 +58,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;patch
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceimagecaches,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=keda.sh,resources=scaledobjects,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
@@ -72,7 +73,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("endpoint").
 		// Not its own status writes: they change nothing the reconcile reads.
 		For(&inferencev1.InferenceEndpointConfig{}, builder.WithPredicates(ownChanges)).
@@ -81,8 +82,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), &inferencev1.InferenceEndpointConfig{}, handler.OnlyControllerOwner()), time.Second)).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
-		Watches(&inferencev1.InferenceImageCache{}, controller.Coalesce(handler.EnqueueRequestsFromMapFunc(parentsOf), time.Second)).
-		Complete(r)
+		Watches(&inferencev1.InferenceImageCache{}, controller.Coalesce(handler.EnqueueRequestsFromMapFunc(parentsOf), time.Second))
+	if err := r.ownScaledObjects(b); err != nil {
+		return err
+	}
+	return b.Complete(r)
 }
 
 // Reconcile brings one InferenceEndpointConfig's cache, Deployment, Service and status to what

@@ -36,6 +36,9 @@ type state struct {
 	// carries its rollup, written after any problem the rollout reported.
 	rollout bool
 
+	// scaling is the parent's autoscaling as the scaling phase found it.
+	scaling scaling
+
 	// hold ends the phases without a problem: the Deployment waits for the weights cache.
 	hold   bool
 	result ctrl.Result
@@ -68,6 +71,15 @@ func (s *state) requeue(d time.Duration) {
 	if d > 0 && (s.result.RequeueAfter == 0 || d < s.result.RequeueAfter) {
 		s.result.RequeueAfter = d
 	}
+}
+
+// scalingWarning sets the Autoscaling condition False for something the user must act on, with
+// a Warning event when it is news.
+func (s *state) scalingWarning(reason, msg string) {
+	if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionAutoscaling); prev == nil || prev.Reason != reason || prev.Message != msg {
+		s.events.Tell(corev1.EventTypeWarning, reason, "Autoscale", msg)
+	}
+	s.condition(inferencev1.ConditionAutoscaling, metav1.ConditionFalse, reason, msg)
 }
 
 // fail records a problem that stops the parent, with a Warning event when it is news.
