@@ -35,6 +35,7 @@ import (
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
+	"github.com/prewarm/prewarm/internal/controller/gateway"
 	"github.com/prewarm/prewarm/internal/controller/hub"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/controller/preflight"
@@ -264,6 +265,9 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 		return err
 	}
 	if err := (&registration.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&gateway.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics, Labels: labels}).SetupWithManager(mgr)

@@ -15,6 +15,7 @@ type Metrics struct {
 	cachePeer       *prometheus.GaugeVec
 	imageTarget     *prometheus.GaugeVec
 	imageCached     *prometheus.GaugeVec
+	parentPods      *prometheus.GaugeVec
 	gateWait        prometheus.Histogram
 	reconcileErrors *prometheus.CounterVec
 }
@@ -46,6 +47,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		imageCached: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "prewarm_image_cache_cached_nodes", Help: "Nodes that hold an image.",
 		}, []string{"cache"}),
+		parentPods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "prewarm_parent_pods",
+			Help: "A parent's inference pods by where they run: on nodes that hold its weights (and image) (warm), on nodes that do not (cold), on no node yet (unscheduled).",
+		}, []string{"namespace", "kind", "name", "node"}),
 		gateWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "prewarm_gate_wait_seconds",
 			Help:    "Time from a weights cache's creation to the gate opening for its Deployment.",
@@ -55,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "prewarm_reconcile_errors_total", Help: "Reconciles that ended in an error, by controller.",
 		}, []string{"controller"}),
 	}
-	reg.MustRegister(m.cacheTarget, m.cacheReady, m.cacheOrigin, m.cachePeer, m.cacheNodeState, m.imageTarget, m.imageCached, m.gateWait, m.reconcileErrors)
+	reg.MustRegister(m.cacheTarget, m.cacheReady, m.cacheOrigin, m.cachePeer, m.cacheNodeState, m.imageTarget, m.imageCached, m.parentPods, m.gateWait, m.reconcileErrors)
 	for _, c := range []string{"endpoint", "jumpstart", "weightscache", "imagecache"} {
 		m.reconcileErrors.WithLabelValues(c) // present at 0, so rate() and alerts work from the start
 	}
@@ -102,6 +107,29 @@ func (m *Metrics) ImageCache(c *inferencev1.InferenceImageCache, deleted bool) {
 	}
 	m.imageTarget.WithLabelValues(c.Name).Set(float64(c.Status.TargetNodes))
 	m.imageCached.WithLabelValues(c.Name).Set(float64(c.Status.CachedNodes))
+}
+
+// Values of prewarm_parent_pods' node label.
+const (
+	PodsWarm        = "warm"
+	PodsCold        = "cold"
+	PodsUnscheduled = "unscheduled"
+)
+
+// ParentPods records a parent's pods by where they run (PodsWarm, PodsCold, PodsUnscheduled);
+// nil removes its series (the parent is gone, or no cache makes one node warmer than another).
+func (m *Metrics) ParentPods(kind, namespace, name string, pods map[string]int32) {
+	if m == nil {
+		return
+	}
+	labels := prometheus.Labels{"namespace": namespace, "kind": kind, "name": name}
+	if pods == nil {
+		m.parentPods.DeletePartialMatch(labels)
+		return
+	}
+	for node, n := range pods {
+		m.parentPods.WithLabelValues(namespace, kind, name, node).Set(float64(n))
+	}
 }
 
 // GateOpened records how long a Deployment waited for its cache.

@@ -8,6 +8,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	inferencev1alpha1 "github.com/prewarm/prewarm/api/v1alpha1"
 	"github.com/prewarm/prewarm/internal/keda"
 )
 
@@ -15,7 +16,7 @@ import (
 func New() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, inferencev1.AddToScheme, prewarmv1alpha1.AddToScheme, keda.AddToScheme,
+		clientgoscheme.AddToScheme, inferencev1.AddToScheme, inferencev1alpha1.AddToScheme, prewarmv1alpha1.AddToScheme, keda.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			panic(err) // only a programming error can make registration fail

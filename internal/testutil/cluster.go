@@ -147,6 +147,9 @@ type ClusterOptions struct {
 	// MoreControllers are kube-controller-manager's controllers to run beside the usual ones
 	// (namespace-controller, to delete namespaces).
 	MoreControllers []string
+	// CRDs are folders of other projects' CRDs to install besides prewarm's (KEDACRDs: a
+	// cluster with KEDA's ScaledObject).
+	CRDs []string
 }
 
 // StartCluster starts the API server, kube-controller-manager (deployment, replicaset,
@@ -155,7 +158,7 @@ func StartCluster() (*Cluster, error) { return StartClusterWith(ClusterOptions{}
 
 // StartClusterWith is StartCluster with options.
 func StartClusterWith(opts ClusterOptions) (*Cluster, error) {
-	api, err := startAPIServer(opts.LogDir)
+	api, err := startAPIServer(opts.LogDir, opts.CRDs...)
 	if err != nil {
 		return nil, err
 	}

@@ -118,6 +118,16 @@ type APIServer struct {
 // CRDs in config/crd/bases. Stop it when done.
 func StartAPIServer() (*APIServer, error) { return startAPIServer("") }
 
+// KEDACRDs is the folder holding KEDA's ScaledObject CRD as KEDA ships it (v2.21.0), for test
+// API servers of clusters where KEDA is installed.
+func KEDACRDs() string {
+	root, err := ModuleRoot()
+	if err != nil {
+		panic(err) // tests run inside the module
+	}
+	return filepath.Join(root, "test", "testdata", "keda")
+}
+
 // StartAPIServerWith is StartAPIServer that also installs the CRDs in the folders crds (other
 // projects' kinds prewarm writes, such as KEDA's ScaledObject).
 func StartAPIServerWith(crds ...string) (*APIServer, error) { return startAPIServer("", crds...) }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/util/version"
@@ -20,7 +19,7 @@ var server *testutil.APIServer
 // The API server also serves KEDA's ScaledObject (its CRD, as KEDA v2.21.0 ships it): the
 // controller writes them for autoScalingSpec.
 func TestMain(m *testing.M) {
-	os.Exit(testutil.RunWithAPIServer(statusChecked{m}, &server, filepath.Join("testdata", "keda")))
+	os.Exit(testutil.RunWithAPIServer(statusChecked{m}, &server, testutil.KEDACRDs()))
 }
 
 // statusChecked runs the package's tests while watching every parent they make: each status

@@ -147,6 +147,7 @@ func TestShortNamesResolve(t *testing.T) {
 		"modelimagecache":               "modelimagecaches",
 		"modelimagecaches":              "modelimagecaches",
 		"sagemakerendpointregistration": "sagemakerendpointregistrations",
+		"igwc":                          "inferencegatewayconfigs",
 	} {
 		gvr, err := mapper.ResourceFor(schema.GroupVersionResource{Resource: short})
 		if err != nil {

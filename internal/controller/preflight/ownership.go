@@ -34,11 +34,12 @@ var prewarmCRDs = []string{
 	"modelweightscacheconfigs.inference.sagemaker.aws.amazon.com",
 	"modelimagecaches.inference.sagemaker.aws.amazon.com",
 	"sagemakerendpointregistrations.inference.sagemaker.aws.amazon.com",
+	"inferencegatewayconfigs.inference.sagemaker.aws.amazon.com",
 }
 
 // The controller checks, at start, who installed the API it serves (those CRDs only, by name)
 // and who else runs.
-// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,resourceNames=inferenceendpointconfigs.inference.sagemaker.aws.amazon.com;jumpstartmodels.inference.sagemaker.aws.amazon.com;modeldatacacheconfigs.inference.sagemaker.aws.amazon.com;inferenceimagecaches.inference.sagemaker.aws.amazon.com;modelweightscacheconfigs.inference.sagemaker.aws.amazon.com;modelimagecaches.inference.sagemaker.aws.amazon.com;sagemakerendpointregistrations.inference.sagemaker.aws.amazon.com,verbs=get
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,resourceNames=inferenceendpointconfigs.inference.sagemaker.aws.amazon.com;jumpstartmodels.inference.sagemaker.aws.amazon.com;modeldatacacheconfigs.inference.sagemaker.aws.amazon.com;inferenceimagecaches.inference.sagemaker.aws.amazon.com;modelweightscacheconfigs.inference.sagemaker.aws.amazon.com;modelimagecaches.inference.sagemaker.aws.amazon.com;sagemakerendpointregistrations.inference.sagemaker.aws.amazon.com;inferencegatewayconfigs.inference.sagemaker.aws.amazon.com,verbs=get
 
 // CheckAPIOwnership returns an error saying what to do when the API group is another operator's
 // on this cluster: a CRD prewarm serves that prewarm did not install (it lacks

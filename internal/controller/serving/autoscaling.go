@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
@@ -436,6 +438,9 @@ func (r *Reconciler) scaledObjectPhase(ctx context.Context, s *state) error {
 	if len(sc.plan.left) > 0 {
 		msg += "; left out: " + strings.Join(sc.plan.left, "; ")
 	}
+	if warm, ok := warmNodes(s.use, s.image); ok && *sc.plan.spec.MaxReplicaCount > warm {
+		msg += fmt.Sprintf("; maxReplicaCount %d is more than the %d nodes that hold the model: replicas past what those nodes fit start on cold nodes", *sc.plan.spec.MaxReplicaCount, warm)
+	}
 	ready := sc.current.Status.Find(keda.ConditionReady)
 	switch {
 	case len(sc.plan.dead) > 0:
@@ -482,6 +487,20 @@ func (r *Reconciler) unscale(ctx context.Context, s *state, mine bool) error {
 	return nil
 }
 
+// warmNodes is how many nodes hold the pods' weights (or, with no weights cache, their image);
+// false when the pods read no cache.
+func warmNodes(use *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) (int32, bool) {
+	switch {
+	case use != nil && image != nil:
+		return min(use.Status.ReadyNodes, image.Status.CachedNodes), true
+	case use != nil:
+		return use.Status.ReadyNodes, true
+	case image != nil:
+		return image.Status.CachedNodes, true
+	}
+	return 0, false
+}
+
 // scaleSummary says how a ScaledObject scales, for a condition or an event.
 func scaleSummary(spec *keda.ScaledObjectSpec) string {
 	types := make([]string, 0, len(spec.Triggers))
@@ -513,7 +532,20 @@ func (r *Reconciler) ownScaledObjects(b *builder.Builder) error {
 		return err
 	}
 	if served {
-		b.Owns(&keda.ScaledObject{})
+		b.Owns(&keda.ScaledObject{}, builder.WithPredicates(scaledObjectChanged))
 	}
 	return nil
 }
+
+// scaledObjectChanged lets through the ScaledObject changes the parent reports: its spec, and
+// KEDA's Ready condition and HPA, not the activity times KEDA writes at every poll.
+var scaledObjectChanged = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+	before, ok1 := e.ObjectOld.(*keda.ScaledObject)
+	after, ok2 := e.ObjectNew.(*keda.ScaledObject)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return before.Generation != after.Generation || before.Status.HpaName != after.Status.HpaName ||
+		!equality.Semantic.DeepEqual(before.Status.Find(keda.ConditionReady), after.Status.Find(keda.ConditionReady)) ||
+		!after.DeletionTimestamp.Equal(before.DeletionTimestamp)
+}}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/yaml"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -297,5 +298,29 @@ func TestAutoscalingWithoutKEDASaysWhatToInstall(t *testing.T) {
 	}
 	if len(st.status.Conditions) != 0 {
 		t.Errorf("conditions %+v for a spec that asks for nothing; want none", st.status.Conditions)
+	}
+}
+
+// KEDA writes a ScaledObject's activity at every poll: only its spec, its Ready condition and
+// its HPA bring the parent back.
+func TestOnlyScaledObjectChangesTheParentReportsWakeIt(t *testing.T) {
+	base := &keda.ScaledObject{Status: keda.ScaledObjectStatus{HpaName: "keda-hpa-x",
+		Conditions: []keda.Condition{{Type: "Ready", Status: "True"}, {Type: "Active", Status: "True"}}}}
+	for _, tc := range []struct {
+		name   string
+		change func(*keda.ScaledObject)
+		want   bool
+	}{
+		{"Active flips", func(so *keda.ScaledObject) { so.Status.Conditions[1].Status = "False" }, false},
+		{"Ready flips", func(so *keda.ScaledObject) { so.Status.Conditions[0].Status = "False" }, true},
+		{"Ready's message", func(so *keda.ScaledObject) { so.Status.Conditions[0].Message = "scaler failed" }, true},
+		{"another HPA", func(so *keda.ScaledObject) { so.Status.HpaName = "keda-hpa-y" }, true},
+		{"spec", func(so *keda.ScaledObject) { so.Generation++ }, true},
+	} {
+		after := base.DeepCopy()
+		tc.change(after)
+		if got := scaledObjectChanged.Update(event.UpdateEvent{ObjectOld: base, ObjectNew: after}); got != tc.want {
+			t.Errorf("%s: reconcile %v; want %v", tc.name, got, tc.want)
+		}
 	}
 }

@@ -359,16 +359,26 @@ func (r *Reconciler) rolloutPhase(ctx context.Context, s *state) error {
 	s.rollout = true
 	// The Deployment's count: spec.replicas, or the HPA's while a ScaledObject scales it.
 	want := ptr.Deref(dep.Spec.Replicas, 1)
+	// Where the pods run, warm or cold: whether the caches cover where they land.
+	w, err := r.podWarmth(ctx, s)
+	if err != nil {
+		return err
+	}
+	r.recordWarmth(m, w)
+	where := ""
+	if w != nil && w.warm+w.cold+w.unscheduled > 0 {
+		where = "; " + w.String()
+	}
 	if rolledOut(dep) && dep.Status.AvailableReplicas >= want {
 		s.status.State = inferencev1.DeploymentComplete
 		s.condition(inferencev1.ConditionReady, metav1.ConditionTrue, inferencev1.ReasonDeploymentCreated,
-			fmt.Sprintf("Deployment %s has %d of %d pods available", dep.Name, dep.Status.AvailableReplicas, want))
+			fmt.Sprintf("Deployment %s has %d of %d pods available%s", dep.Name, dep.Status.AvailableReplicas, want, where))
 		return nil
 	}
 	s.status.State = inferencev1.DeploymentInProgress
 	s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, inferencev1.ReasonDeploymentCreated,
-		fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available",
-			dep.Name, dep.Status.UpdatedReplicas, want, dep.Status.AvailableReplicas))
+		fmt.Sprintf("Deployment %s is rolling out: %d of %d pods updated, %d available%s",
+			dep.Name, dep.Status.UpdatedReplicas, want, dep.Status.AvailableReplicas, where))
 	switch p, err := r.rolloutProblem(ctx, dep, &s.tmpl); {
 	case err != nil:
 		return err
