@@ -298,3 +298,59 @@ func TestHyperPodAutoscalingManifestsGetScaledObjects(t *testing.T) {
 		}
 	})
 }
+
+// A ScaledObject of the parent's name that is someone else's is never overwritten (the parent
+// says whose and keeps its replicas); autoscaling.disabled leaves autoScalingSpec without
+// effect, named in Unsupported, and writes no ScaledObject.
+func TestAutoscalingNeverTakesAnotherScaledObjectAndCanBeTurnedOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := server.Client
+	rc := newReconcilers(t, ctx, "scale-conflict-operator", "scale-conflict").with(withAutoscaling)
+	theirs := &keda.ScaledObject{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "scale-conflict", Name: "llama-scaled-object"},
+		Spec: keda.ScaledObjectSpec{ScaleTargetRef: keda.ScaleTarget{Name: "something-else"},
+			Triggers: []keda.ScaleTriggers{{Type: "cpu", Metadata: map[string]string{"value": "50"}, MetricType: autoscalingv2.UtilizationMetricType}}},
+	}
+	if err := c.Create(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	parent := testutil.MakeInferenceEndpointConfig("scale-conflict", "llama").Obj()
+	parent.Spec.InstanceType = "ml.scale-conflict.xlarge"
+	parent.Spec.ModelCacheConfig = nil
+	parent.Spec.Replicas = ptr.To[int32](2)
+	parent.Spec.AutoScalingSpec = &inferencev1.AutoScalingSpec{PrometheusTrigger: &inferencev1.PrometheusTrigger{Query: ptr.To("up"), TargetValue: ptr.To(1.0)}}
+	if err := c.Create(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(parent)
+	got := rc.endpoint(t, ctx, key)
+	if cond := apimeta.FindStatusCondition(got.Status.Conditions, inferencev1.ConditionAutoscaling); cond == nil || cond.Reason != inferencev1.ReasonNameConflict ||
+		!strings.Contains(cond.Message, "spec.replicas (2) is the count") {
+		t.Errorf("Autoscaling %+v; want NameConflict keeping spec.replicas", cond)
+	}
+	if so := scaledObject(t, ctx, "scale-conflict", "llama"); so == nil || so.Spec.ScaleTargetRef.Name != "something-else" || len(so.OwnerReferences) != 0 {
+		t.Errorf("their ScaledObject was changed: %+v", so)
+	}
+	scaleTo(t, ctx, key, 4)
+	rc.endpoint(t, ctx, key)
+	if n := deploymentReplicas(t, ctx, key); n != 2 {
+		t.Errorf("Deployment replicas %d; want spec.replicas (2): no ScaledObject of the parent's scales it", n)
+	}
+
+	off := rc.with(func(c *controller.Config) { c.Autoscaling.Disabled = true })
+	if err := c.Delete(ctx, theirs); err != nil {
+		t.Fatal(err)
+	}
+	got = off.endpoint(t, ctx, key)
+	if so := scaledObject(t, ctx, "scale-conflict", "llama"); so != nil {
+		t.Errorf("a ScaledObject with autoscaling disabled: %+v", so.Spec)
+	}
+	if un := apimeta.FindStatusCondition(got.Status.Conditions, inferencev1.ConditionUnsupported); un == nil || un.Status != metav1.ConditionTrue ||
+		!strings.Contains(un.Message, "autoScalingSpec (autoscaling.disabled in prewarm's configuration)") {
+		t.Errorf("Unsupported %+v; want autoScalingSpec named", un)
+	}
+	if cond := apimeta.FindStatusCondition(got.Status.Conditions, inferencev1.ConditionAutoscaling); cond != nil {
+		t.Errorf("Autoscaling %+v with autoscaling disabled; want none", cond)
+	}
+}
