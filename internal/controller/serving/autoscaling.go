@@ -348,8 +348,13 @@ func (sc *scaling) owns(owner metav1.Object) bool {
 	return sc.plan.spec != nil && (sc.current == nil || metav1.IsControlledBy(sc.current, owner))
 }
 
-// kedaServed reports whether the API server serves KEDA's ScaledObject.
+// kedaServed reports whether the API server serves KEDA's ScaledObject. Once it has, it is
+// remembered: a parent that asks for nothing then costs no discovery call, and only a parent
+// that asks, in a cluster where KEDA was not seen yet, looks again (every five minutes).
 func (r *Reconciler) kedaServed() (bool, error) {
+	if r.kedaSeen.Load() {
+		return true, nil
+	}
 	_, err := r.Client.RESTMapper().RESTMapping(keda.GroupVersion.WithKind("ScaledObject").GroupKind(), keda.GroupVersion.Version)
 	switch {
 	case apimeta.IsNoMatchError(err):
@@ -357,6 +362,7 @@ func (r *Reconciler) kedaServed() (bool, error) {
 	case err != nil:
 		return false, err
 	}
+	r.kedaSeen.Store(true)
 	return true, nil
 }
 
@@ -367,6 +373,11 @@ func (r *Reconciler) scalingPhase(ctx context.Context, s *state) error {
 	m := s.m
 	sc := &s.scaling
 	*sc = scaling{asked: scalingAsked(m.autoscaling) && !r.Config.Autoscaling.Disabled}
+	if !sc.asked && !r.kedaSeen.Load() {
+		// prewarm writes a ScaledObject only once it has seen KEDA served: there is none to
+		// delete, and nothing to look up.
+		return nil
+	}
 	served, err := r.kedaServed()
 	if err != nil {
 		return err
@@ -438,8 +449,8 @@ func (r *Reconciler) scaledObjectPhase(ctx context.Context, s *state) error {
 	if len(sc.plan.left) > 0 {
 		msg += "; left out: " + strings.Join(sc.plan.left, "; ")
 	}
-	if warm, ok := warmNodes(s.use, s.image); ok && *sc.plan.spec.MaxReplicaCount > warm {
-		msg += fmt.Sprintf("; maxReplicaCount %d is more than the %d nodes that hold the model: replicas past what those nodes fit start on cold nodes", *sc.plan.spec.MaxReplicaCount, warm)
+	if warm := warmNodes(s.use, s.image); warm != nil && *sc.plan.spec.MaxReplicaCount > int32(len(warm)) {
+		msg += fmt.Sprintf("; maxReplicaCount %d is more than the %d nodes that hold the model: replicas past what those nodes fit start on cold nodes", *sc.plan.spec.MaxReplicaCount, len(warm))
 	}
 	ready := sc.current.Status.Find(keda.ConditionReady)
 	switch {
@@ -485,20 +496,6 @@ func (r *Reconciler) unscale(ctx context.Context, s *state, mine bool) error {
 			fmt.Sprintf("no trigger can scale here, so spec.replicas (%d) is the count: %s", m.replicas, strings.Join(sc.plan.left, "; ")))
 	}
 	return nil
-}
-
-// warmNodes is how many nodes hold the pods' weights (or, with no weights cache, their image);
-// false when the pods read no cache.
-func warmNodes(use *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) (int32, bool) {
-	switch {
-	case use != nil && image != nil:
-		return min(use.Status.ReadyNodes, image.Status.CachedNodes), true
-	case use != nil:
-		return use.Status.ReadyNodes, true
-	case image != nil:
-		return image.Status.CachedNodes, true
-	}
-	return 0, false
 }
 
 // scaleSummary says how a ScaledObject scales, for a condition or an event.

@@ -177,7 +177,7 @@ func TestPodTemplate(t *testing.T) {
 	if _, err := r.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "fs-0123456789abcdef1 is not in prewarm's configuration") {
 		t.Errorf("an FSx file system the configuration does not map: %v; want it refused, saying how to configure it", err)
 	}
-	withFSx := *r
+	withFSx := &Reconciler{Config: r.Config}
 	withFSx.Config.FSx = []config.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx/a"}, {FileSystemID: "fs-0123456789abcdef1", MountPath: "/fsx/b"}}
 	if _, err := withFSx.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "for namespace ns") {
 		t.Errorf("an FSx source no sourceAccess rule allows for the namespace: %v; want it refused", err)

@@ -7,6 +7,7 @@ package serving
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -50,6 +51,9 @@ type Reconciler struct {
 	// Metrics records gate waits and errors; nil records none.
 	Metrics *controller.Metrics
 	Now     func() time.Time
+
+	// kedaSeen: the API server has been seen serving KEDA's ScaledObject (kedaServed).
+	kedaSeen atomic.Bool
 }
 
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=inferenceendpointconfigs,verbs=get;list;watch;update;patch

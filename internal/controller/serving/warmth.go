@@ -27,21 +27,42 @@ type warmth struct {
 // maxColdNodesNamed is how many cold nodes a condition message names.
 const maxColdNodesNamed = 5
 
-// countWarmth counts pods against the nodes use and image report holding their copies; nil
-// when the pods read no cache and pull through no image cache (no node is warmer than another).
-func countWarmth(pods []corev1.Pod, use *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) *warmth {
+// warmNodes are the nodes that hold what the pods read: the weights cache's nodes that hold it,
+// verified, that also hold the image when there is an image cache (or the image cache's, with
+// no weights cache); nil when the pods read no cache (no node is warmer than another).
+func warmNodes(use *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) map[string]bool {
 	if use == nil && image == nil {
 		return nil
 	}
-	holds := func(node string) bool {
-		if use != nil && !slices.ContainsFunc(use.Status.Nodes, func(n inferencev1.NodeCacheStatus) bool {
-			return n.Name == node && n.State == inferencev1.CacheReady
-		}) {
-			return false
+	cached := map[string]bool{}
+	if image != nil {
+		for _, n := range image.Status.Nodes {
+			cached[n.Name] = n.Phase == inferencev1.ImageComplete
 		}
-		return image == nil || slices.ContainsFunc(image.Status.Nodes, func(n inferencev1.NodeImageStatus) bool {
-			return n.Name == node && n.Phase == inferencev1.ImageComplete
-		})
+	}
+	warm := map[string]bool{}
+	if use == nil {
+		for n, ok := range cached {
+			if ok {
+				warm[n] = true
+			}
+		}
+		return warm
+	}
+	for _, n := range use.Status.Nodes {
+		if n.State == inferencev1.CacheReady && (image == nil || cached[n.Name]) {
+			warm[n.Name] = true
+		}
+	}
+	return warm
+}
+
+// countWarmth counts pods against the nodes that hold their copies; nil when the pods read no
+// cache.
+func countWarmth(pods []corev1.Pod, use *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) *warmth {
+	warmSet := warmNodes(use, image)
+	if warmSet == nil {
+		return nil
 	}
 	w := &warmth{}
 	cold := map[string]bool{}
@@ -53,7 +74,7 @@ func countWarmth(pods []corev1.Pod, use *inferencev1.ModelDataCacheConfig, image
 		switch node := p.Spec.NodeName; {
 		case node == "":
 			w.unscheduled++
-		case holds(node):
+		case warmSet[node]:
 			w.warm++
 		default:
 			w.cold++
