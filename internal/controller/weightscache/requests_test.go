@@ -500,10 +500,11 @@ func TestANamespacesCachesLeaveOthersTheirSlots(t *testing.T) {
 		got, err := uidsOf(ctx, api.Client, "n1")
 		return err == nil && slices.Contains(got, other.UID) && len(got) == config.DefaultCachesPerNode+1, fmt.Sprintf("%d caches (%v)", len(got), err)
 	})
-	why, ok := q.leftOutOf("n1", *requestIn(299, "greedy"), time.Now())
-	if !ok || why.reason != prewarmv1alpha1.ReasonNodeCacheFull || !strings.Contains(why.message, "maxCachesPerNode") {
-		t.Errorf("the greedy namespace's last cache: %v %+v; want NodeCacheFull naming the setting", ok, why)
-	}
+	// What a write left out is remembered after the write (Requests.tell): wait for it too.
+	eventually(t, ctx, "the greedy namespace's last cache left out as NodeCacheFull, naming the setting", func() (bool, string) {
+		why, ok := q.leftOutOf("n1", *requestIn(299, "greedy"), time.Now())
+		return ok && why.reason == prewarmv1alpha1.ReasonNodeCacheFull && strings.Contains(why.message, "maxCachesPerNode"), fmt.Sprintf("%v %+v", ok, why)
+	})
 
 	// Requests of 7 KiB each (sealed credentials near their cap): MaxRequestBytes holds about 70,
 	// the first ones in UID order.
