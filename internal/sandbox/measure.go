@@ -166,7 +166,7 @@ func (s *sandbox) measure(ctx context.Context) error {
 // waitAllReady waits until the seed's caches count every target node ready: their status follows
 // the nodes' reports within a moment, and the tables printed next should show the new node.
 func (s *sandbox) waitAllReady(ctx context.Context) error {
-	return testutil.Until(ctx, time.Minute, func() error {
+	err := testutil.Until(ctx, time.Minute, func() error {
 		for _, name := range []string{"example-model-cache", "example-jumpstart-model-cache"} {
 			m := &inferencev1.ModelDataCacheConfig{}
 			if err := s.cluster.Client.Get(ctx, types.NamespacedName{Namespace: "default", Name: name}, m); err != nil {
@@ -178,6 +178,13 @@ func (s *sandbox) waitAllReady(ctx context.Context) error {
 		}
 		return nil
 	})
+	if err != nil {
+		// Say which nodes are not ready, and what their agents report.
+		if text, _, serr := s.o.Status(ctx, s.kubeconfig()); serr == nil {
+			return fmt.Errorf("%w; now:\n%s", err, indent(text))
+		}
+	}
+	return err
 }
 
 // mountAll asks, at once, for every pod's model volume of its node's agent, waiting while it

@@ -20,11 +20,15 @@ func OperatorConfig(t testing.TB, op config.OperatorConfiguration) string {
 
 // DirRoots are cache roots at paths that are directories of the machine the test runs on, not
 // disks of their own: the nodes the tests simulate with agent processes keep their caches there
-// (cacheRoots[].allowRootFilesystem).
+// (cacheRoots[].allowRootFilesystem). Their watermarks are 100 %: the machine's disk is not a
+// node's, and how full other things make it (build caches, other suites' files, the blocks a
+// filesystem keeps for root, all of which the agent counts as used on a disk it shares) says
+// nothing of the test. A cache there still never takes more than the disk has available, and
+// the tests of watermarks and eviction set their own on disks of their own.
 func DirRoots(paths ...string) []config.CacheRoot {
 	out := make([]config.CacheRoot, len(paths))
 	for i, p := range paths {
-		out[i] = config.CacheRoot{Path: p, AllowRootFilesystem: true}
+		out[i] = config.CacheRoot{Path: p, AllowRootFilesystem: true, HighWatermarkPercent: 100, LowWatermarkPercent: 100}
 	}
 	return out
 }

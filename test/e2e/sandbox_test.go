@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +24,7 @@ func TestSandboxUpExit(t *testing.T) {
 	cmd := exec.CommandContext(ctx, sandboxPath, "up", "--nodes-kind=kwok", "--exit", "--model-size=32MiB", "--dir="+dir, "--bin-dir="+filepath.Dir(agentPath))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("sandbox up --exit: %v\n%s", err, out)
+		t.Fatalf("sandbox up --exit: %v\n%s%s", err, out, logTails(dir))
 	}
 	text := string(out)
 	size := regexp.MustCompile(`all asked at once, model ([0-9.]+ [kMG]B):`).FindStringSubmatch(text)
@@ -117,7 +118,7 @@ func TestSandboxDown(t *testing.T) {
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("sandbox up ended early: %v\n%s", err, out.String())
+			t.Fatalf("sandbox up ended early: %v\n%s%s", err, out.String(), logTails(dir))
 		case <-deadline:
 			t.Fatalf("sandbox up never came up:\n%s", out.String())
 		case <-time.After(200 * time.Millisecond):
@@ -144,6 +145,26 @@ func TestSandboxDown(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, sandboxPath, "down", "--dir="+dir).CombinedOutput(); err != nil || !strings.Contains(string(out), "no sandbox") {
 		t.Errorf("a second down: %v %s", err, out)
 	}
+}
+
+// logTails is the end of the controller's and the agents' logs a failed sandbox keeps in
+// dir/logs, for a failure's report.
+func logTails(dir string) string {
+	var b strings.Builder
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, p := range logs {
+		name := filepath.Base(p)
+		if !strings.HasPrefix(name, "controller") && !strings.HasPrefix(name, "agent-") {
+			continue
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		fmt.Fprintf(&b, "\n--- the last lines of %s:\n%s\n", name, strings.Join(lines[max(0, len(lines)-60):], "\n"))
+	}
+	return b.String()
 }
 
 type writerFunc func([]byte) (int, error)
