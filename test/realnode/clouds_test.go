@@ -49,7 +49,7 @@ const (
 	// smallDiskSize is a disk of its own, but too small for the seed's model (256 MiB).
 	smallDiskSize = 64 << 20
 	// sharedEviction is the shared node's kubelet's evictionHard nodefs.available: on its
-	// array of realseed.DiskSize, it binds before the chart's 20 GiB reserve does.
+	// array of realseed.DiskSize, it binds before the agents' reserve does.
 	sharedEviction = "22Gi"
 	system         = "ip-10-0-0-10"
 	raid0          = "/mnt/k8s-disks/0"
@@ -142,7 +142,11 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 	// (the air-gapped install), S3 is versitygw and the Hub a fixture (their endpoints), the
 	// agents' and the controller's IAM roles are static keys (agent.envFrom,
 	// controller.envFrom), and the JumpStart catalog is the test's
-	// (it points at the Hub fixture's commit).
+	// (it points at the Hub fixture's commit). The node whose cache root is a directory of its
+	// root filesystem has this machine's disk for its kubelet's filesystem, where its pods' copies
+	// go: a disk the whole run shares (the other suites, the build caches), several GB fuller
+	// while it runs, so the agents keep realseed.AgentReserve free there, as the runs' agents
+	// do, rather than the chart's 20Gi, which is sized for a node's disk of its own.
 	merge(values, map[string]any{
 		"image":      map[string]any{"registry": e.Registry()},
 		"agent":      map[string]any{"envFrom": []any{map[string]any{"secretRef": map[string]any{"name": "prewarm-s3"}}}},
@@ -151,6 +155,7 @@ func (e *env) seedOnCloud(t *testing.T, ctx context.Context, file string) {
 		"config": map[string]any{
 			"s3":          map[string]any{"endpoint": e.S3.Endpoint, "pathStyle": true},
 			"huggingFace": map[string]any{"endpoint": e.Hub.URL},
+			"agent":       map[string]any{"reserve": realseed.AgentReserve},
 		},
 	})
 	if file == "values-gke.yaml" {
@@ -567,7 +572,7 @@ func (e *env) sharedDisk(t *testing.T, ctx context.Context, cache *inferencev1.M
 	// The kubelet's threshold less the margin (5 points), in percent of the array.
 	wantHigh := int32(math.Floor(100-float64(threshold.Value())*100/float64(capacity))) - 5
 	// Free space between the agent's high watermark and the kubelet's threshold, less than the
-	// model: the cache would take the array past the threshold (the chart's 20 GiB reserve would
+	// model: the cache would take the array past the threshold (the agents' reserve would
 	// not keep it off).
 	leave := threshold.Value() + 128<<20
 	if size := realseed.ModelBytes(e.Model); size <= leave-threshold.Value() {
