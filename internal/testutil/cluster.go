@@ -117,8 +117,12 @@ func (p *Process) Kill() {
 }
 
 // LogTail returns the last n bytes of the process's log, for failure messages.
-func (p *Process) LogTail(n int64) string {
-	data, err := os.ReadFile(p.LogPath)
+func (p *Process) LogTail(n int64) string { return FileTail(p.LogPath, n) }
+
+// FileTail returns the last n bytes of the file at path (a log), or why it cannot be read, for
+// failure messages.
+func FileTail(path string, n int64) string {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return err.Error()
 	}

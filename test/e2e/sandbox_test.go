@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // The README's run command, as CI runs it: sandbox up --exit, then the table it prints.
@@ -153,16 +155,9 @@ func logTails(dir string) string {
 	var b strings.Builder
 	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
 	for _, p := range logs {
-		name := filepath.Base(p)
-		if !strings.HasPrefix(name, "controller") && !strings.HasPrefix(name, "agent-") {
-			continue
+		if name := filepath.Base(p); strings.HasPrefix(name, "controller") || strings.HasPrefix(name, "agent-") {
+			fmt.Fprintf(&b, "\n--- the end of %s:\n%s\n", name, testutil.FileTail(p, 6000))
 		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		fmt.Fprintf(&b, "\n--- the last lines of %s:\n%s\n", name, strings.Join(lines[max(0, len(lines)-60):], "\n"))
 	}
 	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -30,28 +31,25 @@ const maxColdNodesNamed = 5
 // warmNodes are the nodes that hold what the pods read: the weights cache's nodes that hold it,
 // verified, that also hold the image when there is an image cache (or the image cache's, with
 // no weights cache); nil when the pods read no cache (no node is warmer than another).
-func warmNodes(use *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) map[string]bool {
+func warmNodes(use *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) sets.Set[string] {
 	if use == nil && image == nil {
 		return nil
 	}
-	cached := map[string]bool{}
+	imaged := sets.New[string]()
 	if image != nil {
 		for _, n := range image.Status.Nodes {
-			cached[n.Name] = n.Phase == inferencev1.ImageComplete
-		}
-	}
-	warm := map[string]bool{}
-	if use == nil {
-		for n, ok := range cached {
-			if ok {
-				warm[n] = true
+			if n.Phase == inferencev1.ImageComplete {
+				imaged.Insert(n.Name)
 			}
 		}
-		return warm
 	}
+	if use == nil {
+		return imaged
+	}
+	warm := sets.New[string]()
 	for _, n := range use.Status.Nodes {
-		if n.State == inferencev1.CacheReady && (image == nil || cached[n.Name]) {
-			warm[n.Name] = true
+		if n.State == inferencev1.CacheReady && (image == nil || imaged.Has(n.Name)) {
+			warm.Insert(n.Name)
 		}
 	}
 	return warm
@@ -74,7 +72,7 @@ func countWarmth(pods []corev1.Pod, use *inferencev1.ModelDataCacheConfig, image
 		switch node := p.Spec.NodeName; {
 		case node == "":
 			w.unscheduled++
-		case warmSet[node]:
+		case warmSet.Has(node):
 			w.warm++
 		default:
 			w.cold++
