@@ -46,6 +46,8 @@ type NodeOptions struct {
 	Disks map[string]int64
 	// KubeletOn, when set, is one of Disks: the kubelet's directory is <disk>/kubelet bound
 	// onto /var/lib/kubelet, as EKS's nodeadm and Karpenter bind it onto their RAID0 array.
+	// Otherwise /var/lib/kubelet is a disk of its own (kubeletDiskSize), so that what the
+	// kubelet and the agent measure of its filesystem is the node's, not this machine's.
 	KubeletOn string
 	// Aliases are more node paths, each bound onto another of the node's paths: the same disk
 	// where another platform mounts it.
@@ -53,8 +55,8 @@ type NodeOptions struct {
 	// RootPaths are directories the node sees as they are on this machine's root filesystem,
 	// nothing bound there: directories of the node's OS disk, as a hostPath of one is.
 	RootPaths []string
-	// EvictionHard are the kubelet's hard eviction thresholds that replace the run's (1 % of
-	// the disks, which are the machine's), by signal.
+	// EvictionHard are the kubelet's hard eviction thresholds that replace the run's (1 %: the
+	// container runtime's directory is on this machine's disk), by signal.
 	EvictionHard map[string]string
 	// Labels are more labels the kubelet registers the node with.
 	Labels map[string]string
@@ -89,7 +91,10 @@ type Node struct {
 var nodePaths = []string{"/var/lib/kubelet", "/var/log", "/var/lib/cni", "/run/containerd", kubeletConfigDir}
 
 const (
-	kubeletDir       = "/var/lib/kubelet"
+	kubeletDir = "/var/lib/kubelet"
+	// kubeletDiskSize is the size of the kubelet's disk on a node whose kubelet's directory is
+	// on no disk of NodeOptions.Disks: sparse, it costs the machine what is written to it.
+	kubeletDiskSize  = 16 << 30
 	kubeletConfigDir = "/etc/kubernetes/kubelet"
 	// KubeletConfig is where the kubelet's configuration is on every node.
 	KubeletConfig = kubeletConfigDir + "/config.json"
@@ -158,6 +163,14 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 	for _, p := range disks {
 		if err := n.mountDisk(p, o.Disks[p]); err != nil {
 			return fmt.Errorf("disk %s: %w", p, err)
+		}
+	}
+	// The kubelet's directory on a disk of its own, unless on one of the node's: the kubelet
+	// measures its filesystem (evictions) and so does the agent (scratch copies), and this
+	// machine's disk, which every test and build on it fills, is no node's to measure.
+	if o.KubeletOn == "" {
+		if err := n.mountDisk(kubeletDir, kubeletDiskSize); err != nil {
+			return fmt.Errorf("the kubelet's disk: %w", err)
 		}
 	}
 	// The disks before the kubelet's directory: it may be bound from one.

@@ -15,15 +15,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -34,6 +37,7 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/internal/testutil/realnode"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
+	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/internal/version"
 )
 
@@ -527,6 +531,9 @@ func (e *Env) PodReport(ctx context.Context, ns string) string {
 	if err := e.C.Client.List(ctx, &pods, client.InNamespace(ns)); err != nil {
 		return err.Error()
 	}
+	// The not Ready pods' last events say why (a refused mount, a failed pull).
+	var events eventsv1.EventList
+	_ = e.C.Client.List(ctx, &events, client.InNamespace(ns)) // none listed: the report without them
 	var b strings.Builder
 	for _, p := range pods.Items {
 		fmt.Fprintf(&b, "pod %s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase)
@@ -539,6 +546,34 @@ func (e *Env) PodReport(ctx context.Context, ns string) string {
 			}
 		}
 		b.WriteString("\n")
+		if !PodReady(&p) {
+			for _, ev := range lastEvents(events.Items, p.UID, 4) {
+				fmt.Fprintf(&b, "  %s %s (%s, x%d): %s\n", ev.Type, ev.Reason, ev.ReportingController, max(1, ev.DeprecatedCount), text.Clip(ev.Note, 400))
+			}
+		}
 	}
 	return b.String()
+}
+
+// lastEvents are the last n events regarding the object uid, oldest first.
+func lastEvents(events []eventsv1.Event, uid types.UID, n int) []eventsv1.Event {
+	var about []eventsv1.Event
+	for _, ev := range events {
+		if ev.Regarding.UID == uid {
+			about = append(about, ev)
+		}
+	}
+	slices.SortStableFunc(about, func(a, b eventsv1.Event) int { return eventTime(a).Compare(eventTime(b)) })
+	return about[max(0, len(about)-n):]
+}
+
+// eventTime is when the event last happened, whichever API wrote it.
+func eventTime(ev eventsv1.Event) time.Time {
+	switch {
+	case ev.Series != nil:
+		return ev.Series.LastObservedTime.Time
+	case !ev.DeprecatedLastTimestamp.IsZero():
+		return ev.DeprecatedLastTimestamp.Time
+	}
+	return ev.EventTime.Time
 }
