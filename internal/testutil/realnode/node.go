@@ -55,8 +55,8 @@ type NodeOptions struct {
 	// RootPaths are directories the node sees as they are on this machine's root filesystem,
 	// nothing bound there: directories of the node's OS disk, as a hostPath of one is.
 	RootPaths []string
-	// EvictionHard are the kubelet's hard eviction thresholds that replace the run's (1 %: the
-	// container runtime's directory is on this machine's disk), by signal.
+	// EvictionHard are the kubelet's hard eviction thresholds that replace the run's (1 %), by
+	// signal.
 	EvictionHard map[string]string
 	// Labels are more labels the kubelet registers the node with.
 	Labels map[string]string
@@ -92,8 +92,9 @@ var nodePaths = []string{"/var/lib/kubelet", "/var/log", "/var/lib/cni", "/run/c
 
 const (
 	kubeletDir = "/var/lib/kubelet"
-	// kubeletDiskSize is the size of the kubelet's disk on a node whose kubelet's directory is
-	// on no disk of NodeOptions.Disks: sparse, it costs the machine what is written to it.
+	// kubeletDiskSize is the size of containerd's disk, and of the kubelet's on a node whose
+	// kubelet's directory is on no disk of NodeOptions.Disks: sparse, each costs the machine
+	// what is written to it.
 	kubeletDiskSize  = 16 << 30
 	kubeletConfigDir = "/etc/kubernetes/kubelet"
 	// KubeletConfig is where the kubelet's configuration is on every node.
@@ -172,6 +173,11 @@ func (n *Node) start(ctx context.Context, i int, o NodeOptions, id identity) err
 		if err := n.mountDisk(kubeletDir, kubeletDiskSize); err != nil {
 			return fmt.Errorf("the kubelet's disk: %w", err)
 		}
+	}
+	// And containerd's directory (its images and containers, the kubelet's imagefs): the kubelets
+	// evicted every pod once the machine's disk was 99 % full.
+	if err := n.mountImage("containerd", filepath.Join(n.Dir, "containerd"), kubeletDiskSize); err != nil {
+		return fmt.Errorf("containerd's disk: %w", err)
 	}
 	// The disks before the kubelet's directory: it may be bound from one.
 	if err := n.makeMountNamespace(slices.Concat(disks, nodePaths, o.HostPaths), o.Aliases); err != nil {
@@ -315,7 +321,13 @@ func (n *Node) makeMountNamespace(paths []string, aliases map[string]string) err
 // mounts it, through a loop device, at the node's folder for p (HostPath(p)), before the node's
 // mount namespace is made, which binds it at p: a disk of the node's own, as its NVMe is.
 func (n *Node) mountDisk(p string, size int64) error {
-	img := filepath.Join(n.Dir, "disks", strings.ReplaceAll(strings.Trim(p, "/"), "/", "-")+".img")
+	return n.mountImage(strings.ReplaceAll(strings.Trim(p, "/"), "/", "-"), n.HostPath(p), size)
+}
+
+// mountImage makes an ext4 filesystem of size bytes in the sparse file disks/<name>.img of the
+// node's directory and mounts it at the machine's directory dir.
+func (n *Node) mountImage(name, dir string, size int64) error {
+	img := filepath.Join(n.Dir, "disks", name+".img")
 	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
 		return err
 	}
@@ -336,14 +348,13 @@ func (n *Node) mountDisk(p string, size int64) error {
 	if err := run("mkfs.ext4", "-q", "-F", "-m", "0", "-N", "65536", "-E", "lazy_itable_init=1,lazy_journal_init=1", img); err != nil {
 		return err
 	}
-	src := n.HostPath(p)
-	if err := os.MkdirAll(src, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if err := run("mount", "-o", "loop,noinit_itable", img, src); err != nil {
+	if err := run("mount", "-o", "loop,noinit_itable", img, dir); err != nil {
 		return err
 	}
-	n.disks = append(n.disks, disk{img: img, mount: src})
+	n.disks = append(n.disks, disk{img: img, mount: dir})
 	return nil
 }
 
@@ -436,7 +447,8 @@ state = "%[1]s/state"
 // writeKubeletConfig writes the kubelet's configuration for node i, in JSON at KubeletConfig,
 // with the thresholds evictionHard replaces; it returns its node path.
 func (n *Node) writeKubeletConfig(i int, evictionHard map[string]string) (string, error) {
-	// A shared machine's disk is not this node's alone: evict only when it is truly full.
+	// The node's disks are sparse files of this machine's disk, which holds less than they say
+	// they can: evict only when one is truly full.
 	eviction := map[string]string{"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}
 	maps.Copy(eviction, evictionHard)
 	conf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
@@ -460,8 +472,8 @@ containerRuntimeEndpoint: unix://%s
 clusterDomain: cluster.local
 serializeImagePulls: false
 syncFrequency: 10s
-# Nor remove images before it is: the agents stay clear of this threshold too, on this
-# machine's disk.
+# Nor remove images before it is: the agents stay clear of this threshold too, on a disk
+# the kubelet shares.
 imageGCHighThresholdPercent: 100
 `, n.IP, 10300+i, n.cluster.pki.path("ca.crt"), n.cgroup, n.Socket)
 	b, err := yaml.YAMLToJSON([]byte(conf))
