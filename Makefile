@@ -157,6 +157,10 @@ bench: ## Benchmark the download engine against rclone, the AWS CLI and transfer
 bench-nodes: testbin ## On real kubelet nodes: pod start warm vs cold, image cached vs not; writes the real-node section of docs/benchmarks.md.
 	PREWARM_REALNODE_REPORT=$(CURDIR)/docs/benchmarks.md go test ./test/realnode -run TestSeedOnRealNodes -count=1 -v -timeout 30m
 
+.PHONY: bench-scaleout
+bench-scaleout: testbin ## On six real kubelet nodes with KEDA and Prometheus: the seed's scale-out (1 to 3 replicas on a queue spike), caches warm against cold, each new pod's steps; writes the scale-out section of docs/benchmarks.md. Root.
+	PREWARM_SCALEOUT_REPORT=$(CURDIR)/docs/benchmarks.md go test ./test/realnode -run TestScaleOut -count=1 -v -timeout 40m
+
 BENCH_SCALE_FLAGS ?=
 
 .PHONY: bench-fanout

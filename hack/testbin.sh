@@ -9,7 +9,7 @@
 #
 #   hack/testbin.sh            build what is missing, print the folder
 #   hack/testbin.sh etcd kwok  build only these (k8s, oldest, etcd, kwok, versitygw, helm, runtime,
-#                              rclone) if missing;
+#                              keda, prometheus, rclone) if missing;
 #                              rclone, for make bench only, is built only when named
 #   hack/testbin.sh --print    print the folder without building
 #   hack/testbin.sh --print-oldest
@@ -26,6 +26,10 @@ ETCD_VERSION=v3.7.0          # the etcd server that kubernetes $K8S_VERSION is b
 KWOK_VERSION=v0.8.0
 VERSITYGW_VERSION=v1.8.0
 RCLONE_VERSION=v1.76.0        # only for make bench: hack/testbin.sh rclone
+# Autoscaling as HyperPod's chart installs it (KEDA) and the metrics server its triggers query
+# (Prometheus): the real-node autoscaling test.
+KEDA_VERSION=v2.21.0
+PROMETHEUS_VERSION=v0.316.0   # Prometheus 3.16.0
 HELM_VERSION=v3.22.0          # the chart's tests: helm lint, helm template
 # The lowest Kubernetes prewarm supports (README, docs/operations.md "Requirements"): make
 # test-oldest runs the API-level suites against its control plane. Its kube-apiserver talks to
@@ -199,6 +203,41 @@ if [[ " $only " == *" rclone "* && ! -x "$dir/rclone-$RCLONE_VERSION" ]]; then
   mkdir -p "$m"
   (cd "$m" && go mod init prewarm.local/testbin-rclone >/dev/null 2>&1 && go mod edit -require "github.com/rclone/rclone@$RCLONE_VERSION")
   build_in "$m" "rclone-$RCLONE_VERSION" github.com/rclone/rclone
+fi
+
+# --- KEDA and Prometheus (the real-node autoscaling test) -----------------------------------------
+# KEDA's operator and its metrics adapter (the external.metrics.k8s.io API the HPA reads), one
+# scratch module for both: they share nearly every package. KEDA's own go.mod replaces one module
+# for its licence and excludes one it never imports; the replace is kept here, as a dependent
+# module does not inherit it.
+if want keda && [[ ! -x "$dir/keda-operator-$KEDA_VERSION" || ! -x "$dir/keda-adapter-$KEDA_VERSION" ]]; then
+  m="$scratch/keda"
+  mkdir -p "$m"
+  (
+    cd "$m"
+    go mod init prewarm.local/testbin-keda >/dev/null 2>&1
+    go mod edit -require "github.com/kedacore/keda/v2@$KEDA_VERSION"
+    modfile=$(go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+    awk '$1 == "replace" && $4 == "=>" {print $2 "@" $3 "=" $5 "@" $6}' "$modfile" | while read -r r; do
+      go mod edit -replace "${r%%=*}=${r#*=}"
+    done
+  )
+  build_in "$m" "keda-operator-$KEDA_VERSION" github.com/kedacore/keda/v2/cmd/operator "-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION"
+  build_in "$m" "keda-adapter-$KEDA_VERSION" github.com/kedacore/keda/v2/cmd/adapter "-X github.com/kedacore/keda/v2/version.Version=$KEDA_VERSION"
+  # The CRDs the operator watches: it stops when one of them is not served.
+  src=$(cd "$m" && go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  mkdir -p "$dir/keda-crds-$KEDA_VERSION"
+  cp "$src"/config/crd/bases/*.yaml "$dir/keda-crds-$KEDA_VERSION/"
+  chmod -R u+w "$dir/keda-crds-$KEDA_VERSION"
+fi
+
+# The Prometheus server without its cloud service discovery (static and file targets remain) and
+# without the web UI's assets, which its module does not carry (the HTTP API is whole).
+if want prometheus && [[ ! -x "$dir/prometheus-$PROMETHEUS_VERSION" ]]; then
+  m="$scratch/prometheus"
+  mkdir -p "$m"
+  (cd "$m" && go mod init prewarm.local/testbin-prometheus >/dev/null 2>&1 && go mod edit -require "github.com/prometheus/prometheus@$PROMETHEUS_VERSION")
+  GOFLAGS="$GOFLAGS -tags=netgo,remove_all_sd" build_in "$m" "prometheus-$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus
 fi
 
 echo "$dir"

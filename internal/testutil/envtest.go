@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,23 @@ func ModuleRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// TestBinPin is a version hack/testbin.sh pins, by its variable (HELM_VERSION: v3.22.0).
+func TestBinPin(name string) (string, error) {
+	root, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	script, err := os.ReadFile(filepath.Join(root, "hack", "testbin.sh"))
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `=(\S+)`).FindSubmatch(script)
+	if m == nil {
+		return "", fmt.Errorf("no %s in hack/testbin.sh", name)
+	}
+	return string(m[1]), nil
 }
 
 // TestBinDir returns the folder that holds the binaries hack/testbin.sh builds, failing with

@@ -73,7 +73,7 @@ func helmBinary() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	version, err := testbinPin("HELM_VERSION")
+	version, err := testutil.TestBinPin("HELM_VERSION")
 	if err != nil {
 		return "", err
 	}
@@ -82,19 +82,6 @@ func helmBinary() (string, error) {
 		return "", fmt.Errorf("%s is not built: run `make testbin` (hack/testbin.sh helm)", path)
 	}
 	return path, nil
-}
-
-// testbinPin is a version hack/testbin.sh pins (HELM_VERSION=v3.22.0).
-func testbinPin(name string) (string, error) {
-	script, err := os.ReadFile(filepath.Join(root, "hack", "testbin.sh"))
-	if err != nil {
-		return "", err
-	}
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `=(\S+)`).FindSubmatch(script)
-	if m == nil {
-		return "", fmt.Errorf("no %s in hack/testbin.sh", name)
-	}
-	return string(m[1]), nil
 }
 
 // helmCmd is helm with args, run in the module root, with caches and settings of its own.

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // The chart installs on the Kubernetes versions prewarm supports, from the oldest one the tests
@@ -42,7 +44,7 @@ func TestChartInstallsOnTheSupportedKubernetesVersionsOnly(t *testing.T) {
 
 func pin(t *testing.T, name string) string {
 	t.Helper()
-	v, err := testbinPin(name)
+	v, err := testutil.TestBinPin(name)
 	if err != nil {
 		t.Fatal(err)
 	}

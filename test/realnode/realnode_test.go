@@ -71,6 +71,9 @@ func TestSeedOnRealNodes(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	t.Run("autoScalingSpec on KEDA and Prometheus scales the endpoint 1 to 3 on its load, on warm nodes, and back", func(t *testing.T) {
+		e.autoscale(t, ctx, key)
+	})
 	// Before any other pod runs on the node the image cache does not target.
 	t.Run("image cached on every target node against not cached", func(t *testing.T) {
 		if err := e.MeasureImage(ctx, rep); err != nil {

@@ -140,7 +140,16 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			"--service-cluster-ip-range=" + serviceCIDR, "--allow-privileged=true",
 			"--kubelet-client-certificate=" + p.path("apiserver-kubelet-client.crt"),
 			"--kubelet-client-key=" + p.path("apiserver-kubelet-client.key"),
-			"--kubelet-preferred-address-types=InternalIP"}},
+			"--kubelet-preferred-address-types=InternalIP",
+			// The aggregation layer, as kubeadm configures it, so that extension API servers
+			// (KEDA's external metrics) serve through it; it reaches them at their endpoints'
+			// addresses, as no kube-proxy runs here.
+			"--requestheader-client-ca-file=" + p.path("front-proxy/ca.crt"), "--requestheader-allowed-names=" + FrontProxyClient,
+			"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+			"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+			"--proxy-client-cert-file=" + p.path("front-proxy/"+FrontProxyClient+".crt"),
+			"--proxy-client-key-file=" + p.path("front-proxy/"+FrontProxyClient+".key"),
+			"--enable-aggregator-routing=true"}},
 	}
 	for _, s := range specs {
 		if err := c.startProcess(s.name, filepath.Join(bin, s.name), s.args...); err != nil {
@@ -235,7 +244,13 @@ func (c *Cluster) connect(ctx context.Context) error {
 }
 
 func (c *Cluster) startProcess(name, path string, args ...string) error {
-	p, err := testutil.StartProcess(c.LogDir, name, path, args...)
+	return c.startProcessEnv(name, path, nil, args...)
+}
+
+// startProcessEnv starts a process of the cluster with env added to the run's environment; it
+// stops with the cluster, and CheckProcesses reports its exit.
+func (c *Cluster) startProcessEnv(name, path string, env []string, args ...string) error {
+	p, err := testutil.StartProcessEnv(c.LogDir, name, path, env, args...)
 	if err != nil {
 		return err
 	}

@@ -27,31 +27,19 @@ func (p *pki) path(name string) string { return filepath.Join(p.dir, name) }
 
 // newPKI makes a CA, the API server's serving certificate (for its Service IP, the control
 // plane's address and loopback), its client certificate towards the kubelets, and the service
-// account signing key.
+// account signing key; and, in dir/front-proxy, the aggregation layer's own CA and the client
+// certificate the API server presents to extension API servers (front-proxy-client), as kubeadm
+// makes them.
 func newPKI(dir string, ips []net.IP) (*pki, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	p, err := newCA(dir, "prewarm-realnode-ca")
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "prewarm-realnode-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	fp, err := newCA(p.path("front-proxy"), "prewarm-realnode-front-proxy-ca")
 	if err != nil {
 		return nil, err
 	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	p := &pki{dir: dir, caCert: ca, caKey: key}
-	if err := writePEM(p.path("ca.crt"), "CERTIFICATE", der); err != nil {
+	if err := fp.issue(FrontProxyClient, FrontProxyClient, nil, nil, nil, x509.ExtKeyUsageClientAuth); err != nil {
 		return nil, err
 	}
 	if err := p.issue("apiserver", "kube-apiserver", nil, ips,
@@ -81,8 +69,39 @@ func newPKI(dir string, ips []net.IP) (*pki, error) {
 	return p, writePEM(p.path("sa.pub"), "PUBLIC KEY", pub)
 }
 
+// FrontProxyClient is the name of the client certificate the API server presents to extension
+// API servers (--requestheader-allowed-names).
+const FrontProxyClient = "front-proxy-client"
+
+// newCA makes a certificate authority in dir (ca.crt), for a day.
+func newCA(dir, cn string) (*pki, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	p := &pki{dir: dir, caCert: ca, caKey: key}
+	return p, writePEM(p.path("ca.crt"), "CERTIFICATE", der)
+}
+
 // issue writes name.crt and name.key, signed by the CA.
-func (p *pki) issue(name, cn string, orgs []string, ips []net.IP, dns []string, usage x509.ExtKeyUsage) error {
+func (p *pki) issue(name, cn string, orgs []string, ips []net.IP, dns []string, usages ...x509.ExtKeyUsage) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return err
@@ -95,7 +114,7 @@ func (p *pki) issue(name, cn string, orgs []string, ips []net.IP, dns []string, 
 	tmpl := &x509.Certificate{
 		SerialNumber: serial, Subject: pkix.Name{CommonName: cn, Organization: orgs},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: usages,
 		IPAddresses: ips, DNSNames: dns,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.caCert, &key.PublicKey, p.caKey)

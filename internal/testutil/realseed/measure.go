@@ -76,7 +76,7 @@ func (r *Report) WriteMarkdown(path, command string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Real nodes: pod start, warm against cold\n\n", beginMarker)
 	fmt.Fprintf(&b, "`%s` (%s, %d CPUs, load %s): three real kubelet nodes (containerd, runc, bridge CNI) on this machine, prewarm installed with its Helm chart from its own images, the seed's manifests unchanged. *The seed's pod* is its Deployment's pod template, pinned to the node and without its GPU request (the run's parents hold the nodes' GPUs; the stand-in server uses none); its model volume is prewarm's CSI volume. Times run from just before the pod's creation to the condition, polled every 100 ms. The model is %s from S3 (versitygw on the same machine); the image is %s from a loopback registry.\n\n",
-		command, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), loadAverage(), r.Model, r.Image)
+		command, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), LoadAverage(), r.Model, r.Image)
 	b.WriteString("| Pod | Node | Created → | Time | Detail |\n|---|---|---|---|---|\n")
 	for _, x := range r.Rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %.2f s | %s |\n", x.What, x.Node, x.Condition, x.Took.Seconds(), x.Detail)
@@ -86,20 +86,27 @@ func (r *Report) WriteMarkdown(path, command string) error {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
+	return WriteSection(path, beginMarker, endMarker, b.String())
+}
+
+// WriteSection puts section, which begins with the line begin and ends with the line end, into
+// the file at path in place of what those lines enclose there, or at its end.
+func WriteSection(path, begin, end, section string) error {
 	old, err := os.ReadFile(path)
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	text := string(old)
-	if i, j := strings.Index(text, beginMarker), strings.Index(text, endMarker); i >= 0 && j > i {
-		text = text[:i] + b.String() + strings.TrimPrefix(text[j+len(endMarker):], "\n")
+	if i, j := strings.Index(text, begin), strings.Index(text, end); i >= 0 && j > i {
+		text = text[:i] + section + strings.TrimPrefix(text[j+len(end):], "\n")
 	} else {
-		text = strings.TrimRight(text, "\n") + "\n\n" + b.String()
+		text = strings.TrimRight(text, "\n") + "\n\n" + section
 	}
 	return os.WriteFile(path, []byte(text), 0o644)
 }
 
-func loadAverage() string {
+// LoadAverage is the machine's load average over 1, 5 and 15 minutes.
+func LoadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return "unknown"

@@ -364,19 +364,9 @@ func (e *Env) pushTestImages() error {
 		}
 		read[out] = b
 	}
-	server, err := e.serverLayer(read["modelserver"], e.Model)
+	big, err := e.serverLayers(read["modelserver"], 100)
 	if err != nil {
 		return err
-	}
-	// The seed's image is large, in several layers, as an inference image is: the server and
-	// its model's listing, then three layers of 200 MiB of incompressible bytes.
-	big := []v1.Layer{server}
-	for i := range 3 {
-		l, err := realnode.RandomLayer(fmt.Sprintf("/usr/lib/weights-free-%d.bin", i), uint64(100+i), 200<<20)
-		if err != nil {
-			return err
-		}
-		big = append(big, l)
 	}
 	catalog, err := e.serverLayer(read["modelserver"], e.JSModel)
 	if err != nil {
@@ -407,6 +397,47 @@ func (e *Env) pushTestImages() error {
 	}
 	e.logf("test images (%s standing in for the seed's, %s, pause) pushed in %s", ServerImage, CatalogImage, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// serverLayers are the layers of an image of the seed's shape, large, in several layers, as an
+// inference image is: the model server and its model's listing, then three layers of 200 MiB of
+// incompressible bytes, drawn from seed.
+func (e *Env) serverLayers(server []byte, seed uint64) ([]v1.Layer, error) {
+	l, err := e.serverLayer(server, e.Model)
+	if err != nil {
+		return nil, err
+	}
+	layers := []v1.Layer{l}
+	for i := range 3 {
+		l, err := realnode.RandomLayer(fmt.Sprintf("/usr/lib/weights-free-%d.bin", i), seed+uint64(i), 200<<20)
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, l)
+	}
+	return layers, nil
+}
+
+// PushServerImage pushes, as ref, an image of the seed's image's shape whose large layers are
+// drawn from seed: with a seed other than the seed's image's (100), a node that holds that image
+// still pulls all of this one.
+func (e *Env) PushServerImage(ref string, seed uint64) error {
+	server, err := os.ReadFile(filepath.Join(e.Dir, "bin", "modelserver"))
+	if err != nil {
+		return err
+	}
+	layers, err := e.serverLayers(server, seed)
+	if err != nil {
+		return err
+	}
+	img, err := realnode.ImageOf([]string{"/modelserver"}, layers...)
+	if err != nil {
+		return err
+	}
+	if img, err = asUser(img, "65532"); err != nil {
+		return err
+	}
+	return e.C.Push(ref, img)
 }
 
 // asUser sets the image's user.

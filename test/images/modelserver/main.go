@@ -10,6 +10,11 @@
 // array of {"path", "size", "sha256"} (hex), paths relative to --model; the test image carries
 // its model's listing at the default path. "modelserver --idle" only waits for SIGTERM (to time
 // a container's start on its own).
+//
+// /metrics serves the load gauges vLLM exports and autoscalers scale on,
+// vllm:num_requests_waiting and vllm:num_requests_running. A stand-in serves no real requests:
+// "POST /load?waiting=N&running=M" sets them, as a burst of traffic would, for the autoscaling
+// tests and the scale-out benchmark (a Prometheus server scrapes them; KEDA queries it).
 package main
 
 import (
@@ -25,9 +30,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // File is one entry of the listing.
@@ -53,6 +62,19 @@ type server struct {
 	writable bool
 	// fs names the filesystem the model is read from (tmpfs: from memory).
 	fs string
+	// waiting and running are the load the server reports, as vLLM does.
+	waiting, running prometheus.Gauge
+	metrics          *prometheus.Registry
+}
+
+// newServer returns a server for the model at model, its load gauges registered.
+func newServer(model string) *server {
+	s := &server{model: model, metrics: prometheus.NewRegistry(),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:num_requests_waiting", Help: "Requests waiting to be processed."}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:num_requests_running", Help: "Requests being processed."}),
+	}
+	s.metrics.MustRegister(s.waiting, s.running)
+	return s
 }
 
 func main() {
@@ -71,7 +93,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	s := &server{model: *model}
+	s := newServer(*model)
 	if err := json.Unmarshal(b, &s.expect); err != nil {
 		log.Fatalf("%s: %v", *expect, err)
 	}
@@ -84,6 +106,8 @@ func (s *server) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", s.health)
 	mux.HandleFunc("/invocations", s.invoke)
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("POST /load", s.load)
 	return mux
 }
 
@@ -214,4 +238,30 @@ func (s *server) invoke(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"files": s.files, "bytes": s.bytes, "verifySeconds": s.took.Seconds()})
+}
+
+// load sets the load gauges from the query's waiting and running (each optional, at least 0).
+func (s *server) load(w http.ResponseWriter, r *http.Request) {
+	set := map[string]prometheus.Gauge{"waiting": s.waiting, "running": s.running}
+	values := map[string]float64{}
+	for name := range set {
+		v := r.URL.Query().Get(name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseFloat(v, 64)
+		if err != nil || n < 0 {
+			http.Error(w, fmt.Sprintf("%s=%q: want a number of requests, at least 0", name, v), http.StatusBadRequest)
+			return
+		}
+		values[name] = n
+	}
+	if len(values) == 0 {
+		http.Error(w, "give waiting=N, running=M or both", http.StatusBadRequest)
+		return
+	}
+	for name, n := range values {
+		set[name].Set(n)
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
