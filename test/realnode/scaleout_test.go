@@ -257,7 +257,7 @@ func (e *env) scaleOut(t *testing.T, ctx context.Context, as *realnode.Autoscali
 			}
 			s.weights = mounted
 		}
-		s.pulled = strings.TrimPrefix(e.pullEventOf(ctx, p), "kubelet: ")
+		s.pulled = e.PullEvent(ctx, p, serving.WorkerContainerName)
 		if body := e.health(t, ctx, p); !strings.Contains(body, "verified") {
 			t.Errorf("%s on %s: /health %q; want its model verified", p.Name, p.Spec.NodeName, body)
 		}
@@ -344,29 +344,11 @@ func (e *env) mountedAt(ctx context.Context, p *corev1.Pod) (time.Time, error) {
 		return time.Time{}, err
 	}
 	for _, ev := range list.Items {
-		if ev.Regarding.UID != p.UID || ev.Reason != agent.EventCacheMounted {
-			continue
+		if ev.Regarding.UID == p.UID && ev.Reason == agent.EventCacheMounted {
+			return realseed.EventTime(ev), nil
 		}
-		if !ev.EventTime.IsZero() {
-			return ev.EventTime.Time, nil
-		}
-		return ev.DeprecatedFirstTimestamp.Time, nil // a second's precision
 	}
 	return time.Time{}, fmt.Errorf("no %s event on %s", agent.EventCacheMounted, p.Name)
-}
-
-// pullEventOf is the kubelet's Pulled event on the pod's worker.
-func (e *env) pullEventOf(ctx context.Context, p *corev1.Pod) string {
-	var events corev1.EventList
-	if err := e.C.Client.List(ctx, &events, client.InNamespace(p.Namespace), client.MatchingFields{"involvedObject.name": p.Name}); err != nil {
-		return err.Error()
-	}
-	for _, ev := range events.Items {
-		if ev.Reason == "Pulled" && strings.Contains(ev.InvolvedObject.FieldPath, serving.WorkerContainerName) {
-			return ev.Message
-		}
-	}
-	return "no Pulled event"
 }
 
 // parentPodsNow are the parent's pods as they are.

@@ -479,13 +479,19 @@ func (e *Env) WaitCacheGone(ctx context.Context, node, uid string) error {
 
 // pullEvent is the kubelet's account of the pod's image pull.
 func (e *Env) pullEvent(ctx context.Context, p *corev1.Pod) string {
+	return "kubelet: " + e.PullEvent(ctx, p, p.Spec.Containers[0].Name)
+}
+
+// PullEvent is the message of the kubelet's Pulled event on the pod's container: the image
+// pulled and how long that took, or present.
+func (e *Env) PullEvent(ctx context.Context, p *corev1.Pod, container string) string {
 	var events corev1.EventList
 	if err := e.C.Client.List(ctx, &events, client.InNamespace(p.Namespace), client.MatchingFields{"involvedObject.name": p.Name}); err != nil {
 		return err.Error()
 	}
 	for _, ev := range events.Items {
-		if ev.Reason == "Pulled" {
-			return "kubelet: " + ev.Message
+		if ev.Reason == "Pulled" && ev.InvolvedObject.FieldPath == "spec.containers{"+container+"}" {
+			return ev.Message
 		}
 	}
 	return "no Pulled event"

@@ -594,12 +594,12 @@ func lastEvents(events []eventsv1.Event, uid types.UID, n int) []eventsv1.Event 
 			about = append(about, ev)
 		}
 	}
-	slices.SortStableFunc(about, func(a, b eventsv1.Event) int { return eventTime(a).Compare(eventTime(b)) })
+	slices.SortStableFunc(about, func(a, b eventsv1.Event) int { return EventTime(a).Compare(EventTime(b)) })
 	return about[max(0, len(about)-n):]
 }
 
-// eventTime is when the event last happened, whichever API wrote it.
-func eventTime(ev eventsv1.Event) time.Time {
+// EventTime is when the event last happened, whichever API wrote it.
+func EventTime(ev eventsv1.Event) time.Time {
 	switch {
 	case ev.Series != nil:
 		return ev.Series.LastObservedTime.Time
