@@ -97,10 +97,14 @@ test-oldest: testbin ## The API-level suites (CRDs, CEL rules, admission policie
 	PREWARM_K8S_BIN_DIR=$(OLDEST_DIR) go test $(GO_TEST_FLAGS) -run '$(OLDEST_E2E_RUN)' $(E2E_PKGS)
 
 .PHONY: test
-test: verify lint testbin ## Check generated files and formatting, lint, then every suite (test-integration, test-e2e and test-realnode, run as one go test so they share the cores); then the API-level suites against the oldest supported Kubernetes (test-oldest), and the engine's tests on tmpfs and ramfs.
-	go test $(GO_TEST_FLAGS) $(INTEGRATION_PKGS) $(E2E_PKGS) $(REALNODE_PKGS)
-	$(MAKE) -s test-oldest
-	GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh
+test: ## In layers, stopping at the first that fails (hack/layer.sh prints each one's time): (1) verify generated files and formatting, lint, and the unit tests (-short, no test binaries); (2) build the test binaries; (3) test-integration; (4) test-e2e and test-realnode as one go test, so they share the cores; (5) test-oldest, then the engine's tests on tmpfs and ramfs.
+	@bash hack/layer.sh "1/5 checks" $(MAKE) -s verify lint
+	@bash hack/layer.sh "1/5 unit" go test -short $(GO_TEST_FLAGS) ./...
+	@bash hack/layer.sh "2/5 test binaries" $(MAKE) -s testbin
+	@bash hack/layer.sh "3/5 integration" go test $(GO_TEST_FLAGS) $(INTEGRATION_PKGS)
+	@bash hack/layer.sh "4/5 end-to-end and real nodes" go test $(GO_TEST_FLAGS) $(E2E_PKGS) $(REALNODE_PKGS)
+	@bash hack/layer.sh "5/5 oldest Kubernetes" $(MAKE) -s test-oldest
+	@bash hack/layer.sh "5/5 filesystems" env GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh
 
 ##@ Release
 

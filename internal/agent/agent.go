@@ -242,8 +242,8 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 	}
 }
 
-// EnsureNodeCache makes node's NodeCache if it is missing, with no spec (the controller's
-// server-side applies own every entry of it) and owned by the Node, as the controller makes it:
+// EnsureNodeCache makes node's NodeCache if it is missing, with no spec (the controller writes
+// every entry of it, with JSON patches) and owned by the Node, as the controller makes it:
 // it goes with the node. A node that no longer exists gets none. An agent may make only its own
 // node's (the chart's admission policy).
 func EnsureNodeCache(ctx context.Context, c client.Client, node string) error {

@@ -26,6 +26,7 @@ import (
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -42,7 +43,7 @@ func startAPI(t *testing.T) (context.Context, *testutil.APIServer) {
 // runAgent runs an agent for node under its own manager until the test ends.
 func runAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, o agent.Options) *agent.Agent {
 	t.Helper()
-	return testutil.RunAgent(t, ctx, api, node, o)
+	return harness.RunAgent(t, ctx, api, node, o)
 }
 
 // askNode makes node's NodeCache asking for reqs, as the controller would.

@@ -170,8 +170,6 @@ const (
 	// pulls with (no label: a cache of an image pulled with no namespace's credentials, which
 	// any namespace shares).
 	SourceNamespaceLabel = "prewarm.io/source-namespace"
-	// FieldManager is the controller's server-side apply field manager.
-	FieldManager = "prewarm-controller"
 )
 
 // LeaderElectionID names the Lease, in the operator namespace, that the controller's replicas

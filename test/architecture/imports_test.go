@@ -114,3 +114,21 @@ func TestShippedBinariesLinkNoTestCode(t *testing.T) {
 		}
 	}
 }
+
+// Package testutil, the builders and the cluster harness every suite uses, imports no prewarm
+// component: the agent's and the controllers' own tests import it from inside their packages,
+// which an import of theirs would make a cycle. What runs a component in a test (an agent in
+// process, the controller's indexes) is in testutil/harness.
+func TestTestutilRootImportsNoComponent(t *testing.T) {
+	const mod = "github.com/prewarm/prewarm/"
+	components := []string{mod + "internal/agent", mod + "internal/controller", mod + "internal/cli", mod + "internal/sandbox"}
+	for _, p := range list(t, "./internal/testutil") {
+		for _, dep := range p.Deps {
+			for _, c := range components {
+				if dep == c || strings.HasPrefix(dep, c+"/") {
+					t.Errorf("%s depends on %s; run components in tests from internal/testutil/harness", p.ImportPath, dep)
+				}
+			}
+		}
+	}
+}

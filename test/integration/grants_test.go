@@ -25,7 +25,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/controller/serving"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
 // grantNodes are three nodes, named after prefix, that a standalone cache that selects
@@ -196,7 +196,7 @@ func TestStandaloneImageCacheReachesOnlyGrantedNodes(t *testing.T) {
 	names := grantNodes(prefix)
 	rc := upGrantNodes(t, ctx, newReconcilers(t, ctx, "grants-i-operator", "grants-ia", "grants-ib"), prefix, "grants-ib")
 	r := &serving.ImageCacheReconciler{Reconciler: rc.ep}
-	ir := &imagecache.Reconciler{Client: testutil.IndexedClient(server.Client, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
+	ir := &imagecache.Reconciler{Client: harness.IndexedClient(server.Client, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	nodes := map[string]*corev1.Node{}
 	for _, name := range names {
 		n := &corev1.Node{}

@@ -27,6 +27,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/registration"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
 // createYAML creates the object a manifest describes, as `kubectl create -f` would, into obj.
@@ -315,7 +316,7 @@ func TestStandaloneModelImageCache(t *testing.T) {
 	c := server.Client
 	rc := newReconcilers(t, ctx, "mic-operator", "mic")
 	r := &serving.ImageCacheReconciler{Reconciler: rc.ep}
-	ir := &imagecache.Reconciler{Client: testutil.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
+	ir := &imagecache.Reconciler{Client: harness.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	upNode(t, ctx, "mic-node", "ml.mic-suite.xlarge")
 	t.Cleanup(func() {
 		_ = c.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mic-node"}})

@@ -19,6 +19,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
 // The image cache reconciler, called directly against the real API server: it holds its
@@ -31,7 +32,7 @@ func TestImageCacheLifecycle(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "images-operator", "images")
-	r := &imagecache.Reconciler{Client: testutil.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
+	r := &imagecache.Reconciler{Client: harness.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	upNode(t, ctx, "images-node", "ml.ic-suite.xlarge")
 
 	parent := testutil.MakeInferenceEndpointConfig("images", "served").Obj()
@@ -148,7 +149,7 @@ func TestImageCacheOutsideTheOperatorNamespaceIsRefused(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "refused-operator", "refused-team")
-	r := &imagecache.Reconciler{Client: testutil.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
+	r := &imagecache.Reconciler{Client: harness.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	upNode(t, ctx, "refused-node", "ml.ic-refused.xlarge")
 
 	parent := testutil.MakeInferenceEndpointConfig("refused-team", "served").Obj()

@@ -27,6 +27,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
 // registryCredential is the docker config of namespace ns's Secret name: each its own.
@@ -198,7 +199,7 @@ func TestAPrivateImageCacheIsItsNamespacesOwn(t *testing.T) {
 
 	// The image cache reconciler: a pod template the API server takes, pulling Always, from /;
 	// a reference of another namespace put into iso-a's cache is dropped.
-	ir := &imagecache.Reconciler{Client: testutil.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
+	ir := &imagecache.Reconciler{Client: harness.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(ca), ca); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
 // reconcilers are the controller's reconcilers on the test API server, called directly (no
@@ -51,7 +52,7 @@ func reconcilersFor(cfg controller.Config) *reconcilers {
 	return &reconcilers{
 		cfg: cfg,
 		ep:  &serving.Reconciler{Client: c, APIReader: c, Config: cfg, Now: time.Now},
-		wc:  &weightscache.Reconciler{Client: testutil.IndexedClient(c, append(weightscache.Indexes, controller.NodeIndexes...)...), APIReader: c, Config: cfg, Now: time.Now},
+		wc:  &weightscache.Reconciler{Client: harness.IndexedClient(c, append(weightscache.Indexes, controller.NodeIndexes...)...), APIReader: c, Config: cfg, Now: time.Now},
 	}
 }
 

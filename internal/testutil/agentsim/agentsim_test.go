@@ -28,6 +28,7 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/agentsim"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -77,7 +78,7 @@ func TestSimulatedAgentWritesTheRealAgentsShape(t *testing.T) {
 		}
 	}
 	policy := agent.WritePolicy{Interval: 100 * time.Millisecond, ProgressInterval: 100 * time.Millisecond}
-	testutil.RunAgent(t, ctx, api, "real", agent.Options{Config: cfg, HostPrefix: host, StatusInterval: policy.Interval,
+	harness.RunAgent(t, ctx, api, "real", agent.Options{Config: cfg, HostPrefix: host, StatusInterval: policy.Interval,
 		ProgressInterval: policy.ProgressInterval, RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second, Version: "v-test",
 		// Two seconds for the copy, as the simulated one takes: a local disk is fast enough to
 		// copy it between two status writes otherwise, and there would be no progress to compare.

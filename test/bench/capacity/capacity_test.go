@@ -27,6 +27,7 @@ import (
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
 var server *testutil.APIServer
@@ -97,7 +98,7 @@ func TestDiskUseOverARun(t *testing.T) {
 		SourceAccess: []config.SourceRule{{Namespaces: []string{"default"}, FSx: &config.FSxRule{FileSystemID: fsxID}}},
 		Agent:        config.Agent{Kubelet: testutil.NoKubelet()}}
 	cfg.CacheRoots[0].HighWatermarkPercent, cfg.CacheRoots[0].LowWatermarkPercent = high, low
-	testutil.RunAgent(t, ctx, server, node, agent.Options{
+	harness.RunAgent(t, ctx, server, node, agent.Options{
 		Config: cfg, HostPrefix: host,
 		StatusInterval: 100 * time.Millisecond, ProgressInterval: 200 * time.Millisecond, RecheckInterval: 300 * time.Millisecond,
 		RetryInterval: 200 * time.Millisecond, MaxRetryInterval: time.Second,

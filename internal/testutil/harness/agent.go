@@ -1,4 +1,9 @@
-package testutil
+// Package harness runs prewarm's own components inside a test: an agent under its own manager
+// against a test API server (RunAgent), and a client that answers the controller's indexed lists
+// as its manager's cache would (IndexedClient). It is apart from package testutil, whose
+// builders and cluster harness import no prewarm component, so that every package's tests,
+// the agent's and the controller's included, can use those.
+package harness
 
 import (
 	"context"
@@ -12,18 +17,19 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/testutil"
 )
 
 // RunAgent runs a prewarm agent for node in this process, under its own manager on api, until
 // the test ends. A zero ProgressInterval becomes the StatusInterval: the tests watch downloads
 // at every tick.
-func RunAgent(t *testing.T, ctx context.Context, api *APIServer, node string, o agent.Options) *agent.Agent {
+func RunAgent(t *testing.T, ctx context.Context, api *testutil.APIServer, node string, o agent.Options) *agent.Agent {
 	t.Helper()
 	if o.ProgressInterval == 0 {
 		o.ProgressInterval = o.StatusInterval
 	}
 	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-		Scheme:     Scheme(),
+		Scheme:     testutil.Scheme(),
 		Cache:      agent.CacheOptions(node),
 		Client:     agent.ClientOptions(),
 		Metrics:    metricsserver.Options{BindAddress: "0"},
