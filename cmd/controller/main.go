@@ -44,7 +44,6 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/jumpstart"
 	"github.com/prewarm/prewarm/internal/scheme"
-	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
 func main() {
@@ -78,10 +77,10 @@ func parseFlags(args []string) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
 	fs.StringVar(&o.configFile, "config", "", "the operator configuration shared with the agents (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
-	fs.DurationVar(&o.gateTimeout, "gate-timeout", 0, "overrides controller.gateTimeout: longest a Deployment waits for its weights cache to settle")
-	fs.DurationVar(&o.retention, "retention", 0, "overrides controller.retention: how long a cordoned, tainted or unreachable node keeps a cache its placement still selects")
+	fs.DurationVar(&o.gateTimeout, "gate-timeout", 0, fmt.Sprintf("overrides controller.gateTimeout (%s): longest a Deployment waits for its weights cache to settle", cli.Duration(config.DefaultGateTimeout)))
+	fs.DurationVar(&o.retention, "retention", 0, fmt.Sprintf("overrides controller.retention (%s): how long a cordoned, tainted or unreachable node keeps a cache its placement still selects", cli.Duration(config.DefaultRetention)))
 	fs.StringVar(&o.agentImage, "agent-image", "", "overrides controller.agentImage: image of the agent (the inference pods' init container)")
-	fs.StringVar(&o.operatorNamespace, "operator-namespace", "", "overrides operatorNamespace (hyperpod-inference-system): namespace of prewarm's shared objects")
+	fs.StringVar(&o.operatorNamespace, "operator-namespace", "", "overrides operatorNamespace ("+config.DefaultOperatorNamespace+"): namespace of prewarm's shared objects")
 	fs.StringVar(&o.catalogName, "catalog-configmap", catalog.DefaultConfigMap, "ConfigMap, in the operator namespace, holding the JumpStart model catalog")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	fs.StringVar(&o.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
@@ -242,10 +241,10 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	}
 	parents := &serving.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Live: mgr.GetAPIReader(), Config: cfg, Hub: hubChecker, Recorder: recorder, Metrics: metrics}
 	if js := cfg.JumpStart; js.Region != "" {
-		endpoint := cmp.Or(js.Endpoint, cfg.S3.Endpoint)
+		s3 := config.S3{Endpoint: cmp.Or(js.Endpoint, cfg.S3.Endpoint), PathStyle: cfg.S3.PathStyle}
 		resolver, err := jumpstart.New(ctx, jumpstart.Options{
 			Where:    jumpstart.Where{Region: js.Region, Bucket: js.Bucket, GatedBucket: js.GatedBucket, Images: js.Images},
-			Endpoint: endpoint, PathStyle: cfg.S3.PathStyle || sources.DefaultPathStyle(endpoint), Refresh: js.Refresh.Duration,
+			Endpoint: s3.Endpoint, PathStyle: s3.UsePathStyle(), Refresh: js.Refresh.Duration,
 		})
 		if err != nil {
 			return err

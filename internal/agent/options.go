@@ -193,7 +193,7 @@ func (o *Options) sourceSpec(cs prewarmv1alpha1.CacheSource) (sources.Spec, sour
 	opts := sources.Options{Connections: o.Connections}
 	switch cs.Type {
 	case inferencev1.ModelSourceS3:
-		opts.Endpoint, opts.PathStyle = o.Config.S3.Endpoint, o.Config.S3.PathStyle || sources.DefaultPathStyle(o.Config.S3.Endpoint)
+		opts.Endpoint, opts.PathStyle = o.Config.S3.Endpoint, o.Config.S3.UsePathStyle()
 		return sources.Spec{Kind: sources.S3, Bucket: cs.Bucket, Prefix: cs.Prefix, Region: cs.Region}, opts, nil
 	case inferencev1.ModelSourceHuggingFace:
 		opts.Endpoint = o.Config.HuggingFace.Endpoint

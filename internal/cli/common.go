@@ -81,6 +81,19 @@ func (f *EngineFlags) EngineOptions() ([]engine.Option, error) {
 	return opts, nil
 }
 
+// Duration writes d as flag help and the docs write durations: 5m and 24h, not time.Duration's
+// 5m0s and 24h0m0s.
+func Duration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 // SetupLogging makes the JSON logger prewarm's daemons write to stderr the logger of
 // controller-runtime and of klog, and returns it: client-go's own lines (leader election,
 // watches, throttling) come out as the same JSON objects, not klog's text between them.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -53,6 +54,18 @@ func TestKlogLinesAreJSON(t *testing.T) {
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("line %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+// Durations in flag help read as the docs write them: no trailing zero minutes or seconds.
+func TestDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		2 * time.Second: "2s", 5 * time.Minute: "5m", 90 * time.Second: "1m30s", 24 * time.Hour: "24h",
+		90 * time.Minute: "1h30m", time.Hour + time.Second: "1h0m1s", 1500 * time.Millisecond: "1.5s",
+	} {
+		if got := Duration(d); got != want {
+			t.Errorf("Duration(%v) = %q, want %q", d, got, want)
 		}
 	}
 }

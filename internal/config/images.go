@@ -21,15 +21,12 @@ type ImageCaches struct {
 	// cache: its parent says why (RegistryNotAllowed).
 	AllowedRegistries []string `json:"allowedRegistries,omitempty"`
 	// MaxPerNamespace is how many image caches (one per image and placement) the parents of
-	// one namespace may use at once (8): each one pins its image on every target node, out of
+	// one namespace may use at once
+	// ([DefaultImageCachesPerNamespace]): each one pins its image on every target node, out of
 	// the reach of the kubelet's image garbage collection. A parent past it gets no image cache
 	// (ImageCacheQuotaExceeded); a parent already in a cache keeps it.
 	MaxPerNamespace int `json:"maxPerNamespace,omitempty"`
 }
-
-// DefaultImageCachesPerNamespace is ImageCaches.MaxPerNamespace unless the configuration says
-// otherwise.
-const DefaultImageCachesPerNamespace = 8
 
 // dockerHub is Docker Hub's registry as image references resolve it.
 const dockerHub = name.DefaultRegistry

@@ -32,7 +32,7 @@ type Kubelet struct {
 	// images (its default 85; 100 turns image garbage collection off).
 	ImageGCHighThresholdPercent int32 `json:"imageGCHighThresholdPercent,omitempty"`
 	// MarginPercent is how many points of the disk below the kubelet's lowest threshold caches
-	// and copies stop (5).
+	// and copies stop ([DefaultKubeletMarginPercent]).
 	MarginPercent *int32 `json:"marginPercent,omitempty"`
 }
 
@@ -50,9 +50,6 @@ func KubeletDefaultEvictionHard() map[string]string {
 // KubeletDefaultImageGCHighThresholdPercent is the kubelet's default imageGCHighThresholdPercent.
 const KubeletDefaultImageGCHighThresholdPercent = 85
 
-// DefaultKubeletMarginPercent is Kubelet.MarginPercent's default.
-const DefaultKubeletMarginPercent = 5
-
 // KubeletConfigFiles are where the kubelet's configuration file is on the platforms prewarm
 // knows, in the order the agent looks for them: EKS AL2023 (nodeadm), Bottlerocket, EKS AL2,
 // GKE, kubeadm.
@@ -62,13 +59,6 @@ var KubeletConfigFiles = []string{
 	"/etc/kubernetes/kubelet/kubelet-config.json",
 	"/home/kubernetes/kubelet-config.yaml",
 	"/var/lib/kubelet/config.yaml",
-}
-
-func (k *Kubelet) defaults() {
-	if k.MarginPercent == nil {
-		m := int32(DefaultKubeletMarginPercent)
-		k.MarginPercent = &m
-	}
 }
 
 // Margin is MarginPercent, or its default.

@@ -1,8 +1,10 @@
 // Package docs holds the docs to the code: every reason the code gives has a row in the
-// operations manual, and the flag tables list exactly the flags the binaries take.
+// operations manual, the flag tables list exactly the flags the binaries take, and the defaults
+// the manual states are the configuration's.
 package docs
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -10,12 +12,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/prewarm/prewarm/internal/cli"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -213,4 +221,156 @@ func helpFlags(help string) []string {
 		}
 	}
 	return out
+}
+
+// The defaults the manual states, in the configuration's table ("Configure") and as the values
+// the flags fall back to ("`agent.reserve` (`2Gi`)"), are the configuration's own: a default
+// changed in internal/config and not in the manual fails here.
+func TestStatedDefaultsAreTheConfiguration(t *testing.T) {
+	defaults := map[string]string{}
+	defaultsOf(reflect.ValueOf(config.Default()), "", defaults)
+	doc := operations(t)
+	checked := 0
+	// The configuration's table: a row's keys, and its defaults in the same order.
+	start := strings.Index(doc, "\n### Configure\n")
+	if start < 0 {
+		t.Fatal(`docs/operations.md has no "### Configure" section`)
+	}
+	key := regexp.MustCompile("`([A-Za-z][A-Za-z.\\[\\]]*)`")
+	for _, row := range tableRows(doc[start:], "| key | default | meaning |") {
+		var keys []string
+		for _, m := range key.FindAllStringSubmatch(row[0], -1) {
+			keys = append(keys, m[1])
+		}
+		stated := splitDefaults(row[1])
+		for i, k := range keys {
+			want, ok := defaults[k]
+			if !ok {
+				continue // no default but the zero value
+			}
+			if len(stated) != len(keys) {
+				t.Errorf("docs/operations.md, Configure: the row of %s states %d defaults for %d keys: %q", k, len(stated), len(keys), row[1])
+				break
+			}
+			if got := bare(stated[i]); got != want {
+				t.Errorf("docs/operations.md, Configure: %s's default is %q; internal/config's is %q", k, got, want)
+			}
+			checked++
+		}
+	}
+	// The flag tables: "`key` (`value`" where a flag falls back to the configuration.
+	fallback := regexp.MustCompile("`([A-Za-z][A-Za-z.]*)` \\((`?)([^`;)]+)`?[;)]")
+	for _, table := range []string{"Controller (`config/manager/controller.yaml`):", "Agent (`config/agent/daemonset.yaml`):"} {
+		i := strings.Index(doc, "\n"+table+"\n")
+		if i < 0 {
+			t.Fatalf("docs/operations.md has no line %q", table)
+		}
+		table = strings.TrimSuffix(table, ":")
+		for _, row := range tableRows(doc[i:], "| flag | default | meaning |") {
+			for _, m := range fallback.FindAllStringSubmatch(row[1], -1) {
+				want, ok := defaults[m[1]]
+				if !ok {
+					t.Errorf("docs/operations.md, %s: %s falls back to %s, which has no default in internal/config", table, row[0], m[1])
+					continue
+				}
+				if m[3] != want {
+					t.Errorf("docs/operations.md, %s: %s states %s's default as %q; internal/config's is %q", table, row[0], m[1], m[3], want)
+				}
+				checked++
+			}
+		}
+	}
+	t.Logf("checked %d stated defaults", checked)
+	if checked < 40 {
+		t.Errorf("checked %d stated defaults; the tables' parsing is broken", checked)
+	}
+}
+
+// tableRows are the first two cells of the rows of the first table headed header in doc.
+func tableRows(doc, header string) [][2]string {
+	i := strings.Index(doc, "\n"+header+"\n")
+	if i < 0 {
+		return nil
+	}
+	var rows [][2]string
+	for _, line := range strings.Split(doc[i+len(header)+2:], "\n")[1:] { // past |---|
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.SplitN(line, " | ", 3)
+		if len(cells) == 3 {
+			rows = append(rows, [2]string{strings.TrimPrefix(cells[0], "| "), cells[1]})
+		}
+	}
+	return rows
+}
+
+// splitDefaults splits a default cell at its top-level commas: "`30m`, `24h`, `x` (the release's)"
+// is three defaults.
+func splitDefaults(cell string) []string {
+	var parts []string
+	depth, code, from := 0, false, 0
+	for i, r := range cell {
+		switch {
+		case r == '`':
+			code = !code
+		case code:
+		case r == '(' || r == '[' || r == '{':
+			depth++
+		case r == ')' || r == ']' || r == '}':
+			depth--
+		case r == ',' && depth == 0 && strings.HasPrefix(cell[i:], ", "):
+			parts = append(parts, cell[from:i])
+			from = i + 2
+		}
+	}
+	return append(parts, cell[from:])
+}
+
+// bare is a stated default without its remark and quotes: "`64Gi` (at least `16Mi`)" is 64Gi.
+func bare(s string) string {
+	s, _, _ = strings.Cut(s, " (")
+	return strings.Trim(strings.TrimSpace(s), "`")
+}
+
+// defaultsOf lists the configuration's fields that have a default other than the zero value, by
+// their dotted JSON paths (a list's fields by its first entry's, as cacheRoots[].path), written as
+// the manual writes them (30m, 16Mi).
+func defaultsOf(v reflect.Value, at string, out map[string]string) {
+	for v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return
+		}
+		v = v.Elem()
+	}
+	switch x := v.Interface().(type) {
+	case metav1.Duration:
+		if x.Duration != 0 {
+			out[at] = cli.Duration(x.Duration)
+		}
+		return
+	case resource.Quantity:
+		if !x.IsZero() {
+			out[at] = x.String()
+		}
+		return
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+			if name != "" && name != "-" {
+				defaultsOf(v.Field(i), strings.TrimPrefix(at+"."+name, "."), out)
+			}
+		}
+	case reflect.Slice:
+		if v.Len() > 0 && v.Type().Elem().Kind() == reflect.Struct {
+			defaultsOf(v.Index(0), at+"[]", out)
+		}
+	case reflect.Map:
+	default:
+		if !v.IsZero() {
+			out[at] = fmt.Sprint(v.Interface())
+		}
+	}
 }

@@ -75,20 +75,20 @@ the allowed roots.`,
 	f.StringVar(&opts.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	f.StringVar(&af.configFile, "config", "", "the operator configuration shared with the controller (cache roots, S3, Hugging Face, FSx mounts); empty: the defaults")
 	f.StringVar(&opts.HostPrefix, "host-prefix", "", "where the node's filesystem is seen from the agent (empty: the roots are mounted at their own paths)")
-	f.StringVar(&af.reserve, "reserve", "", "overrides agent.reserve (2Gi): free space kept under each root, never filled by caches")
-	f.IntVar(&opts.MaxParallel, "max-parallel", 0, "overrides agent.maxParallel (2): caches downloading at once")
-	f.DurationVar(&opts.StatusInterval, "status-interval", 0, "overrides agent.statusInterval (2s): least time between two status writes")
-	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 0, "overrides agent.recheckInterval (5m): how often a ready cache is re-checked (manifest and sizes)")
-	f.DurationVar(&opts.VerifyInterval, "verify-interval", 0, "overrides agent.verifyInterval (24h): how often a ready cache's content is read back and checked against its checksums (also once at start)")
-	f.StringVar(&af.verifyRate, "verify-rate", "", "overrides agent.verifyRate (200Mi): most bytes per second that re-verification reads from disk (0: no cap)")
-	f.DurationVar(&opts.RetryInterval, "retry-interval", 0, "overrides agent.retryInterval (10s): first wait before a failed download is retried (doubles up to 5m)")
+	f.StringVar(&af.reserve, "reserve", "", fmt.Sprintf("overrides agent.reserve (%s): free space kept under each root, never filled by caches", config.DefaultReserve))
+	f.IntVar(&opts.MaxParallel, "max-parallel", 0, fmt.Sprintf("overrides agent.maxParallel (%d): caches downloading at once", config.DefaultMaxParallel))
+	f.DurationVar(&opts.StatusInterval, "status-interval", 0, fmt.Sprintf("overrides agent.statusInterval (%s): least time between two status writes", cli.Duration(config.DefaultStatusInterval)))
+	f.DurationVar(&opts.RecheckInterval, "recheck-interval", 0, fmt.Sprintf("overrides agent.recheckInterval (%s): how often a ready cache is re-checked (manifest and sizes)", cli.Duration(config.DefaultRecheckInterval)))
+	f.DurationVar(&opts.VerifyInterval, "verify-interval", 0, fmt.Sprintf("overrides agent.verifyInterval (%s): how often a ready cache's content is read back and checked against its checksums (also once at start)", cli.Duration(config.DefaultVerifyInterval)))
+	f.StringVar(&af.verifyRate, "verify-rate", "", fmt.Sprintf("overrides agent.verifyRate (%s): most bytes per second that re-verification reads from disk (0: no cap)", config.DefaultVerifyRate))
+	f.DurationVar(&opts.RetryInterval, "retry-interval", 0, fmt.Sprintf("overrides agent.retryInterval (%s): first wait before a failed download is retried (doubles up to 5m)", cli.Duration(config.DefaultRetryInterval)))
 	f.StringVar(&af.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, or $KUBECONFIG)")
 	f.StringVar(&af.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus metrics endpoint (0 turns it off)")
 	f.StringVar(&af.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
 	f.IntVarP(&af.verbosity, "v", "v", 0, "log verbosity")
 	f.StringVar(&af.csi.Endpoint, "csi-endpoint", "", "serve prewarm's CSI node plugin on this Unix socket (e.g. /var/lib/kubelet/plugins/"+prewarmv1alpha1.CSIDriverName+"/csi.sock; empty: no node plugin)")
 	f.StringVar(&af.csi.Registration, "csi-registration", "", "register the node plugin with the kubelet through this socket in its plugins_registry directory (empty: do not register)")
-	f.DurationVar(&opts.MountWait, "mount-wait", 0, "overrides agent.mountWait (1m30s): how long the node plugin waits for a cache before telling the kubelet to call again (under the kubelet's 2m limit)")
+	f.DurationVar(&opts.MountWait, "mount-wait", 0, fmt.Sprintf("overrides agent.mountWait (%s): how long the node plugin waits for a cache before telling the kubelet to call again (under the kubelet's 2m limit)", cli.Duration(config.DefaultMountWait)))
 	f.StringVar(&af.csi.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "the kubelet's root directory; the node plugin mounts only under its pods directory")
 	f.StringVar(&af.peers.bind, "peer-bind-address", "", "where to serve this node's parts to other agents (default :<peers.port>; 0 turns sharing off for this node)")
 	f.StringVar(&af.peers.address, "peer-address", "", "IP:port other agents reach the peer server at (default: the IP of --peer-bind-address, else $POD_IP, with the port it listens on)")
@@ -241,7 +241,8 @@ each value is taken byte for byte) into --dest, so a pod on a cold node still st
 			o.Sources.Connections = eng.Connections()
 			switch o.Source.Kind {
 			case sources.S3:
-				o.Sources.PathStyle = o.Sources.PathStyle || sources.DefaultPathStyle(o.Sources.Endpoint)
+				// --s3-endpoint and --s3-path-style carry the configuration's s3 settings.
+				o.Sources.PathStyle = config.S3{Endpoint: o.Sources.Endpoint, PathStyle: o.Sources.PathStyle}.UsePathStyle()
 			case sources.HuggingFace:
 				o.Sources.Endpoint = hfEndpoint
 				o.Sources.Token = os.Getenv("HF_TOKEN") // from the parent's tokenSecretRef, set by the pod template

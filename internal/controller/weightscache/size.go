@@ -56,7 +56,7 @@ func (z SourceSizer) Size(ctx context.Context, src prewarmv1alpha1.CacheSource, 
 	switch src.Type {
 	case inferencev1.ModelSourceS3:
 		spec = sources.Spec{Kind: sources.S3, Bucket: src.Bucket, Prefix: src.Prefix, Region: src.Region}
-		opts.Endpoint, opts.PathStyle = z.Config.S3.Endpoint, z.Config.S3.PathStyle || sources.DefaultPathStyle(z.Config.S3.Endpoint)
+		opts.Endpoint, opts.PathStyle = z.Config.S3.Endpoint, z.Config.S3.UsePathStyle()
 		opts.AccessKeyID, opts.SecretAccessKey, opts.SessionToken = creds.AWSAccessKeyID, creds.AWSSecretAccessKey, creds.AWSSessionToken
 	case inferencev1.ModelSourceHuggingFace:
 		spec = sources.Spec{Kind: sources.HuggingFace, Repo: src.RepoID, Revision: src.Revision}

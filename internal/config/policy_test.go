@@ -1,13 +1,10 @@
 package config_test
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
@@ -15,56 +12,6 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 )
-
-func TestParse(t *testing.T) {
-	op, err := config.Parse([]byte(`
-apiVersion: prewarm.io/v1alpha1
-kind: OperatorConfiguration
-cacheRoots: [/opt/dlami/nvme, /mnt/nvme]
-s3: {endpoint: "http://s3.local", pathStyle: true}
-fsx:
-  - {fileSystemId: fs-0123456789abcdef0, mountPath: /fsx}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m, err := op.FSxMountPath("fs-0123456789abcdef0"); err != nil || m != "/fsx" {
-		t.Errorf("FSxMountPath = %q, %v", m, err)
-	}
-	if _, err := op.FSxMountPath("fs-0123456789abcdef1"); err == nil || !strings.Contains(err.Error(), "it lists fs-0123456789abcdef0") {
-		t.Errorf("an unknown file system: %v; want refused, naming the known ones", err)
-	}
-	if ok, why := op.CacheRootAllowed("/etc"); ok || !strings.Contains(why, "/opt/dlami/nvme, /mnt/nvme") {
-		t.Errorf("CacheRootAllowed(/etc) = %v, %q", ok, why)
-	}
-	if def := config.Default(); len(def.CacheRoots) != 1 || def.CacheRoots[0].Path != config.DefaultCacheRoot ||
-		def.Controller.GateTimeout.Duration != 30*time.Minute || def.Agent.PartSizeBytes() != 16<<20 || def.Agent.MaxParallel != 2 ||
-		def.Controller.PrefetchSizeLimitBytes() != 64<<30 || def.Agent.MaxScratchBytesValue() != 100<<30 {
-		t.Errorf("defaults %+v", def)
-	}
-
-	for _, tc := range []struct{ conf, want string }{
-		{"cacheRoot: [/x]", "unknown field"},
-		{"kind: Something", "want kind OperatorConfiguration"},
-		{"cacheRoots: [relative]", "clean absolute path"},
-		{"cacheRoots: [/]", "clean absolute path"},
-		{"fsx: [{fileSystemId: vol-1, mountPath: /fsx}]", "want an FSx file system id"},
-		{"fsx: [{fileSystemId: fs-1, mountPath: /fsx}, {fileSystemId: fs-1, mountPath: /fsx2}]", "fsx[1].fileSystemId: Duplicate value"},
-		{"fsx: [{fileSystemId: fs-1, mountPath: /opt/dlami/nvme/fsx}]", "overlaps the cache root"},
-		{"agent: {partSize: 1Ki}", "agent.partSize"},
-		{"agent: {maxParallel: -1}", "agent.maxParallel"},
-		{"controller: {gateTimeout: -5m}", "controller.gateTimeout"},
-		{"controller: {gateTimeout: soon}", "controller.gateTimeout"},
-		{"agent: {reserve: lots}", "agent.reserve"},
-		{"agent: {maxScratchBytes: -1Gi}", "agent.maxScratchBytes"},
-		{"controller: {prefetchSizeLimit: 1Mi}", "controller.prefetchSizeLimit"},
-		{"operatorNamespace: Prewarm_NS", `operatorNamespace: Invalid value: "Prewarm_NS"`},
-	} {
-		if _, err := config.Parse([]byte(tc.conf)); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v; want an error saying %q", tc.conf, err, tc.want)
-		}
-	}
-}
 
 func TestSourceAllowed(t *testing.T) {
 	op, err := config.Parse([]byte(`
@@ -144,71 +91,6 @@ sourceAccess:
 		if _, err := config.Parse([]byte(bad)); err == nil {
 			t.Errorf("%s: accepted", bad)
 		}
-	}
-}
-
-func TestSharingSettingsAreValidated(t *testing.T) {
-	for _, tc := range []struct {
-		conf, want string
-	}{
-		{"peers: {groupSize: 1}", "peers.groupSize: Invalid value: 1: want 2 to 32"},
-		{"peers: {groupSize: 40}", "peers.groupSize: Invalid value: 40: want 2 to 32"},
-		{"peers: {port: 70000}", "peers.port: Invalid value: 70000: want a TCP port"},
-		{"peers: {wait: soon}", `peers.wait: Invalid value: "soon": want a duration`},
-		{"peers: {maxPeers: -1}", "peers.maxPeers: Invalid value: -1: must not be negative"},
-		{"peers: {wait: -1s}", `peers.wait: Invalid value: "-1s": want a positive duration`},
-		{"s3: {budget: {maxRate: fast}}", `s3.budget.maxRate: Invalid value: "fast": want a size`},
-		{"huggingFace: {budget: {maxConcurrency: -2}}", "huggingFace.budget.maxConcurrency: Invalid value: -2: must not be negative"},
-	} {
-		_, err := config.Parse([]byte(tc.conf))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %v, want one saying %q", tc.conf, err, tc.want)
-		}
-	}
-	o, err := config.Parse([]byte("peers: {groupSize: 8, uploadRate: 500Mi}\ns3: {budget: {maxConcurrency: 32, maxRate: 1Gi}}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o.Peers.GroupSize != 8 || o.Peers.UploadRateBytes() != 500<<20 || o.S3.Budget.MaxRateBytes() != 1<<30 || o.Peers.Port != 9444 || o.Peers.Wait.Duration != 30*time.Second {
-		t.Errorf("parsed %+v %+v", o.Peers, o.S3.Budget)
-	}
-}
-
-// Sizes and durations are typed: a zero the file sets is kept (no reserve, no verification rate
-// cap, no scratch copies), one it leaves out takes the default, and a value that does not parse
-// names its field.
-func TestTypedValues(t *testing.T) {
-	o, err := config.Parse([]byte("agent: {reserve: 0, verifyRate: 0, maxScratchBytes: 0, partSize: 32Mi, verifyInterval: 90m}\ncontroller: {gateTimeout: 45s}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o.Agent.ReserveBytes() != 0 || o.Agent.VerifyRateBytes() != 0 || o.Agent.MaxScratchBytesValue() != 0 || o.Agent.PartSizeBytes() != 32<<20 ||
-		o.Agent.VerifyInterval.Duration != 90*time.Minute || o.Controller.GateTimeout.Duration != 45*time.Second ||
-		o.Controller.Retention.Duration != 24*time.Hour || o.Agent.ProgressInterval.Duration != 10*time.Second ||
-		o.OperatorNamespace != "hyperpod-inference-system" {
-		t.Errorf("parsed %+v %+v", o.Agent, o.Controller)
-	}
-	for conf, want := range map[string]string{
-		"agent: {verifyInterval: daily}":                     `agent.verifyInterval: Invalid value: "daily"`,
-		"peers: {uploadRate: 5 MB}":                          `peers.uploadRate: Invalid value: "5 MB"`,
-		"cacheRoots: [{path: /a}, {path: /b, nodePath: /a}]": "cacheRoots[1]: Invalid value",
-		"controller: {deletionTimeout: -1m}":                 `controller.deletionTimeout: Invalid value: "-1m0s": want a positive duration`,
-	} {
-		if _, err := config.Parse([]byte(conf)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: error %v, want one saying %q", conf, err, want)
-		}
-	}
-	// What Write writes, Parse reads back the same.
-	file := filepath.Join(t.TempDir(), "config.yaml")
-	if err := o.Write(file); err != nil {
-		t.Fatal(err)
-	}
-	again, err := config.Load(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !equality.Semantic.DeepEqual(again, o) {
-		t.Errorf("written and read back:\n%+v\nwant\n%+v", again, o)
 	}
 }
 
@@ -320,6 +202,24 @@ standaloneCacheNodes:
 	} {
 		if _, err := config.Parse([]byte(conf)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want an error saying %q", conf, err, want)
+		}
+	}
+}
+
+// S3 is addressed with the bucket in the path when the configuration asks for it, and whenever
+// an endpoint is set (an S3-compatible store); at AWS's own endpoint, by virtual-hosted names.
+func TestUsePathStyle(t *testing.T) {
+	for _, tc := range []struct {
+		s3   config.S3
+		want bool
+	}{
+		{config.S3{}, false},
+		{config.S3{PathStyle: true}, true},
+		{config.S3{Endpoint: "http://s3.local"}, true},
+		{config.S3{Endpoint: "http://s3.local", PathStyle: true}, true},
+	} {
+		if got := tc.s3.UsePathStyle(); got != tc.want {
+			t.Errorf("%+v: UsePathStyle() = %v, want %v", tc.s3, got, tc.want)
 		}
 	}
 }

@@ -1,0 +1,36 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prewarm/prewarm/internal/config"
+)
+
+func TestSharingSettingsAreValidated(t *testing.T) {
+	for _, tc := range []struct {
+		conf, want string
+	}{
+		{"peers: {groupSize: 1}", "peers.groupSize: Invalid value: 1: want 2 to 32"},
+		{"peers: {groupSize: 40}", "peers.groupSize: Invalid value: 40: want 2 to 32"},
+		{"peers: {port: 70000}", "peers.port: Invalid value: 70000: want a TCP port"},
+		{"peers: {wait: soon}", `peers.wait: Invalid value: "soon": want a duration`},
+		{"peers: {maxPeers: -1}", "peers.maxPeers: Invalid value: -1: must not be negative"},
+		{"peers: {wait: -1s}", `peers.wait: Invalid value: "-1s": want a positive duration`},
+		{"s3: {budget: {maxRate: fast}}", `s3.budget.maxRate: Invalid value: "fast": want a size`},
+		{"huggingFace: {budget: {maxConcurrency: -2}}", "huggingFace.budget.maxConcurrency: Invalid value: -2: must not be negative"},
+	} {
+		_, err := config.Parse([]byte(tc.conf))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want one saying %q", tc.conf, err, tc.want)
+		}
+	}
+	o, err := config.Parse([]byte("peers: {groupSize: 8, uploadRate: 500Mi}\ns3: {budget: {maxConcurrency: 32, maxRate: 1Gi}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Peers.GroupSize != 8 || o.Peers.UploadRateBytes() != 500<<20 || o.S3.Budget.MaxRateBytes() != 1<<30 || o.Peers.Port != 9444 || o.Peers.Wait.Duration != 30*time.Second {
+		t.Errorf("parsed %+v %+v", o.Peers, o.S3.Budget)
+	}
+}
