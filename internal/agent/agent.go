@@ -36,28 +36,20 @@ type Agent struct {
 	sem chan struct{}
 	// urgent is the one extra download slot for caches a pod waits for.
 	urgent chan struct{}
+	// env is what the jobs use of the agent (jobEnv); made once, in New.
+	env *jobEnv
 	// life is the agent's lifetime: the jobs run in it, and end when the manager stops (SIGTERM),
 	// with their journals synced, before the process exits.
 	life context.Context
 	stop context.CancelFunc
-
-	mu   sync.Mutex
-	jobs map[string]*job // by cache UID
-	// removing are the caches whose directories are to go, by UID, with their namespace (only
-	// a pod of it can have the cache's volume mounted; "" when unknown).
-	removing map[string]string
 	// removals queues the caches of removing for the remover.
 	removals workqueue.TypedDelayingInterface[string]
-	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
-	seen     bool              // the NodeCache has been read at least once
-	want     []prewarmv1alpha1.CacheRequest
 	metrics  *metrics
 	// verifyLimiter paces re-verification reads across all caches (nil: no cap).
 	verifyLimiter *rate.Limiter
 	// recorder records events on the pods whose model volume the node plugin serves (nil:
-	// none); events holds when each was last recorded, to pace them.
+	// none); events, under mu, holds when each was last recorded, to pace them.
 	recorder events.EventRecorder
-	events   map[string]time.Time
 	// budgets are the node's origin budgets, by source type.
 	budgets map[inferencev1.ModelSourceType]*engine.Budget
 	// disks judges whether a cache root is a disk the node may keep caches on.
@@ -68,26 +60,43 @@ type Agent struct {
 	kubeletErr error
 	// sharedLogged holds the roots whose shared disk has been logged, with the thresholds.
 	sharedLogged sync.Map
-	// scratches are the copies of caches kept for the pods of a node with no local disk, by
-	// cache UID.
-	scratches map[string]*scratch
 	// goroutines are the agent's own goroutines besides the jobs (the scratch copies'): the
 	// agent waits for them when it stops.
 	goroutines sync.WaitGroup
-	// publishing counts, by cache UID, the mounts handed out that the node plugin has not
-	// finished: a cache being mounted is not evicted. Guarded by mu.
-	publishing map[string]int
 	// evicting is held while caches are evicted: one eviction at a time.
 	evicting sync.Mutex
-	// space holds what the downloads under way were promised.
+	// space holds what the downloads under way were promised (under its own lock).
 	space space
-	// usages are what prewarm's files take under each root, as last measured.
+	// usages are what prewarm's files take under each root, as last measured (under its own
+	// lock).
 	usages usages
 	// names are the caches its pods' volumes name by name resolved to.
 	names names
 	// reported is set once the status writer has done its first round: the node's NodeCache
 	// says what the agent holds (or there is nothing to say yet).
 	reported atomic.Bool
+
+	// mu guards the fields below it, and only those: the jobs by cache UID (each job guards its
+	// own state, under its own lock, taken after mu), the caches being removed, the NodeCache's
+	// requests as last read, the scratch copies, the mounts being published and the events'
+	// pacing. Everything above is set before the agent starts and not changed after, or guards
+	// itself.
+	mu   sync.Mutex
+	jobs map[string]*job // by cache UID
+	// removing are the caches whose directories are to go, by UID, with their namespace (only
+	// a pod of it can have the cache's volume mounted; "" when unknown).
+	removing map[string]string
+	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
+	seen     bool              // the NodeCache has been read at least once
+	want     []prewarmv1alpha1.CacheRequest
+	// scratches are the copies of caches kept for the pods of a node with no local disk, by
+	// cache UID.
+	scratches map[string]*scratch
+	// publishing counts, by cache UID, the mounts handed out that the node plugin has not
+	// finished: a cache being mounted is not evicted.
+	publishing map[string]int
+	// events holds when each event was last recorded on a pod, to pace them.
+	events map[string]time.Time
 }
 
 // New returns an agent that reads and writes NodeCache objects through c. It makes the key pair
@@ -109,6 +118,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
 	}
 	a.life, a.stop = context.WithCancel(context.Background())
+	a.env = a.jobEnv()
 	return a, nil
 }
 
@@ -212,7 +222,7 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		log.Info("starting cache", "cache", uid, "source", r.Source.String(), "root", r.Root)
 		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
 		jctx, cancel := context.WithCancel(a.life)
-		j := &job{a: a, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1), demanded: make(chan struct{})}
+		j := &job{env: a.env, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1), demanded: make(chan struct{})}
 		j.status, j.used = Queued(uid, a.now()), a.firstUsed(r)
 		a.jobs[uid] = j
 		go j.run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
@@ -304,44 +314,3 @@ func (l lifetime) Start(ctx context.Context) error {
 
 // NeedLeaderElection is false: every node's agent runs its own jobs.
 func (lifetime) NeedLeaderElection() bool { return false }
-
-func (w statusWriter) Start(ctx context.Context) error {
-	a := w.a
-	log := ctrl.LoggerFrom(ctx).WithName("status")
-	var last prewarmv1alpha1.NodeCacheStatus
-	var lastWrite time.Time
-	written := false
-	policy := a.opts.WritePolicy()
-	tick := time.NewTicker(a.opts.StatusInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		a.mu.Lock()
-		seen := a.seen
-		a.mu.Unlock()
-		demands, err := a.demands(ctx)
-		if err != nil {
-			log.Error(err, "listing the node's pods for their caches")
-		}
-		if !seen && len(demands) == 0 && !a.servesPeers() {
-			a.reported.Store(err == nil)
-			continue // nothing to say before the NodeCache is read
-		}
-		st := a.status()
-		st.Demands = demands
-		a.metrics.observe(st)
-		if !policy.Due(last, st, a.opts.Now().Sub(lastWrite), written) {
-			continue
-		}
-		if err := a.writeStatus(ctx, st, seen); err != nil {
-			log.Error(err, "writing NodeCache status")
-			continue
-		}
-		a.reported.Store(true)
-		last, lastWrite, written = st, a.opts.Now(), seen
-	}
-}

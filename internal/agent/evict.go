@@ -524,7 +524,7 @@ func (j *job) touch(now time.Time) {
 	j.mu.Lock()
 	j.used = now
 	j.mu.Unlock()
-	_ = os.Chtimes(prewarmv1alpha1.CacheDir(j.a.opts.rootDir(j.req.Root), j.req.UID), now, now)
+	_ = os.Chtimes(j.env.cacheDir(j.req.Root, j.req.UID), now, now)
 }
 
 // firstUsed is when the cache was last used by an earlier run of the agent (its directory's

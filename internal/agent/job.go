@@ -21,9 +21,10 @@ import (
 
 // job keeps one cache on the node: downloads it, re-checks it, retries after failures.
 type job struct {
-	a *Agent
-	// mu guards status, latest and the credentials check; it is taken after a.mu, never
-	// before.
+	// env is what the job uses of the node: it holds no *Agent.
+	env *jobEnv
+	// mu guards status, latest and the credentials check; it is taken after the agent's mu,
+	// never before.
 	mu     sync.Mutex
 	req    prewarmv1alpha1.CacheRequest
 	cancel context.CancelFunc
@@ -90,7 +91,7 @@ func (j *job) set(fn func(st *prewarmv1alpha1.CacheStatus)) {
 	before := j.status.State
 	fn(&j.status)
 	if j.status.State != before {
-		j.status.LastTransitionTime = j.a.now()
+		j.status.LastTransitionTime = stamp(j.env.now())
 	}
 	j.mu.Unlock()
 }
@@ -98,8 +99,8 @@ func (j *job) set(fn func(st *prewarmv1alpha1.CacheStatus)) {
 func (j *job) run(ctx context.Context) {
 	defer close(j.done)
 	log := ctrl.LoggerFrom(ctx)
-	retry := j.a.opts.RetryInterval
-	if err := j.a.migrateLayout(j.req.Root, j.req.UID); err != nil {
+	retry := j.env.retryInterval
+	if err := j.env.migrateLayout(j.req.Root, j.req.UID); err != nil {
 		log.Error(err, "moving a cache of the earlier layout into place")
 	}
 	for {
@@ -107,10 +108,10 @@ func (j *job) run(ctx context.Context) {
 		wait, ok := j.once(ctx)
 		j.work.Unlock()
 		if ok {
-			retry = j.a.opts.RetryInterval
+			retry = j.env.retryInterval
 		} else if wait == 0 {
 			wait = retry
-			retry = min(2*retry, j.a.opts.MaxRetryInterval)
+			retry = min(2*retry, j.env.maxRetryInterval)
 		}
 		log.V(1).Info("next check", "after", wait)
 		select {
@@ -131,14 +132,14 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 		return wait, false
 	}
 	model := filepath.Join(dir, prewarmv1alpha1.ModelSubdir)
-	if err := j.a.sweepSetAside(model); err != nil {
+	if err := j.env.sweepSetAside(model); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "removing copies of the cache no pod mounts any more")
 	}
 	if wait, ready, done := j.keep(ctx, model); done {
 		return wait, ready
 	}
 	// What is there is replaced: kept aside while a pod's volume mounts it.
-	if aside, err := j.a.setAside(model); err != nil {
+	if aside, err := j.env.setAside(model); err != nil {
 		j.fail(prewarmv1alpha1.ReasonDownloadFailed, "setting aside the copy pods mount: "+err.Error())
 		return 0, false
 	} else if aside {
@@ -151,49 +152,49 @@ func (j *job) once(ctx context.Context) (time.Duration, bool) {
 // credentials' key) and returns the cache's directory, made if need be. When it may not, the
 // job's status says why, and wait is how long until the next try.
 func (j *job) admit() (dir string, wait time.Duration, ok bool) {
-	o := &j.a.opts
-	if !o.allowedRoot(j.req.Root) {
-		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, o.Config.Roots()))
-		return "", o.MaxRetryInterval, false
+	e := j.env
+	if !e.allowedRoot(j.req.Root) {
+		j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, fmt.Sprintf("%s is not an allowed cache root on this node (allowed: %v)", j.req.Root, e.roots()))
+		return "", e.maxRetryInterval, false
 	}
-	if _, _, err := o.sourceSpec(j.req.Source); err != nil {
+	if _, _, err := e.sourceSpec(j.req.Source); err != nil {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
-		return "", o.MaxRetryInterval, false
+		return "", e.maxRetryInterval, false
 	}
-	if err := o.mayRead(j.current()); err != nil {
+	if err := e.mayRead(j.current()); err != nil {
 		j.fail(prewarmv1alpha1.ReasonSourceNotAllowed, err.Error())
-		return "", o.MaxRetryInterval, false
+		return "", e.maxRetryInterval, false
 	}
 	if r := j.current().Refused; r != nil {
 		// The controller asks about the cache only for the node's pods: it keeps no copy here
 		// (its namespace's quota in the cluster), and they read the model from the source. A
 		// new request wakes the job.
 		j.fail(r.Reason, r.Message)
-		return "", o.MaxRetryInterval, false
+		return "", e.maxRetryInterval, false
 	}
-	if c := j.current().Credentials; c != nil && c.KeyID != credentials.KeyID(j.a.key.Public()) {
+	if c := j.current().Credentials; c != nil && c.KeyID != credentials.KeyID(j.env.key.Public()) {
 		// Sealed to the key of an earlier run of this agent: the controller seals them again
 		// to the key this agent publishes.
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonWaitingForCredentials, 0
 			st.Message = "waiting for the controller to seal this cache's credentials to the agent's current key"
 		})
-		return "", o.RetryInterval, false
+		return "", e.retryInterval, false
 	}
 	// A disk mounted after the agent started (the root's mount propagates into its pod) is
 	// taken on at the next try.
-	_, err := j.a.checkDisk(j.req.Root)
+	_, err := j.env.checkDisk(j.req.Root)
 	if err == nil {
-		dir, err = o.ensureCacheDir(j.req.Root, j.req.UID)
+		dir, err = e.ensureCacheDir(j.req.Root, j.req.UID)
 	}
 	if err != nil {
 		switch {
 		case errors.Is(err, errNotConfined):
 			j.fail(prewarmv1alpha1.ReasonHostPathNotAllowed, err.Error())
-			return "", o.MaxRetryInterval, false
+			return "", e.maxRetryInterval, false
 		case errors.As(err, new(errNoDisk)):
 			j.fail(prewarmv1alpha1.ReasonNoLocalDisk, err.Error())
-			return "", o.MaxRetryInterval, false
+			return "", e.maxRetryInterval, false
 		}
 		j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
 		return "", 0, false
@@ -206,7 +207,7 @@ func (j *job) admit() (dir string, wait time.Duration, ok bool) {
 // damaged files are repaired. done reports that the cache needs no download (wait and ready
 // are then once's results); otherwise the model is fetched, into what keep left of it.
 func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready, done bool) {
-	o := &j.a.opts
+	e := j.env
 	log := ctrl.LoggerFrom(ctx)
 	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{})
 	if pinned := j.pinnedRevision(); err == nil && len(damaged) == 0 && pinned != "" && m.Revision != "" && m.Revision != pinned {
@@ -237,13 +238,13 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 	case err == nil:
 		// Some files are damaged: out of Ready (the node loses its label), and only those files
 		// are fetched again.
-		j.a.withdraw(j.req.UID) // nothing of it is offered until it is whole again
-		j.a.metrics.damaged.Add(float64(len(damaged)))
+		j.env.withdraw(j.req.UID) // nothing of it is offered until it is whole again
+		j.env.metrics.damaged.Add(float64(len(damaged)))
 		msg := damageMessage(damaged, len(m.Files))
 		log.Info("cache damaged; repairing", "files", len(damaged), "damage", msg)
-		j.a.warnPods(ctx, j, EventCacheDamaged, fmt.Sprintf("re-verification on node %s: %s; fetching them again. "+
+		j.env.warnPods(ctx, j, EventCacheDamaged, fmt.Sprintf("re-verification on node %s: %s; fetching them again. "+
 			"What this pod read of them before may have been damaged, and a file it holds open stays the damaged copy: restart the pod to read the repaired files",
-			j.a.opts.NodeName, msg))
+			j.env.nodeName, msg))
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheDamaged, msg+"; fetching them again"
 		})
@@ -253,26 +254,26 @@ func (j *job) keep(ctx context.Context, model string) (wait time.Duration, ready
 	case errors.Is(err, os.ErrNotExist) && j.waitsForRoom():
 		// Evicted: fetched again only when it fits under the low watermark, evicting nothing
 		// (up to the high one, the next download would evict again at once).
-		if f, free, ferr := j.a.freeFor(j.req.Root, j.req.UID); ferr == nil {
+		if f, free, ferr := j.env.freeFor(j.req.Root, j.req.UID); ferr == nil {
 			if f.capacity > 0 {
 				free = min(free, max(0, f.target()-f.used-(f.room()-free)))
 			}
 			if need := j.snapshot().BytesTotal; need > free {
 				j.waitForRoom(f, need, free)
-				return o.RecheckInterval, false, true
+				return e.recheckInterval, false, true
 			}
 		}
 	case errors.Is(err, os.ErrNotExist) && j.retained() && !j.isDemanded():
 		// Not a current target: keep what is here, fetch nothing new.
 		j.set(NotTarget)
-		return o.RecheckInterval, false, true
+		return e.recheckInterval, false, true
 	case !errors.Is(err, os.ErrNotExist) || j.snapshotState() == inferencev1.CacheReady:
 		// It was there and cannot be read any more: fetch it again, from scratch.
 		log.Info("cache is not whole; fetching it again", "reason", err.Error())
 		j.set(func(st *prewarmv1alpha1.CacheStatus) {
 			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheLost, "the cache is not whole: "+err.Error()
 		})
-		aside, err := j.a.setAside(model) // a pod's volume may still mount it
+		aside, err := j.env.setAside(model) // a pod's volume may still mount it
 		if err == nil && !aside {
 			err = os.RemoveAll(model)
 		}
@@ -303,14 +304,14 @@ func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 			break
 		}
 		if j.waitsForRoom() {
-			if f, free, ferr := j.a.freeFor(j.req.Root, j.req.UID); ferr == nil {
-				j.a.withdraw(j.req.UID)
+			if f, free, ferr := j.env.freeFor(j.req.Root, j.req.UID); ferr == nil {
+				j.env.withdraw(j.req.UID)
 				j.waitForRoom(f, space.Need, free)
-				return j.a.opts.RecheckInterval, false
+				return j.env.recheckInterval, false
 			}
 			break
 		}
-		freed, release, rerr := j.a.makeRoom(ctx, j, space.Need)
+		freed, release, rerr := j.env.makeRoom(ctx, j, space.Need)
 		if rerr != nil {
 			err = rerr
 			break
@@ -320,7 +321,7 @@ func (j *job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 		evicted = true
 	}
 	if err != nil {
-		j.a.withdraw(j.req.UID)
+		j.env.withdraw(j.req.UID)
 		if ctx.Err() != nil {
 			return 0, false
 		}
@@ -362,7 +363,7 @@ func (j *job) snapshotState() inferencev1.CacheState {
 
 func (j *job) ready(model string, m *engine.Manifest) {
 	j.setEvicted("")
-	j.a.offer(j.req.UID, model, m)
+	j.env.offer(j.req.UID, model, m)
 	var total int64
 	for _, f := range m.Files {
 		total += f.Size
@@ -371,7 +372,7 @@ func (j *job) ready(model string, m *engine.Manifest) {
 }
 
 func (j *job) fail(reason, msg string) {
-	j.a.metrics.failures.WithLabelValues(reason).Inc()
+	j.env.metrics.failures.WithLabelValues(reason).Inc()
 	if len(msg) > 1000 {
 		msg = msg[:1000] + "…"
 	}
@@ -395,32 +396,32 @@ func (j *job) pinnedRevision() string {
 // classify turns a Fetch error into a reason, a message for people and the wait before the
 // next try (0: the backoff).
 func (j *job) classify(err error) (string, string, time.Duration) {
-	o := &j.a.opts
+	e := j.env
 	var space *engine.InsufficientSpaceError
 	var verify *engine.VerificationError
 	var noRoom *errNoRoom
 	var overBudget *errOverBudget
 	switch {
 	case errors.As(err, &overBudget):
-		return prewarmv1alpha1.ReasonBudgetExceeded, overBudget.Error(), o.MaxRetryInterval
+		return prewarmv1alpha1.ReasonBudgetExceeded, overBudget.Error(), e.maxRetryInterval
 	case errors.As(err, &noRoom):
-		return prewarmv1alpha1.ReasonInsufficientCapacity, noRoom.Error(), o.MaxRetryInterval
+		return prewarmv1alpha1.ReasonInsufficientCapacity, noRoom.Error(), e.maxRetryInterval
 	case errors.As(err, &space):
 		msg := fmt.Sprintf("needs %s, %s free under %s", engine.HumanBytes(space.Need), engine.HumanBytes(space.Free), j.req.Root)
-		if o.Reserve > 0 {
-			msg += fmt.Sprintf(" (after keeping %s free)", engine.HumanBytes(o.Reserve))
+		if e.reserve > 0 {
+			msg += fmt.Sprintf(" (after keeping %s free)", engine.HumanBytes(e.reserve))
 		}
-		return prewarmv1alpha1.ReasonInsufficientCapacity, msg, o.MaxRetryInterval
+		return prewarmv1alpha1.ReasonInsufficientCapacity, msg, e.maxRetryInterval
 	case errors.Is(err, source.ErrNotFound):
-		return prewarmv1alpha1.ReasonSourceNotFound, err.Error(), o.MaxRetryInterval
+		return prewarmv1alpha1.ReasonSourceNotFound, err.Error(), e.maxRetryInterval
 	case errors.Is(err, source.ErrAccessDenied):
-		return prewarmv1alpha1.ReasonAccessDenied, err.Error(), o.MaxRetryInterval
+		return prewarmv1alpha1.ReasonAccessDenied, err.Error(), e.maxRetryInterval
 	case errors.As(err, &verify):
 		return prewarmv1alpha1.ReasonVerificationFailed, err.Error(), 0
 	case errors.Is(err, engine.ErrSourceChanged):
-		return prewarmv1alpha1.ReasonSourceChanged, err.Error() + "; the objects were rewritten under the same location: use a new modelLocation for new weights", o.MaxRetryInterval
+		return prewarmv1alpha1.ReasonSourceChanged, err.Error() + "; the objects were rewritten under the same location: use a new modelLocation for new weights", e.maxRetryInterval
 	case errors.Is(err, engine.ErrInvalidModel), errors.Is(err, source.ErrTooManyFiles), errors.Is(err, errNotConfined), permanentRefusal(err):
-		return prewarmv1alpha1.ReasonInvalidSource, err.Error(), o.MaxRetryInterval
+		return prewarmv1alpha1.ReasonInvalidSource, err.Error(), e.maxRetryInterval
 	case source.Retryable(err):
 		return prewarmv1alpha1.ReasonSourceUnreachable, err.Error(), 0
 	}

@@ -35,7 +35,7 @@ func (j *job) checkCredentials(ctx context.Context) error {
 		return nil
 	}
 	j.mu.Lock()
-	ok := j.credsChecked && j.credsDigest == digest && j.a.opts.Now().Sub(j.credsAt) < CredentialCheckInterval
+	ok := j.credsChecked && j.credsDigest == digest && j.env.now().Sub(j.credsAt) < CredentialCheckInterval
 	j.mu.Unlock()
 	if ok {
 		return nil
@@ -58,16 +58,16 @@ func (j *job) checkCredentials(ctx context.Context) error {
 // none).
 func (j *job) credentialsAccepted(digest string) {
 	j.mu.Lock()
-	j.credsChecked, j.credsDigest, j.credsAt = true, digest, j.a.opts.Now()
+	j.credsChecked, j.credsDigest, j.credsAt = true, digest, j.env.now()
 	j.mu.Unlock()
 }
 
 // trustsPeers says whether files without a source digest may come from peers.
-func (j *job) trustsPeers() bool { return j.a.opts.Peers != nil && j.a.opts.Peers.TrustPeers }
+func (j *job) trustsPeers() bool { return j.env.peers != nil && j.env.peers.TrustPeers }
 
 // swarm is the Swarm a download of j's cache shares parts through, or nil.
 func (j *job) swarm(ctx context.Context) engine.Swarm {
-	p := j.a.opts.Peers
+	p := j.env.peers
 	if p == nil || p.Server == nil {
 		return nil
 	}
@@ -84,7 +84,7 @@ func (j *job) swarm(ctx context.Context) engine.Swarm {
 		return peers
 	}
 	return peer.NewSwarm(peer.SwarmOptions{
-		Self: j.a.opts.NodeName, Key: j.req.UID, Peers: peersNow(), Server: p.Server, Client: p.Client, Token: p.Token,
+		Self: j.env.nodeName, Key: j.req.UID, Peers: peersNow(), Server: p.Server, Client: p.Client, Token: p.Token,
 		Wait: p.Wait, SlowPart: p.SlowPart, Metrics: p.Metrics,
 		// The controller lists a node's peers once their agents report where they serve, which
 		// may be after this node's download started: it takes them on as they come.
@@ -97,7 +97,7 @@ func (j *job) swarm(ctx context.Context) engine.Swarm {
 // once one of the node's download slots is free.
 func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
 	var last engine.Progress
-	return j.downloadReporting(ctx, j.a.claimSpace(j.req.UID, j.req.Namespace), func(p engine.Progress) {
+	return j.downloadReporting(ctx, j.env.claimSpace(j.req.UID, j.req.Namespace), func(p engine.Progress) {
 		// What this copy cost the origin and the peers adds up over every download of it
 		// since the agent started.
 		j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
@@ -118,10 +118,10 @@ func (j *job) downloadReporting(ctx context.Context, claim engine.ClaimSpace, pr
 		return err
 	}
 	defer closeSrc()
-	o := &j.a.opts
-	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithClaimSpace(claim), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
-		engine.WithProgress(progress, o.StatusInterval))...)
+	e := j.env
+	eng := engine.New(append(append([]engine.Option{}, e.engine...),
+		engine.WithClaimSpace(claim), engine.WithRegisterer(e.registerer), engine.WithBudget(e.budget(j.req.Source.Type)),
+		engine.WithProgress(progress, e.progressInterval))...)
 	err = fn(eng, src)
 	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
 		ctrl.LoggerFrom(ctx).Info("links that lead out of the model's directory were skipped", "links", fs.Skipped())
@@ -133,7 +133,7 @@ func (j *job) downloadReporting(ctx context.Context, claim engine.ClaimSpace, pr
 // may also take the node's one extra slot for such caches, so it does not queue behind caches
 // no pod waits for.
 func (j *job) slot(ctx context.Context) (func(), error) {
-	sem, urgent := j.a.sem, j.a.urgent
+	sem, urgent := j.env.slots, j.env.urgent
 	for {
 		if j.isDemanded() {
 			select {
@@ -158,10 +158,10 @@ func (j *job) slot(ctx context.Context) (func(), error) {
 // openSource opens the cache's source. An FSx source is opened through real directories only,
 // inside what its sourceAccess rule allows (fileSource), and read inside its own directory.
 func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
-	o := &j.a.opts
+	e := j.env
 	cs := j.req.Source
 	if cs.Type == inferencev1.ModelSourceFSx {
-		dir, err := o.fileSource(j.req.Namespace, cs)
+		dir, err := e.fileSource(j.req.Namespace, cs)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -172,12 +172,12 @@ func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 		}
 		return src, func() { src.Close(); dir.Close() }, nil
 	}
-	spec, srcOpts, err := o.sourceSpec(cs)
+	spec, srcOpts, err := e.sourceSpec(cs)
 	if err != nil {
 		return nil, nil, err
 	}
 	if c := j.current().Credentials; c != nil {
-		creds, err := j.a.key.Open(o.NodeName, j.req.UID, c)
+		creds, err := e.key.Open(e.nodeName, j.req.UID, c)
 		if err != nil {
 			return nil, nil, &source.AccessError{Err: err}
 		}

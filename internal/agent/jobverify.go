@@ -39,7 +39,7 @@ func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage)
 		j.fail(reason, "repairing: "+msg)
 		return wait, false, true
 	}
-	j.a.metrics.repaired.Add(float64(len(paths)))
+	j.env.metrics.repaired.Add(float64(len(paths)))
 	ctrl.LoggerFrom(ctx).Info("cache repaired", "files", len(paths), "fetched", res.Fetched)
 	wait, ok = j.settle(ctx, model, "repaired")
 	return wait, ok, true
@@ -49,8 +49,8 @@ func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage)
 // second. The cache stays Ready meanwhile: it was whole by size, and was verified when written.
 func (j *job) verifyContent(ctx context.Context, model string) (*engine.Manifest, []engine.Damage, error) {
 	var last int64
-	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.a.verifyLimiter, Read: func(n int64) {
-		j.a.metrics.verified.Add(float64(n - last))
+	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.env.verifyLimiter, Read: func(n int64) {
+		j.env.metrics.verified.Add(float64(n - last))
 		last = n
 	}})
 	if err == nil && len(damaged) == 0 {
@@ -64,23 +64,23 @@ func (j *job) verifyDue() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	v := j.status.LastVerifiedTime
-	return v == nil || j.a.opts.Now().Sub(v.Time) >= j.a.opts.VerifyInterval
+	return v == nil || j.env.now().Sub(v.Time) >= j.env.verifyInterval
 }
 
 func (j *job) setVerified() {
-	j.set(func(st *prewarmv1alpha1.CacheStatus) { st.LastVerifiedTime = j.a.now() })
+	j.set(func(st *prewarmv1alpha1.CacheStatus) { st.LastVerifiedTime = stamp(j.env.now()) })
 }
 
 // untilNextCheck is the wait before a Ready cache is checked again: the cheap re-check, or the
 // content verification if that comes first.
 func (j *job) untilNextCheck() time.Duration {
-	o := &j.a.opts
+	e := j.env
 	j.mu.Lock()
 	v := j.status.LastVerifiedTime
 	j.mu.Unlock()
-	wait := o.RecheckInterval
+	wait := e.recheckInterval
 	if v != nil {
-		wait = min(wait, max(time.Second, o.VerifyInterval-o.Now().Sub(v.Time)))
+		wait = min(wait, max(time.Second, e.verifyInterval-e.now().Sub(v.Time)))
 	}
 	return wait
 }

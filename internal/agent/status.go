@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -72,14 +71,6 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	return st
 }
 
-// statusWriter writes the agent's status to its NodeCache as its WritePolicy says: a change of
-// state at the next StatusInterval tick, progress at most every ProgressInterval, nothing when
-// nothing changes (the agent's Lease says it is alive).
-type statusWriter struct{ a *Agent }
-
-// NeedLeaderElection is false: every node's agent writes its own status.
-func (statusWriter) NeedLeaderElection() bool { return false }
-
 // sameStatus compares two statuses, ignoring the heartbeat and the roots' free bytes (which
 // move with every write).
 func sameStatus(x, y prewarmv1alpha1.NodeCacheStatus) bool {
@@ -138,10 +129,7 @@ func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheSta
 	}
 }
 
-func (a *Agent) now() *metav1.Time {
-	t := metav1.NewTime(a.opts.Now().Truncate(time.Second))
-	return &t
-}
+func (a *Agent) now() *metav1.Time { return stamp(a.opts.Now()) }
 
 // bound keeps every value of the report within what the NodeCache schema holds: the status is
 // written whole, for every cache of the node, and one message the API server refused (a
