@@ -23,6 +23,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -37,7 +38,7 @@ type Agent struct {
 	// urgent is the one extra download slot for caches a pod waits for.
 	urgent chan struct{}
 	// env is what the jobs use of the agent (jobEnv); made once, in New.
-	env *jobEnv
+	env *cachejob.Env
 	// life is the agent's lifetime: the jobs run in it, and end when the manager stops (SIGTERM),
 	// with their journals synced, before the process exits.
 	life context.Context
@@ -82,7 +83,7 @@ type Agent struct {
 	// pacing. Everything above is set before the agent starts and not changed after, or guards
 	// itself.
 	mu   sync.Mutex
-	jobs map[string]*job // by cache UID
+	jobs map[string]*cachejob.Job // by cache UID
 	// removing are the caches whose directories are to go, by UID, with their namespace (only
 	// a pod of it can have the cache's volume mounted; "" when unknown).
 	removing map[string]string
@@ -109,7 +110,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	}
 	a := &Agent{
 		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
-		jobs: map[string]*job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
+		jobs: map[string]*cachejob.Job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir), names: newNames(opts.Now),
 	}
 	a.kubelet, a.kubeletErr = loadKubeletLimits(opts.Config.Agent.Kubelet, opts.local)
@@ -206,12 +207,12 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		wanted[r.UID] = r
 	}
 	for uid, j := range a.jobs {
-		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && sameSource(r.Source, j.req.Source) {
-			j.update(r)
+		if r, ok := wanted[uid]; ok && r.Root == j.Request().Root && sameSource(r.Source, j.Request().Source) {
+			j.Update(r)
 			continue
 		}
 		log.Info("stopping cache", "cache", uid)
-		j.cancel()
+		j.Stop()
 		delete(a.jobs, uid)
 		a.removeLocked(uid, j)
 	}
@@ -222,10 +223,9 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		log.Info("starting cache", "cache", uid, "source", r.Source.String(), "root", r.Root)
 		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
 		jctx, cancel := context.WithCancel(a.life)
-		j := &job{env: a.env, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1), demanded: make(chan struct{})}
-		j.status, j.used = Queued(uid, a.now()), a.firstUsed(r)
+		j := cachejob.New(a.env, r, a.firstUsed(r), cancel)
 		a.jobs[uid] = j
-		go j.run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
+		go j.Run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
 	}
 	// Directories under the roots that no job wants: left by a cache removed while the agent
 	// was down.
@@ -299,13 +299,13 @@ func (l lifetime) Start(ctx context.Context) error {
 	a := l.a
 	a.stop()
 	a.mu.Lock()
-	var running []*job
+	var running []*cachejob.Job
 	for _, j := range a.jobs {
 		running = append(running, j)
 	}
 	a.mu.Unlock()
 	for _, j := range running {
-		<-j.done
+		<-j.Done()
 	}
 	a.goroutines.Wait()
 	ctrl.LoggerFrom(ctx).Info("every cache job has stopped", "jobs", len(running))

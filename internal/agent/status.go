@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,7 +49,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 		st.PeerAddress = a.opts.Peers.Address
 	}
 	for uid, j := range a.jobs {
-		cs := j.snapshot()
+		cs := j.Snapshot()
 		if note := a.scratchNote(uid); note != "" {
 			cs.Message = text.Clip(cs.Message+note, text.MaxMessage)
 		}
@@ -129,7 +130,10 @@ func (a *Agent) writeStatus(ctx context.Context, st prewarmv1alpha1.NodeCacheSta
 	}
 }
 
-func (a *Agent) now() *metav1.Time { return stamp(a.opts.Now()) }
+func (a *Agent) now() *metav1.Time {
+	t := metav1.NewTime(a.opts.Now().Truncate(time.Second))
+	return &t
+}
 
 // bound keeps every value of the report within what the NodeCache schema holds: the status is
 // written whole, for every cache of the node, and one message the API server refused (a
