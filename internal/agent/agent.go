@@ -23,6 +23,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -36,28 +37,20 @@ type Agent struct {
 	sem chan struct{}
 	// urgent is the one extra download slot for caches a pod waits for.
 	urgent chan struct{}
+	// env is what the jobs use of the agent (jobEnv); made once, in New.
+	env *cachejob.Env
 	// life is the agent's lifetime: the jobs run in it, and end when the manager stops (SIGTERM),
 	// with their journals synced, before the process exits.
 	life context.Context
 	stop context.CancelFunc
-
-	mu   sync.Mutex
-	jobs map[string]*job // by cache UID
-	// removing are the caches whose directories are to go, by UID, with their namespace (only
-	// a pod of it can have the cache's volume mounted; "" when unknown).
-	removing map[string]string
 	// removals queues the caches of removing for the remover.
 	removals workqueue.TypedDelayingInterface[string]
-	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
-	seen     bool              // the NodeCache has been read at least once
-	want     []prewarmv1alpha1.CacheRequest
 	metrics  *metrics
 	// verifyLimiter paces re-verification reads across all caches (nil: no cap).
 	verifyLimiter *rate.Limiter
 	// recorder records events on the pods whose model volume the node plugin serves (nil:
-	// none); events holds when each was last recorded, to pace them.
+	// none); events, under mu, holds when each was last recorded, to pace them.
 	recorder events.EventRecorder
-	events   map[string]time.Time
 	// budgets are the node's origin budgets, by source type.
 	budgets map[inferencev1.ModelSourceType]*engine.Budget
 	// disks judges whether a cache root is a disk the node may keep caches on.
@@ -68,26 +61,43 @@ type Agent struct {
 	kubeletErr error
 	// sharedLogged holds the roots whose shared disk has been logged, with the thresholds.
 	sharedLogged sync.Map
-	// scratches are the copies of caches kept for the pods of a node with no local disk, by
-	// cache UID.
-	scratches map[string]*scratch
 	// goroutines are the agent's own goroutines besides the jobs (the scratch copies'): the
 	// agent waits for them when it stops.
 	goroutines sync.WaitGroup
-	// publishing counts, by cache UID, the mounts handed out that the node plugin has not
-	// finished: a cache being mounted is not evicted. Guarded by mu.
-	publishing map[string]int
 	// evicting is held while caches are evicted: one eviction at a time.
 	evicting sync.Mutex
-	// space holds what the downloads under way were promised.
+	// space holds what the downloads under way were promised (under its own lock).
 	space space
-	// usages are what prewarm's files take under each root, as last measured.
+	// usages are what prewarm's files take under each root, as last measured (under its own
+	// lock).
 	usages usages
 	// names are the caches its pods' volumes name by name resolved to.
 	names names
 	// reported is set once the status writer has done its first round: the node's NodeCache
 	// says what the agent holds (or there is nothing to say yet).
 	reported atomic.Bool
+
+	// mu guards the fields below it, and only those: the jobs by cache UID (each job guards its
+	// own state, under its own lock, taken after mu), the caches being removed, the NodeCache's
+	// requests as last read, the scratch copies, the mounts being published and the events'
+	// pacing. Everything above is set before the agent starts and not changed after, or guards
+	// itself.
+	mu   sync.Mutex
+	jobs map[string]*cachejob.Job // by cache UID
+	// removing are the caches whose directories are to go, by UID, with their namespace (only
+	// a pod of it can have the cache's volume mounted; "" when unknown).
+	removing map[string]string
+	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
+	seen     bool              // the NodeCache has been read at least once
+	want     []prewarmv1alpha1.CacheRequest
+	// scratches are the copies of caches kept for the pods of a node with no local disk, by
+	// cache UID.
+	scratches map[string]*scratch
+	// publishing counts, by cache UID, the mounts handed out that the node plugin has not
+	// finished: a cache being mounted is not evicted.
+	publishing map[string]int
+	// events holds when each event was last recorded on a pod, to pace them.
+	events map[string]time.Time
 }
 
 // New returns an agent that reads and writes NodeCache objects through c. It makes the key pair
@@ -100,7 +110,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 	}
 	a := &Agent{
 		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
-		jobs: map[string]*job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
+		jobs: map[string]*cachejob.Job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir), names: newNames(opts.Now),
 	}
 	a.kubelet, a.kubeletErr = loadKubeletLimits(opts.Config.Agent.Kubelet, opts.local)
@@ -109,6 +119,7 @@ func New(c client.Client, opts Options) (*Agent, error) {
 		a.verifyLimiter = rate.NewLimiter(rate.Limit(opts.VerifyRate), int(min(opts.VerifyRate, 1<<20)))
 	}
 	a.life, a.stop = context.WithCancel(context.Background())
+	a.env = a.jobEnv()
 	return a, nil
 }
 
@@ -196,12 +207,12 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		wanted[r.UID] = r
 	}
 	for uid, j := range a.jobs {
-		if r, ok := wanted[uid]; ok && r.Root == j.req.Root && sameSource(r.Source, j.req.Source) {
-			j.update(r)
+		if r, ok := wanted[uid]; ok && r.Root == j.Request().Root && sameSource(r.Source, j.Request().Source) {
+			j.Update(r)
 			continue
 		}
 		log.Info("stopping cache", "cache", uid)
-		j.cancel()
+		j.Stop()
 		delete(a.jobs, uid)
 		a.removeLocked(uid, j)
 	}
@@ -212,10 +223,9 @@ func (a *Agent) sync(ctx context.Context, want []prewarmv1alpha1.CacheRequest) {
 		log.Info("starting cache", "cache", uid, "source", r.Source.String(), "root", r.Root)
 		// Not the reconcile's context, which ends when Reconcile returns: the agent's lifetime.
 		jctx, cancel := context.WithCancel(a.life)
-		j := &job{a: a, req: r, latest: r, cancel: cancel, done: make(chan struct{}), changed: make(chan struct{}, 1), demanded: make(chan struct{})}
-		j.status, j.used = Queued(uid, a.now()), a.firstUsed(r)
+		j := cachejob.New(a.env, r, a.firstUsed(r), cancel)
 		a.jobs[uid] = j
-		go j.run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
+		go j.Run(ctrl.LoggerInto(jctx, log.WithValues("cache", uid)))
 	}
 	// Directories under the roots that no job wants: left by a cache removed while the agent
 	// was down.
@@ -289,13 +299,13 @@ func (l lifetime) Start(ctx context.Context) error {
 	a := l.a
 	a.stop()
 	a.mu.Lock()
-	var running []*job
+	var running []*cachejob.Job
 	for _, j := range a.jobs {
 		running = append(running, j)
 	}
 	a.mu.Unlock()
 	for _, j := range running {
-		<-j.done
+		<-j.Done()
 	}
 	a.goroutines.Wait()
 	ctrl.LoggerFrom(ctx).Info("every cache job has stopped", "jobs", len(running))
@@ -304,44 +314,3 @@ func (l lifetime) Start(ctx context.Context) error {
 
 // NeedLeaderElection is false: every node's agent runs its own jobs.
 func (lifetime) NeedLeaderElection() bool { return false }
-
-func (w statusWriter) Start(ctx context.Context) error {
-	a := w.a
-	log := ctrl.LoggerFrom(ctx).WithName("status")
-	var last prewarmv1alpha1.NodeCacheStatus
-	var lastWrite time.Time
-	written := false
-	policy := a.opts.WritePolicy()
-	tick := time.NewTicker(a.opts.StatusInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		a.mu.Lock()
-		seen := a.seen
-		a.mu.Unlock()
-		demands, err := a.demands(ctx)
-		if err != nil {
-			log.Error(err, "listing the node's pods for their caches")
-		}
-		if !seen && len(demands) == 0 && !a.servesPeers() {
-			a.reported.Store(err == nil)
-			continue // nothing to say before the NodeCache is read
-		}
-		st := a.status()
-		st.Demands = demands
-		a.metrics.observe(st)
-		if !policy.Due(last, st, a.opts.Now().Sub(lastWrite), written) {
-			continue
-		}
-		if err := a.writeStatus(ctx, st, seen); err != nil {
-			log.Error(err, "writing NodeCache status")
-			continue
-		}
-		a.reported.Store(true)
-		last, lastWrite, written = st, a.opts.Now(), seen
-	}
-}

@@ -7,20 +7,21 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
 func TestWritePolicy(t *testing.T) {
 	p := WritePolicy{Interval: 2 * time.Second, ProgressInterval: 10 * time.Second}
-	cache := Queued("u", nil)
-	Listing(&cache, prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "b", Prefix: "p"})
+	cache := cachejob.Queued("u", nil)
+	cachejob.Listing(&cache, prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "b", Prefix: "p"})
 	at := func(done int64) prewarmv1alpha1.NodeCacheStatus {
 		c := cache
-		Progressed(&c, engine.Progress{BytesDone: done, BytesTotal: 100, Phase: engine.PhaseDownloading}, engine.Progress{})
+		cachejob.Progressed(&c, engine.Progress{BytesDone: done, BytesTotal: 100, Phase: engine.PhaseDownloading}, engine.Progress{})
 		return prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{c}}
 	}
 	ready := at(100)
-	Verified(&ready.Caches[0], 3, 100, "rev")
+	cachejob.Verified(&ready.Caches[0], 3, 100, "rev")
 	tests := []struct {
 		name       string
 		last, next prewarmv1alpha1.NodeCacheStatus

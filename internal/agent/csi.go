@@ -17,6 +17,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/cacheref"
 	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -86,10 +87,6 @@ func (req MountRequest) cache() string {
 	return req.CacheUID
 }
 
-// CredentialCheckInterval is how long a check of a namespace's credentials against the origin
-// holds for mounts: a revoked token stops new mounts at the latest this much later.
-const CredentialCheckInterval = 10 * time.Minute
-
 // ModelToMount returns the directory of the verified model that req may mount, or a gRPC
 // status error saying why not (yet). A cache that the node holds for the pod's namespace but
 // has not finished is downloaded now, ahead of the others (fill on a miss); a cache the node
@@ -143,18 +140,18 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 		return "", true, a.refuse(req, codes.NotFound, fmt.Sprintf(
 			"node %s has not been asked to hold cache %s: waiting for the controller, which asks for it when namespace %s has that cache", a.opts.NodeName, req.cache(), req.PodNamespace))
 	}
-	r := j.current()
+	r := j.Current()
 	if r.Namespace != req.PodNamespace {
 		return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("cache %s is not a cache of namespace %s: its pods may mount only their own namespace's caches", req.CacheUID, req.PodNamespace))
 	}
-	st := j.snapshot()
+	st := j.Snapshot()
 	if st.State == inferencev1.CacheFailed && runsCold(st.Reason) {
 		return a.scratchToMount(ctx, req, j, st)
 	}
 	if st.State != inferencev1.CacheReady {
 		return "", st.State != inferencev1.CacheFailed || !prewarmv1alpha1.Terminal(st.Reason), a.fill(req, j, st)
 	}
-	if err := j.checkCredentials(ctx); err != nil {
+	if err := j.CheckCredentials(ctx); err != nil {
 		if errors.Is(err, source.ErrAccessDenied) {
 			if r.Credentials == nil {
 				return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf(
@@ -172,7 +169,7 @@ func (a *Agent) modelToMount(ctx context.Context, req MountRequest) (dir string,
 	// mounted it (Mounted): a cache is never evicted between this answer and the mount.
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if now := j.snapshot(); now.State != inferencev1.CacheReady {
+	if now := j.Snapshot(); now.State != inferencev1.CacheReady {
 		return "", true, status.Error(codes.Unavailable, fmt.Sprintf("cache %s stopped being Ready on node %s meanwhile (%s): looking again", req.CacheUID, a.opts.NodeName, now.Reason))
 	}
 	a.publishing[req.CacheUID]++
@@ -224,11 +221,11 @@ func runsCold(reason string) bool {
 }
 
 // fill asks the cache's job to download now and answers why the pod waits.
-func (a *Agent) fill(req MountRequest, j *job, st prewarmv1alpha1.CacheStatus) error {
+func (a *Agent) fill(req MountRequest, j *cachejob.Job, st prewarmv1alpha1.CacheStatus) error {
 	if st.State == inferencev1.CacheFailed && prewarmv1alpha1.Terminal(st.Reason) {
 		return a.refuse(req, codes.FailedPrecondition, fmt.Sprintf("node %s cannot hold cache %s: %s: %s", a.opts.NodeName, req.cache(), st.Reason, st.Message))
 	}
-	if j.demand() {
+	if j.Demand() {
 		ctrl.Log.WithName("csi").Info("a pod waits for the cache: downloading it now", "cache", req.CacheUID, "pod", req.PodNamespace+"/"+req.PodName)
 	}
 	msg := fmt.Sprintf("waiting for node %s to hold cache %s: %s", a.opts.NodeName, req.cache(), progressOf(st))
@@ -297,12 +294,12 @@ func (a *Agent) Mounted(req MountRequest, model, target string, err error) {
 	if scratch {
 		why := ""
 		if j != nil {
-			st := j.snapshot()
+			st := j.Snapshot()
 			why = fmt.Sprintf(" (%s: %s)", st.Reason, st.Message)
 		}
 		msg = text.Clip(fmt.Sprintf("cache %s mounted read-only from a copy that node %s downloaded from the source for its pods: running cold, the node cannot hold the cache%s", req.cache(), a.opts.NodeName, why), text.MaxMessage)
 	} else if j != nil {
-		j.touch(a.opts.Now())
+		j.Touch(a.opts.Now())
 	}
 	a.event(req, corev1.EventTypeNormal, EventCacheMounted, msg)
 	ctrl.Log.WithName("csi").Info("mounted cache", "cache", req.CacheUID, "pod", req.PodNamespace+"/"+req.PodName, "target", target)

@@ -21,6 +21,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -276,7 +277,7 @@ func (e *errNoRoom) Error() string {
 
 // victim is a cache that may be evicted.
 type victim struct {
-	j        *job
+	j        *cachejob.Job
 	uid      string
 	bytes    int64
 	retained bool
@@ -287,39 +288,39 @@ type victim struct {
 // evictable lists the caches under root that may go to make room for by (nil: to bring the disk
 // under its high watermark), in the order they go, and says of the others with files there why
 // they stay. The caches' sizes are measured now.
-func (a *Agent) evictable(ctx context.Context, root string, by *job) ([]victim, []string) {
+func (a *Agent) evictable(ctx context.Context, root string, by *cachejob.Job) ([]victim, []string) {
 	u := usage{byUID: map[string]int64{}}
 	a.measure(root, &u)
 	var out []victim
 	var kept []string
 	a.mu.Lock()
 	for uid, j := range a.jobs {
-		r := j.current()
-		if r.Root != root || (by != nil && uid == by.req.UID) || u.byUID[uid] == 0 || a.isRemoving(uid) {
+		r := j.Current()
+		if r.Root != root || (by != nil && uid == by.Request().UID) || u.byUID[uid] == 0 || a.isRemoving(uid) {
 			continue
 		}
 		why := ""
 		switch {
 		case r.Pinned:
 			why = "pinned"
-		case by != nil && r.Priority > by.current().Priority:
+		case by != nil && r.Priority > by.Current().Priority:
 			why = fmt.Sprintf("priority %d", r.Priority)
 		case a.publishing[uid] > 0:
 			why = "being mounted"
-		case j.snapshotState() != inferencev1.CacheReady:
+		case j.State() != inferencev1.CacheReady:
 			continue // checked, fetched or evicted: not a copy to evict
 		}
 		if why != "" {
 			kept = append(kept, r.Namespace+"/"+r.Name+" "+why)
 			continue
 		}
-		out = append(out, victim{j: j, uid: uid, bytes: u.byUID[uid], retained: r.RetainedSince != "", priority: r.Priority, used: j.lastUsed()})
+		out = append(out, victim{j: j, uid: uid, bytes: u.byUID[uid], retained: r.RetainedSince != "", priority: r.Priority, used: j.LastUsed()})
 	}
 	a.mu.Unlock()
 	// Whether a pod uses them, outside the lock (the pod list, the mount table): evict looks
 	// again once the cache has stopped being Ready.
 	out = slices.DeleteFunc(out, func(v victim) bool {
-		pod, err := a.podUsing(ctx, v.uid, v.j.req.Namespace)
+		pod, err := a.podUsing(ctx, v.uid, v.j.Request().Namespace)
 		if err == nil && pod == "" {
 			var mounted bool
 			if mounted, err = a.cacheMounted(v.uid); mounted {
@@ -328,9 +329,9 @@ func (a *Agent) evictable(ctx context.Context, root string, by *job) ([]victim, 
 		}
 		switch {
 		case err != nil:
-			kept = append(kept, fmt.Sprintf("%s/%s (%v)", v.j.req.Namespace, v.j.req.Name, err))
+			kept = append(kept, fmt.Sprintf("%s/%s (%v)", v.j.Request().Namespace, v.j.Request().Name, err))
 		case pod != "":
-			kept = append(kept, fmt.Sprintf("%s/%s used by %s", v.j.req.Namespace, v.j.req.Name, pod))
+			kept = append(kept, fmt.Sprintf("%s/%s used by %s", v.j.Request().Namespace, v.j.Request().Name, pod))
 		}
 		return err != nil || pod != ""
 	})
@@ -357,10 +358,10 @@ const (
 // the low watermark, and holds the room for by until release is called (after its download):
 // an evicted cache waiting for room does not take it first. It evicts nothing, and returns an
 // *errNoRoom, when every cache the policy lets go would not be enough.
-func (a *Agent) makeRoom(ctx context.Context, by *job, need int64) (freed int64, release func(), err error) {
+func (a *Agent) makeRoom(ctx context.Context, by *cachejob.Job, need int64) (freed int64, release func(), err error) {
 	a.evicting.Lock()
 	defer a.evicting.Unlock()
-	root, uid := by.req.Root, by.req.UID
+	root, uid := by.Request().Root, by.Request().UID
 	a.space.mu.Lock()
 	f, free, err := a.freeForLocked(root, uid)
 	if err == nil {
@@ -384,8 +385,8 @@ func (a *Agent) makeRoom(ctx context.Context, by *job, need int64) (freed int64,
 }
 
 // evictFor evicts what makeRoom needs, given the disk's figures and what by may take now.
-func (a *Agent) evictFor(ctx context.Context, by *job, need int64, f diskFigures, free int64) (int64, error) {
-	root := by.req.Root
+func (a *Agent) evictFor(ctx context.Context, by *cachejob.Job, need int64, f diskFigures, free int64) (int64, error) {
+	root := by.Request().Root
 	must := need - free
 	if must <= 0 {
 		return 0, nil // room now (another cache went meanwhile)
@@ -400,11 +401,11 @@ func (a *Agent) evictFor(ctx context.Context, by *job, need int64, f diskFigures
 	if all < must {
 		return 0, &errNoRoom{root: root, need: need, free: free, f: f, evictable: all, kept: kept}
 	}
-	r := by.current()
+	r := by.Current()
 	why := fmt.Sprintf("evicted to make room for cache %s/%s (%s more): %s", r.Namespace, r.Name, engine.HumanBytes(need), f.describe(root))
 	freed := a.evictUntil(ctx, victims, want, evictForRoom, why)
 	if freed < must {
-		f, free, _ = a.freeFor(root, by.req.UID)
+		f, free, _ = a.freeFor(root, by.Request().UID)
 		return freed, &errNoRoom{root: root, need: need, free: free, f: f, evictable: all - freed, kept: kept}
 	}
 	return freed, nil
@@ -449,22 +450,23 @@ func (a *Agent) evictUntil(ctx context.Context, victims []victim, want int64, re
 func (a *Agent) evict(ctx context.Context, v victim, reason, why string) bool {
 	log := ctrl.LoggerFrom(ctx).WithValues("cache", v.uid)
 	j := v.j
-	if !j.work.TryLock() {
+	release, ok := j.TryWork()
+	if !ok {
 		return false // checking or fetching it right now
 	}
-	defer j.work.Unlock()
+	defer release()
 	a.mu.Lock()
-	before := j.snapshot()
+	before := j.Snapshot()
 	if a.publishing[v.uid] > 0 || before.State != inferencev1.CacheReady || a.isRemoving(v.uid) {
 		a.mu.Unlock()
 		return false
 	}
-	j.set(func(st *prewarmv1alpha1.CacheStatus) {
+	j.Set(func(st *prewarmv1alpha1.CacheStatus) {
 		st.State, st.Reason, st.BytesDone, st.BytesPerSecond = inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted, 0, 0
 		st.Message = text.Clip(why+"; fetched again when there is room, or when a pod on the node asks for it", text.MaxMessage)
 	})
 	a.mu.Unlock()
-	pod, err := a.podUsing(ctx, v.uid, j.req.Namespace)
+	pod, err := a.podUsing(ctx, v.uid, j.Request().Namespace)
 	if err == nil && pod == "" {
 		var mounted bool
 		if mounted, err = a.cacheMounted(v.uid); err == nil && mounted {
@@ -472,13 +474,13 @@ func (a *Agent) evict(ctx context.Context, v victim, reason, why string) bool {
 		}
 	}
 	if err != nil || pod != "" {
-		j.set(func(st *prewarmv1alpha1.CacheStatus) { *st = before })
+		j.Set(func(st *prewarmv1alpha1.CacheStatus) { *st = before })
 		log.V(1).Info("not evicting a cache a pod uses", "pod", pod, "error", err)
 		return false
 	}
 	a.withdraw(v.uid) // no part of it is offered to peers any more
-	j.setEvicted(why)
-	dir, err := a.opts.ensureCacheDir(j.req.Root, v.uid)
+	j.SetEvicted(why)
+	dir, err := a.opts.ensureCacheDir(j.Request().Root, v.uid)
 	if err == nil {
 		model := filepath.Join(dir, prewarmv1alpha1.ModelSubdir)
 		gone := filepath.Join(dir, setAsidePrefix+"evicted-"+strconv.FormatInt(a.opts.Now().UnixNano(), 10))
@@ -494,39 +496,6 @@ func (a *Agent) evict(ctx context.Context, v victim, reason, why string) bool {
 	return true
 }
 
-// waitsForRoom reports whether the job may not evict others to be fetched: it was evicted
-// itself, and no pod on the node waits for it.
-func (j *job) waitsForRoom() bool { return j.isEvicted() && !j.isDemanded() }
-
-func (j *job) isEvicted() bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.evicted != ""
-}
-
-// setEvicted records why the cache was evicted ("": it is whole again).
-func (j *job) setEvicted(why string) {
-	j.mu.Lock()
-	j.evicted = why
-	j.mu.Unlock()
-}
-
-// lastUsed is when a pod last mounted the cache, or when it was first asked for.
-func (j *job) lastUsed() time.Time {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.used
-}
-
-// touch records that a pod mounted the cache now, also in its directory's times (which the
-// next run of the agent starts from).
-func (j *job) touch(now time.Time) {
-	j.mu.Lock()
-	j.used = now
-	j.mu.Unlock()
-	_ = os.Chtimes(prewarmv1alpha1.CacheDir(j.a.opts.rootDir(j.req.Root), j.req.UID), now, now)
-}
-
 // firstUsed is when the cache was last used by an earlier run of the agent (its directory's
 // time), or now.
 func (a *Agent) firstUsed(r prewarmv1alpha1.CacheRequest) time.Time {
@@ -534,18 +503,6 @@ func (a *Agent) firstUsed(r prewarmv1alpha1.CacheRequest) time.Time {
 		return info.ModTime()
 	}
 	return a.opts.Now()
-}
-
-// waitForRoom leaves an evicted cache's status saying what it waits for.
-func (j *job) waitForRoom(f diskFigures, need, free int64) {
-	j.mu.Lock()
-	why := j.evicted
-	j.mu.Unlock()
-	msg := fmt.Sprintf("%s; fetched again when %s more fit under the low watermark without evicting another cache, or when a pod on the node asks for it: now %s, %s free for caches",
-		why, engine.HumanBytes(need), f.describe(j.req.Root), engine.HumanBytes(free))
-	j.set(func(st *prewarmv1alpha1.CacheStatus) {
-		st.State, st.Reason, st.BytesDone, st.BytesPerSecond, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted, 0, 0, text.Clip(msg, text.MaxMessage)
-	})
 }
 
 // watermarkKeeper looks at the disks every watermarkInterval (ProgressInterval when shorter)

@@ -10,12 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
 
 // errNotConfined is matched by the errors of paths that would lead out of where the agent may
 // write or read: a symbolic link where prewarm wants a directory, a source that leaves its root.
-var errNotConfined = errors.New("not confined")
+var errNotConfined = cachejob.ErrNotConfined
 
 type confineError struct{ msg string }
 

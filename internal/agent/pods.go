@@ -12,6 +12,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 )
 
 // podUsing returns a pod on this node (namespace/name) that mounts cache uid and has not
@@ -46,14 +47,14 @@ func (a *Agent) podsUsing(ctx context.Context, uid, ns string) ([]corev1.Pod, er
 }
 
 // warnPods records a Warning event on each pod of the node that uses the job's cache.
-func (a *Agent) warnPods(ctx context.Context, j *job, reason, msg string) {
-	pods, err := a.podsUsing(ctx, j.req.UID, j.req.Namespace)
+func (a *Agent) warnPods(ctx context.Context, j *cachejob.Job, reason, msg string) {
+	pods, err := a.podsUsing(ctx, j.Request().UID, j.Request().Namespace)
 	if err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing the node's pods to tell them", "reason", reason)
 		return
 	}
 	for _, p := range pods {
-		a.event(MountRequest{CacheUID: j.req.UID, PodNamespace: p.Namespace, PodName: p.Name, PodUID: p.UID}, corev1.EventTypeWarning, reason, msg)
+		a.event(MountRequest{CacheUID: j.Request().UID, PodNamespace: p.Namespace, PodName: p.Name, PodUID: p.UID}, corev1.EventTypeWarning, reason, msg)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -55,7 +56,7 @@ func (e *errOverBudget) Error() string {
 
 // quotaPeer is another cache of the same namespace on the node, as the claim sees it.
 type quotaPeer struct {
-	j   *job
+	j   *cachejob.Job
 	uid string
 }
 
@@ -65,7 +66,7 @@ func (a *Agent) namespaceCaches(ns, uid string) []quotaPeer {
 	defer a.mu.Unlock()
 	var out []quotaPeer
 	for other, j := range a.jobs {
-		if other != uid && j.req.Namespace == ns && !a.isRemoving(other) {
+		if other != uid && j.Request().Namespace == ns && !a.isRemoving(other) {
 			out = append(out, quotaPeer{j: j, uid: other})
 		}
 	}
@@ -96,7 +97,7 @@ func (a *Agent) namespaceHeldLocked(ns string, peers []quotaPeer, copies map[str
 	var held int64
 	var others []string
 	for _, p := range peers {
-		st := p.j.snapshot()
+		st := p.j.Snapshot()
 		c, claimed := a.space.claims[p.uid]
 		var n int64
 		switch {
@@ -108,7 +109,7 @@ func (a *Agent) namespaceHeldLocked(ns string, peers []quotaPeer, copies map[str
 			continue // holds nothing it is promised, or is not downloading: the first to claim goes first
 		}
 		held += n
-		others = append(others, fmt.Sprintf("%s/%s %s", ns, p.j.req.Name, engine.HumanBytes(n)))
+		others = append(others, fmt.Sprintf("%s/%s %s", ns, p.j.Request().Name, engine.HumanBytes(n)))
 	}
 	for _, uid := range slices.Sorted(maps.Keys(copies)) {
 		u := copies[uid]
@@ -125,17 +126,9 @@ func (a *Agent) namespaceHeldLocked(ns string, peers []quotaPeer, copies map[str
 // the copies refused room: one of the namespace's caches or copies left the node.
 func (a *Agent) wakeOverBudget(ns string) {
 	for _, p := range a.namespaceCaches(ns, "") {
-		if st := p.j.snapshot(); st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonBudgetExceeded {
-			p.j.wake()
+		if st := p.j.Snapshot(); st.State == inferencev1.CacheFailed && st.Reason == prewarmv1alpha1.ReasonBudgetExceeded {
+			p.j.Wake()
 		}
 	}
 	a.wakeScratches()
-}
-
-// wake gets the job out of its wait, to look at its cache again now.
-func (j *job) wake() {
-	select {
-	case j.changed <- struct{}{}:
-	default:
-	}
 }

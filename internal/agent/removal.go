@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 )
 
 // newRemovals is the agent's queue of removals, by cache UID.
@@ -20,13 +21,13 @@ func newRemovals() workqueue.TypedDelayingInterface[string] {
 
 // removeLocked queues the removal of cache uid's directories under every root, once its job (if
 // any) has stopped, and withdraws its report. The remover takes it from there.
-func (a *Agent) removeLocked(uid string, j *job) {
+func (a *Agent) removeLocked(uid string, j *cachejob.Job) {
 	if a.isRemoving(uid) {
 		return
 	}
 	ns := "" // unknown (a cache left from before the agent started): any pod naming it counts
 	if j != nil {
-		ns = j.req.Namespace
+		ns = j.Request().Namespace
 	}
 	a.removing[uid] = ns
 	a.withdraw(uid)
@@ -37,7 +38,7 @@ func (a *Agent) removeLocked(uid string, j *job) {
 	a.goroutines.Add(1)
 	go func() {
 		defer a.goroutines.Done()
-		<-j.done
+		<-j.Done()
 		a.removals.Add(uid)
 	}()
 }

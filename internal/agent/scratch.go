@@ -18,6 +18,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/text"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
@@ -67,12 +68,12 @@ func (s *scratch) model() string { return filepath.Join(s.dir, prewarmv1alpha1.M
 
 // scratchToMount answers a pod's mount of j's cache on a node with no local disk: the scratch
 // copy's model once it is whole, else why the pod waits (the first ask starts the download).
-func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st prewarmv1alpha1.CacheStatus) (string, bool, error) {
+func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *cachejob.Job, st prewarmv1alpha1.CacheStatus) (string, bool, error) {
 	if a.opts.KubeletDir == "" {
 		return "", false, a.refuse(req, codes.FailedPrecondition, fmt.Sprintf("node %s cannot hold cache %s: %s: %s", a.opts.NodeName, req.CacheUID, st.Reason, st.Message))
 	}
-	ns := j.current().Namespace
-	if st.Reason == prewarmv1alpha1.ReasonBudgetExceeded && j.current().Refused == nil {
+	ns := j.Current().Namespace
+	if st.Reason == prewarmv1alpha1.ReasonBudgetExceeded && j.Current().Refused == nil {
 		// The namespace may not hold the cache's bytes on the node (its per-node limit; the
 		// controller's refusal is for the cluster's): not as a copy either, unless a whole one
 		// is here already (made when the node had no room for the cache).
@@ -85,7 +86,7 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st
 				a.opts.NodeName, req.CacheUID, ns, st.Reason, st.Message), text.MaxMessage))
 		}
 	}
-	j.demand() // a pod waits: the download may take the node's extra slot
+	j.Demand() // a pod waits: the download may take the node's extra slot
 	a.mu.Lock()
 	s := a.scratches[req.CacheUID]
 	if s == nil {
@@ -112,11 +113,11 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *job, st
 		a.event(req, corev1.EventTypeNormal, EventCacheFilling, msg)
 		return "", true, status.Error(codes.Unavailable, msg)
 	}
-	if err := j.checkCredentials(ctx); err != nil {
+	if err := j.CheckCredentials(ctx); err != nil {
 		if errors.Is(err, source.ErrAccessDenied) {
-			return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("the origin refused namespace %s's credentials for %s: %v", req.PodNamespace, j.current().Source, err))
+			return "", false, a.refuse(req, codes.PermissionDenied, fmt.Sprintf("the origin refused namespace %s's credentials for %s: %v", req.PodNamespace, j.Current().Source, err))
 		}
-		return "", false, a.refuse(req, codes.Unavailable, fmt.Sprintf("checking namespace %s's credentials for %s with the origin: %v", req.PodNamespace, j.current().Source, err))
+		return "", false, a.refuse(req, codes.Unavailable, fmt.Sprintf("checking namespace %s's credentials for %s with the origin: %v", req.PodNamespace, j.Current().Source, err))
 	}
 	return s.model(), false, nil
 }
@@ -130,7 +131,7 @@ func progressText(p engine.Progress) string {
 
 // keepScratch downloads s (again after a failure, with the job's backoff) while pods on the node
 // use it and the node cannot hold the cache, and removes it when none does.
-func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
+func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *cachejob.Job) {
 	defer a.goroutines.Done()
 	log := ctrl.LoggerFrom(ctx)
 	retry := a.opts.RetryInterval
@@ -140,7 +141,7 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *job) {
 		a.mu.Unlock()
 		wait := a.opts.RetryInterval
 		// Once the node holds the cache, its pods mount it: no copy is begun any more.
-		if !ready && j.snapshotState() != inferencev1.CacheReady {
+		if !ready && j.State() != inferencev1.CacheReady {
 			err := a.fetchScratch(ctx, s, j)
 			a.mu.Lock()
 			s.ready, s.err = err == nil, err
@@ -216,18 +217,18 @@ func (a *Agent) scratchKept(ctx context.Context, uid, ns string) (pod string, mo
 const trashPrefix = ".removing-"
 
 // fetchScratch downloads j's source into s (resuming a partial copy), unless it is whole there.
-func (a *Agent) fetchScratch(ctx context.Context, s *scratch, j *job) error {
+func (a *Agent) fetchScratch(ctx context.Context, s *scratch, j *cachejob.Job) error {
 	if _, err := engine.CheckDest(s.model()); err == nil {
 		return nil // left by an earlier run of the agent, for pods still there
 	}
 	// Its directory is made once its room is claimed (claimScratch): a copy refused room leaves
 	// nothing on the kubelet's filesystem.
-	return j.downloadReporting(ctx, a.claimScratch(s), func(p engine.Progress) {
+	return j.DownloadReporting(ctx, a.claimScratch(s), func(p engine.Progress) {
 		a.mu.Lock()
 		s.progress = p
 		a.mu.Unlock()
 	}, func(eng *engine.Engine, src source.Source) error {
-		_, err := eng.Fetch(ctx, engine.Request{Source: src, Dest: s.model(), Revision: j.pinnedRevision()})
+		_, err := eng.Fetch(ctx, engine.Request{Source: src, Dest: s.model(), Revision: j.PinnedRevision()})
 		return err
 	})
 }

@@ -70,7 +70,7 @@ func (a *Agent) cacheRefs() map[string]types.NamespacedName {
 	defer a.mu.Unlock()
 	refs := make(map[string]types.NamespacedName, len(a.jobs))
 	for uid, j := range a.jobs {
-		refs[uid] = types.NamespacedName{Namespace: j.req.Namespace, Name: j.req.Name}
+		refs[uid] = types.NamespacedName{Namespace: j.Request().Namespace, Name: j.Request().Name}
 	}
 	return refs
 }

@@ -49,7 +49,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 		st.PeerAddress = a.opts.Peers.Address
 	}
 	for uid, j := range a.jobs {
-		cs := j.snapshot()
+		cs := j.Snapshot()
 		if note := a.scratchNote(uid); note != "" {
 			cs.Message = text.Clip(cs.Message+note, text.MaxMessage)
 		}
@@ -71,14 +71,6 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	bound(a.life, &st)
 	return st
 }
-
-// statusWriter writes the agent's status to its NodeCache as its WritePolicy says: a change of
-// state at the next StatusInterval tick, progress at most every ProgressInterval, nothing when
-// nothing changes (the agent's Lease says it is alive).
-type statusWriter struct{ a *Agent }
-
-// NeedLeaderElection is false: every node's agent writes its own status.
-func (statusWriter) NeedLeaderElection() bool { return false }
 
 // sameStatus compares two statuses, ignoring the heartbeat and the roots' free bytes (which
 // move with every write).

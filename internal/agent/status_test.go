@@ -13,6 +13,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/testutil"
 )
 
@@ -36,9 +37,9 @@ func TestOneCachesReportNeverBreaksTheNodesStatus(t *testing.T) {
 	const uidLong, uidReady = "dddddddd-0000-4000-8000-00000000000a", "dddddddd-0000-4000-8000-00000000000b"
 	report := func() prewarmv1alpha1.NodeCacheStatus {
 		long := prewarmv1alpha1.CacheStatus{UID: uidLong}
-		agent.Listing(&long, prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "models", Prefix: strings.Repeat("é", 1010)})
+		cachejob.Listing(&long, prewarmv1alpha1.CacheSource{Type: inferencev1.ModelSourceS3, Bucket: "models", Prefix: strings.Repeat("é", 1010)})
 		ready := prewarmv1alpha1.CacheStatus{UID: uidReady}
-		agent.Verified(&ready, 1, 1<<20, "sha256:0")
+		cachejob.Verified(&ready, 1, 1<<20, "sha256:0")
 		return prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{long, ready}}
 	}
 	reported := func() map[string]prewarmv1alpha1.CacheStatus {

@@ -1,7 +1,7 @@
 // Package agentsim plays the prewarm agents of many nodes against a real API server, as the
 // scale benchmark needs: thousands of agent processes do not fit on one machine, but what the
 // control plane sees of them does. Each simulated agent reads its NodeCache's requests and
-// writes its status as the real agent does — the same reports (agent.Queued, Listing,
+// writes its status as the real agent does — the same reports (cachejob.Queued, Listing,
 // Progressed, Verified), the same write policy (agent.WritePolicy), the same merge patch of the
 // status subresource — with a download that takes a set time instead of reading a source.
 // Each also renews its Lease as the agent does (Options.LeaseNamespace). What it does not
@@ -31,6 +31,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
@@ -230,7 +231,7 @@ func (s *Sim) step(ctx context.Context, n *node) bool {
 	for _, r := range nc.Spec.Caches {
 		j := n.jobs[r.UID]
 		if j == nil {
-			j = &job{req: r, status: agent.Queued(r.UID, stamp(now))}
+			j = &job{req: r, status: cachejob.Queued(r.UID, stamp(now))}
 			n.jobs[r.UID] = j
 		}
 		j.req = r
@@ -257,7 +258,7 @@ func (s *Sim) advance(j *job, now time.Time) {
 	st := &j.status
 	if j.req.Retained() && st.State != inferencev1.CacheReady && st.State != inferencev1.CacheDownloading {
 		before := st.State
-		agent.NotTarget(st)
+		cachejob.NotTarget(st)
 		transition(st, before, now)
 		return
 	}
@@ -267,15 +268,15 @@ func (s *Sim) advance(j *job, now time.Time) {
 	elapsed := now.Sub(j.started)
 	before := st.State
 	if st.State != inferencev1.CacheDownloading {
-		agent.Listing(st, j.req.Source)
+		cachejob.Listing(st, j.req.Source)
 	}
 	done := min(s.o.ModelBytes, int64(float64(s.o.ModelBytes)*elapsed.Seconds()/s.o.Download.Seconds()))
 	// Every byte from the origin: the simulated agents share nothing.
 	p := engine.Progress{Phase: engine.PhaseDownloading, BytesDone: done, BytesTotal: s.o.ModelBytes,
 		FilesTotal: s.o.Files, BytesPerSecond: float64(s.o.ModelBytes) / s.o.Download.Seconds(), Fetched: done}
-	agent.Progressed(st, p, engine.Progress{Fetched: st.OriginBytes})
+	cachejob.Progressed(st, p, engine.Progress{Fetched: st.OriginBytes})
 	if elapsed >= s.o.Download {
-		agent.Verified(st, s.o.Files, s.o.ModelBytes, revision(j.req))
+		cachejob.Verified(st, s.o.Files, s.o.ModelBytes, revision(j.req))
 		st.DiskBytes = s.o.ModelBytes    // what a real agent measures of a whole copy, about
 		st.LastVerifiedTime = stamp(now) // the agent reads a new copy back once, as it does every verify interval
 	}

@@ -1,4 +1,4 @@
-package agent
+package cachejob
 
 import (
 	"context"
@@ -18,15 +18,15 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine/sources"
 )
 
-// checkCredentials checks, at most once per CredentialCheckInterval, that the origin lets the
+// CheckCredentials checks, at most once per CredentialCheckInterval, that the origin lets the
 // cache's namespace read the source: with the credentials the cache is read with (the
 // namespace's own token or keys), or, for a Hugging Face source read without any, anonymously
 // (a gated repository refuses that). The bytes on the node's disk serve every pod of the cache,
 // but a pod mounts them only while its namespace is entitled to the source: a token revoked (or
 // removed) stops new mounts. An S3 or FSx source read with prewarm's own identity, which the
 // operator configuration allows for the namespace, needs no check.
-func (j *job) checkCredentials(ctx context.Context) error {
-	r := j.current()
+func (j *Job) CheckCredentials(ctx context.Context) error {
+	r := j.Current()
 	digest := ""
 	switch {
 	case r.Credentials != nil:
@@ -35,7 +35,7 @@ func (j *job) checkCredentials(ctx context.Context) error {
 		return nil
 	}
 	j.mu.Lock()
-	ok := j.credsChecked && j.credsDigest == digest && j.a.opts.Now().Sub(j.credsAt) < CredentialCheckInterval
+	ok := j.credsChecked && j.credsDigest == digest && j.env.Now().Sub(j.credsAt) < CredentialCheckInterval
 	j.mu.Unlock()
 	if ok {
 		return nil
@@ -56,24 +56,23 @@ func (j *job) checkCredentials(ctx context.Context) error {
 
 // credentialsAccepted records that the origin accepted the credentials of this digest ("":
 // none).
-func (j *job) credentialsAccepted(digest string) {
+func (j *Job) credentialsAccepted(digest string) {
 	j.mu.Lock()
-	j.credsChecked, j.credsDigest, j.credsAt = true, digest, j.a.opts.Now()
+	j.credsChecked, j.credsDigest, j.credsAt = true, digest, j.env.Now()
 	j.mu.Unlock()
 }
 
 // trustsPeers says whether files without a source digest may come from peers.
-func (j *job) trustsPeers() bool { return j.a.opts.Peers != nil && j.a.opts.Peers.TrustPeers }
+func (j *Job) trustsPeers() bool { return j.env.TrustPeers }
 
 // swarm is the Swarm a download of j's cache shares parts through, or nil.
-func (j *job) swarm(ctx context.Context) engine.Swarm {
-	p := j.a.opts.Peers
-	if p == nil || p.Server == nil {
+func (j *Job) swarm(ctx context.Context) engine.Swarm {
+	if j.env.Swarm == nil {
 		return nil
 	}
 	peersNow := func() []peer.Peer {
 		var peers []peer.Peer
-		for _, cp := range j.current().Peers {
+		for _, cp := range j.Current().Peers {
 			// The controller hands out only IP:port addresses it checked; anything else (a
 			// host name, a path) is not sent this agent's token.
 			if ap, err := netip.ParseAddrPort(cp.Address); err != nil || ap.String() != cp.Address {
@@ -83,31 +82,30 @@ func (j *job) swarm(ctx context.Context) engine.Swarm {
 		}
 		return peers
 	}
-	return peer.NewSwarm(peer.SwarmOptions{
-		Self: j.a.opts.NodeName, Key: j.req.UID, Peers: peersNow(), Server: p.Server, Client: p.Client, Token: p.Token,
-		Wait: p.Wait, SlowPart: p.SlowPart, Metrics: p.Metrics,
-		// The controller lists a node's peers once their agents report where they serve, which
-		// may be after this node's download started: it takes them on as they come.
-		Refresh: peersNow,
-		Log:     slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID))),
-	})
+	o := *j.env.Swarm
+	o.Key, o.Peers = j.req.UID, peersNow()
+	// The controller lists a node's peers once their agents report where they serve, which may
+	// be after this node's download started: it takes them on as they come.
+	o.Refresh = peersNow
+	o.Log = slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))
+	return peer.NewSwarm(o)
 }
 
 // download runs fn with an engine that reports into the job's status and the cache's source,
 // once one of the node's download slots is free.
-func (j *job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
+func (j *Job) download(ctx context.Context, fn func(*engine.Engine, source.Source) error) error {
 	var last engine.Progress
-	return j.downloadReporting(ctx, j.a.claimSpace(j.req.UID, j.req.Namespace), func(p engine.Progress) {
+	return j.DownloadReporting(ctx, j.env.ClaimSpace(j.req.UID, j.req.Namespace), func(p engine.Progress) {
 		// What this copy cost the origin and the peers adds up over every download of it
 		// since the agent started.
-		j.set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
+		j.Set(func(st *prewarmv1alpha1.CacheStatus) { Progressed(st, p, last) })
 		last = p
 	}, fn)
 }
 
-// downloadReporting runs fn with an engine that claims its room with claim, reports to progress
+// DownloadReporting runs fn with an engine that claims its room with claim, reports to progress
 // and reads the cache's source, once one of the node's download slots is free.
-func (j *job) downloadReporting(ctx context.Context, claim engine.ClaimSpace, progress func(engine.Progress), fn func(*engine.Engine, source.Source) error) error {
+func (j *Job) DownloadReporting(ctx context.Context, claim engine.ClaimSpace, progress func(engine.Progress), fn func(*engine.Engine, source.Source) error) error {
 	release, err := j.slot(ctx)
 	if err != nil {
 		return err
@@ -118,10 +116,10 @@ func (j *job) downloadReporting(ctx context.Context, claim engine.ClaimSpace, pr
 		return err
 	}
 	defer closeSrc()
-	o := &j.a.opts
-	eng := engine.New(append(append([]engine.Option{}, o.Engine...),
-		engine.WithClaimSpace(claim), engine.WithRegisterer(o.Registerer), engine.WithBudget(j.a.budget(j.req.Source.Type)),
-		engine.WithProgress(progress, o.StatusInterval))...)
+	e := j.env
+	eng := engine.New(append(append([]engine.Option{}, e.Engine...),
+		engine.WithClaimSpace(claim), engine.WithRegisterer(e.Registerer), engine.WithBudget(e.Budget(j.req.Source.Type)),
+		engine.WithProgress(progress, e.ProgressInterval))...)
 	err = fn(eng, src)
 	if fs, ok := src.(*fs.Source); ok && len(fs.Skipped()) > 0 {
 		ctrl.LoggerFrom(ctx).Info("links that lead out of the model's directory were skipped", "links", fs.Skipped())
@@ -132,8 +130,8 @@ func (j *job) downloadReporting(ctx context.Context, claim engine.ClaimSpace, pr
 // slot waits for one of the node's download slots. A cache a pod waits for (fill on a miss)
 // may also take the node's one extra slot for such caches, so it does not queue behind caches
 // no pod waits for.
-func (j *job) slot(ctx context.Context) (func(), error) {
-	sem, urgent := j.a.sem, j.a.urgent
+func (j *Job) slot(ctx context.Context) (func(), error) {
+	sem, urgent := j.env.Slots, j.env.Urgent
 	for {
 		if j.isDemanded() {
 			select {
@@ -157,11 +155,11 @@ func (j *job) slot(ctx context.Context) (func(), error) {
 
 // openSource opens the cache's source. An FSx source is opened through real directories only,
 // inside what its sourceAccess rule allows (fileSource), and read inside its own directory.
-func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
-	o := &j.a.opts
+func (j *Job) openSource(ctx context.Context) (source.Source, func(), error) {
+	e := j.env
 	cs := j.req.Source
 	if cs.Type == inferencev1.ModelSourceFSx {
-		dir, err := o.fileSource(j.req.Namespace, cs)
+		dir, err := e.FileSource(j.req.Namespace, cs)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -172,12 +170,12 @@ func (j *job) openSource(ctx context.Context) (source.Source, func(), error) {
 		}
 		return src, func() { src.Close(); dir.Close() }, nil
 	}
-	spec, srcOpts, err := o.sourceSpec(cs)
+	spec, srcOpts, err := e.SourceSpec(cs)
 	if err != nil {
 		return nil, nil, err
 	}
-	if c := j.current().Credentials; c != nil {
-		creds, err := j.a.key.Open(o.NodeName, j.req.UID, c)
+	if c := j.Current().Credentials; c != nil {
+		creds, err := e.Key.Open(e.NodeName, j.req.UID, c)
 		if err != nil {
 			return nil, nil, &source.AccessError{Err: err}
 		}

@@ -1,4 +1,4 @@
-package agent
+package cachejob
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 
 // repair fetches the damaged files again. done is false when the source has changed since the
 // cache was made, and the whole model must be fetched again instead.
-func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage) (wait time.Duration, ok, done bool) {
+func (j *Job) repair(ctx context.Context, model string, damaged []engine.Damage) (wait time.Duration, ok, done bool) {
 	paths := make([]string, len(damaged))
 	for i, d := range damaged {
 		paths[i] = d.Path
@@ -39,7 +39,7 @@ func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage)
 		j.fail(reason, "repairing: "+msg)
 		return wait, false, true
 	}
-	j.a.metrics.repaired.Add(float64(len(paths)))
+	j.env.Metrics.Repaired.Add(float64(len(paths)))
 	ctrl.LoggerFrom(ctx).Info("cache repaired", "files", len(paths), "fetched", res.Fetched)
 	wait, ok = j.settle(ctx, model, "repaired")
 	return wait, ok, true
@@ -47,10 +47,10 @@ func (j *job) repair(ctx context.Context, model string, damaged []engine.Damage)
 
 // verifyContent reads the whole cache back against its checksums, at most VerifyRate bytes per
 // second. The cache stays Ready meanwhile: it was whole by size, and was verified when written.
-func (j *job) verifyContent(ctx context.Context, model string) (*engine.Manifest, []engine.Damage, error) {
+func (j *Job) verifyContent(ctx context.Context, model string) (*engine.Manifest, []engine.Damage, error) {
 	var last int64
-	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.a.verifyLimiter, Read: func(n int64) {
-		j.a.metrics.verified.Add(float64(n - last))
+	m, damaged, err := engine.Check(ctx, model, engine.CheckOptions{Content: true, Limiter: j.env.VerifyLimiter, Read: func(n int64) {
+		j.env.Metrics.Verified.Add(float64(n - last))
 		last = n
 	}})
 	if err == nil && len(damaged) == 0 {
@@ -60,27 +60,27 @@ func (j *job) verifyContent(ctx context.Context, model string) (*engine.Manifest
 	return m, damaged, err
 }
 
-func (j *job) verifyDue() bool {
+func (j *Job) verifyDue() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	v := j.status.LastVerifiedTime
-	return v == nil || j.a.opts.Now().Sub(v.Time) >= j.a.opts.VerifyInterval
+	return v == nil || j.env.Now().Sub(v.Time) >= j.env.VerifyInterval
 }
 
-func (j *job) setVerified() {
-	j.set(func(st *prewarmv1alpha1.CacheStatus) { st.LastVerifiedTime = j.a.now() })
+func (j *Job) setVerified() {
+	j.Set(func(st *prewarmv1alpha1.CacheStatus) { st.LastVerifiedTime = stamp(j.env.Now()) })
 }
 
 // untilNextCheck is the wait before a Ready cache is checked again: the cheap re-check, or the
 // content verification if that comes first.
-func (j *job) untilNextCheck() time.Duration {
-	o := &j.a.opts
+func (j *Job) untilNextCheck() time.Duration {
+	e := j.env
 	j.mu.Lock()
 	v := j.status.LastVerifiedTime
 	j.mu.Unlock()
-	wait := o.RecheckInterval
+	wait := e.RecheckInterval
 	if v != nil {
-		wait = min(wait, max(time.Second, o.VerifyInterval-o.Now().Sub(v.Time)))
+		wait = min(wait, max(time.Second, e.VerifyInterval-e.Now().Sub(v.Time)))
 	}
 	return wait
 }

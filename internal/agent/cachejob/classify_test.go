@@ -1,4 +1,4 @@
-package agent
+package cachejob
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func TestTooManyFilesIsATerminalInvalidSource(t *testing.T) {
 		t.Fatal("a repository of 5 files fetched under a bound of 4")
 	}
 
-	j := &job{a: &Agent{opts: Options{MaxRetryInterval: 5 * time.Minute}}}
+	j := &Job{env: &Env{MaxRetryInterval: 5 * time.Minute}}
 	reason, msg, wait := j.classify(fetchErr)
 	if reason != prewarmv1alpha1.ReasonInvalidSource || !prewarmv1alpha1.Terminal(reason) {
 		t.Errorf("reason %q for %v; want the terminal %s", reason, fetchErr, prewarmv1alpha1.ReasonInvalidSource)
