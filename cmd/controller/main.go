@@ -257,10 +257,10 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := (&serving.JumpStartReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&serving.WeightsCacheReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
+	if err := (&serving.ModelWeightsCacheConfigReconciler{Reconciler: parents, CatalogName: o.catalogName}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&serving.ImageCacheReconciler{Reconciler: parents}).SetupWithManager(mgr); err != nil {
+	if err := (&serving.ModelImageCacheReconciler{Reconciler: parents}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&registration.Reconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {

@@ -109,7 +109,7 @@ func TestStandaloneWeightsCacheReachesOnlyGrantedNodes(t *testing.T) {
 	const prefix = "grants-w"
 	nodes := grantNodes(prefix)
 	rc := upGrantNodes(t, ctx, newReconcilers(t, ctx, "grants-w-operator", "grants-wa", "grants-wb"), prefix, "grants-wb")
-	r := &serving.WeightsCacheReconciler{Reconciler: rc.ep}
+	r := &serving.ModelWeightsCacheConfigReconciler{Reconciler: rc.ep}
 	for _, tc := range []struct {
 		ns       string
 		entitled bool
@@ -195,7 +195,7 @@ func TestStandaloneImageCacheReachesOnlyGrantedNodes(t *testing.T) {
 	const prefix = "grants-i"
 	names := grantNodes(prefix)
 	rc := upGrantNodes(t, ctx, newReconcilers(t, ctx, "grants-i-operator", "grants-ia", "grants-ib"), prefix, "grants-ib")
-	r := &serving.ImageCacheReconciler{Reconciler: rc.ep}
+	r := &serving.ModelImageCacheReconciler{Reconciler: rc.ep}
 	ir := &imagecache.Reconciler{Client: harness.IndexedClient(server.Client, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	nodes := map[string]*corev1.Node{}
 	for _, name := range names {
@@ -285,8 +285,8 @@ func TestStandaloneCachesOfANamespaceGrantedNoNodes(t *testing.T) {
 	t.Cleanup(func() {
 		_ = server.Client.Delete(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "grants-none-node"}})
 	})
-	weights := &serving.WeightsCacheReconciler{Reconciler: rc.ep}
-	images := &serving.ImageCacheReconciler{Reconciler: rc.ep}
+	weights := &serving.ModelWeightsCacheConfigReconciler{Reconciler: rc.ep}
+	images := &serving.ModelImageCacheReconciler{Reconciler: rc.ep}
 	mw := &inferencev1.ModelWeightsCacheConfig{}
 	createYAML(t, ctx, `
 apiVersion: inference.sagemaker.aws.amazon.com/v1

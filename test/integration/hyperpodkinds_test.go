@@ -14,6 +14,7 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -50,7 +51,7 @@ func TestStandaloneModelWeightsCacheConfig(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "mwcc-operator", "mwcc")
-	r := &serving.WeightsCacheReconciler{Reconciler: rc.ep}
+	r := &serving.ModelWeightsCacheConfigReconciler{Reconciler: rc.ep}
 	upNode(t, ctx, "mwcc-gpu", "g5.mwcc-suite")
 	upNode(t, ctx, "mwcc-cpu", "m5.mwcc-suite")
 	labelNode(t, ctx, "mwcc-gpu", "pool", "mwcc-gpu")
@@ -178,7 +179,9 @@ func TestStandaloneModelWeightsCacheConfigProblems(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	rc := newReconcilers(t, ctx, "mwccp-operator", "mwccp")
-	r := &serving.WeightsCacheReconciler{Reconciler: rc.ep}
+	rec := events.NewFakeRecorder(100)
+	rc.ep.Recorder = rec
+	r := &serving.ModelWeightsCacheConfigReconciler{Reconciler: rc.ep}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "mwccp-operator", Name: catalog.DefaultConfigMap}, Data: map[string]string{catalog.Key: `
 models:
   - modelId: gated-model
@@ -211,8 +214,19 @@ models:
 		t.Run(tc.name, func(t *testing.T) {
 			mw := &inferencev1.ModelWeightsCacheConfig{}
 			createYAML(t, ctx, "apiVersion: inference.sagemaker.aws.amazon.com/v1\nkind: ModelWeightsCacheConfig\nmetadata: {name: "+tc.name+", namespace: mwccp}\nspec:"+tc.spec, mw)
-			if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(mw)}); err != nil {
-				t.Fatal(err)
+			// The problem is told once, as a parent's is: a Warning event, not again while it
+			// stays.
+			var told []string
+			for range 2 {
+				if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(mw)}); err != nil {
+					t.Fatal(err)
+				}
+				for len(rec.Events) > 0 {
+					told = append(told, <-rec.Events)
+				}
+			}
+			if len(told) != 1 || !strings.HasPrefix(told[0], "Warning "+tc.reason+" ") {
+				t.Errorf("events %q; want one Warning %s", told, tc.reason)
 			}
 			if err := server.Client.Get(ctx, client.ObjectKeyFromObject(mw), mw); err != nil {
 				t.Fatal(err)
@@ -237,8 +251,8 @@ func TestParentsCachesHaveHyperPodViews(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "views-operator", "views")
-	weights := &serving.WeightsCacheReconciler{Reconciler: rc.ep}
-	images := &serving.ImageCacheReconciler{Reconciler: rc.ep}
+	weights := &serving.ModelWeightsCacheConfigReconciler{Reconciler: rc.ep}
+	images := &serving.ModelImageCacheReconciler{Reconciler: rc.ep}
 	parent := testutil.MakeInferenceEndpointConfig("views", "served").Obj()
 	parent.Spec.InstanceType = "ml.views-suite.xlarge"
 	if err := c.Create(ctx, parent); err != nil {
@@ -315,7 +329,7 @@ func TestStandaloneModelImageCache(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "mic-operator", "mic")
-	r := &serving.ImageCacheReconciler{Reconciler: rc.ep}
+	r := &serving.ModelImageCacheReconciler{Reconciler: rc.ep}
 	ir := &imagecache.Reconciler{Client: harness.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	upNode(t, ctx, "mic-node", "ml.mic-suite.xlarge")
 	t.Cleanup(func() {

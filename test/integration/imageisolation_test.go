@@ -378,7 +378,7 @@ func TestImageCachesPullOnlyFromAllowedRegistries(t *testing.T) {
 	if err := c.Create(ctx, mic); err != nil {
 		t.Fatal(err)
 	}
-	r := &serving.ImageCacheReconciler{Reconciler: rc.ep}
+	r := &serving.ModelImageCacheReconciler{Reconciler: rc.ep}
 	for range 2 {
 		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(mic)}); err != nil {
 			t.Fatal(err)

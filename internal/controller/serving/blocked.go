@@ -102,10 +102,6 @@ func (r *Reconciler) deployable(ctx context.Context, s *state) error {
 	if s.dep != nil && !metav1.IsControlledBy(s.dep, m.owner) {
 		return conflict("Deployment", s.dep, m)
 	}
-	var err error
-	if m.restricted, err = r.restrictedNamespace(ctx, m.owner.GetNamespace()); err != nil {
-		return err
-	}
 	planned := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Name: m.owner.GetName() + "-cache", UID: "planned"}}
 	tmpl, err := r.podTemplate(m, planned, s.image)
 	if err != nil {

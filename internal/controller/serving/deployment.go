@@ -60,7 +60,8 @@ func selector(m *model) map[string]string {
 }
 
 // podTemplate builds the inference pods' template. cache is the weights cache the pods read
-// (nil: no cache; the init container always downloads).
+// (nil: no cache; the init container always downloads). A template the parent cannot have is a
+// *problem with the reason that says why (SourceNotAllowed, InvalidSpec, PrefetchDoesNotFit).
 func (r *Reconciler) podTemplate(m *model, cache *inferencev1.ModelDataCacheConfig, image *inferencev1.InferenceImageCache) (corev1.PodTemplateSpec, error) {
 	labels := selector(m)
 	labels["app.kubernetes.io/name"] = truncate(m.owner.GetName(), 63)
@@ -149,7 +150,7 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 	}
 	cs, err := r.Config.CacheSource(m.source)
 	if err != nil {
-		return err
+		return sourceProblem(err)
 	}
 	prepare := corev1.Container{
 		Name: PrepareContainerName, Image: r.Config.AgentImage(),
@@ -173,6 +174,16 @@ func (r *Reconciler) prepareModel(m *model, cache *inferencev1.ModelDataCacheCon
 	// that name in the parent's namespace).
 	spec.ImagePullSecrets = append(spec.ImagePullSecrets, r.Config.PullSecrets()...)
 	return nil
+}
+
+// sourceProblem is why the pods cannot read the model's source (an error of CacheSource), as the
+// weights cache reports the same source: a value no node's request holds is InvalidSpec; a source
+// prewarm's configuration does not give (an FSx file system it does not list) SourceNotAllowed.
+func sourceProblem(err error) *problem {
+	if spec := (*controller.SpecError)(nil); errors.As(err, &spec) {
+		return &problem{inferencev1.ReasonInvalidSpec, spec.Message}
+	}
+	return &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
 }
 
 // prefetchModel makes the worker read the model from memory (HyperPod's prefetchEnabled): a
@@ -378,7 +389,7 @@ func (r *Reconciler) prepareSource(m *model, cs prewarmv1alpha1.CacheSource, src
 		}
 	case inferencev1.ModelSourceFSx:
 		if _, err := r.Config.FSxMountPath(cs.FileSystemID); err != nil {
-			return err
+			return &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
 		}
 		// The file system's mount is prewarm's access, not the namespace's: the pod gets only
 		// the model's directory, and only when a rule allows it for the namespace. It comes as
@@ -386,7 +397,7 @@ func (r *Reconciler) prepareSource(m *model, cs prewarmv1alpha1.CacheSource, src
 		// directories only (no link on the way, which a tenant could have put there) and mounts
 		// it as opened, read-only; the kubelet resolves no path of the file system.
 		if ok, why := r.Config.SourceAllowed(m.owner.GetNamespace(), cs); !ok {
-			return errors.New(why)
+			return &problem{inferencev1.ReasonSourceNotAllowed, why}
 		}
 		prepare.Args = append(prepare.Args, "--source-dir="+fsxSourcePath)
 		if cs.Revision != "" {

@@ -174,13 +174,13 @@ func TestPodTemplate(t *testing.T) {
 	fsx := *m
 	fsx.source = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx, ModelLocation: "team-a/llama",
 		FSxStorage: &inferencev1.FSxStorage{FileSystemID: "fs-0123456789abcdef1"}}
-	if _, err := r.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "fs-0123456789abcdef1 is not in prewarm's configuration") {
-		t.Errorf("an FSx file system the configuration does not map: %v; want it refused, saying how to configure it", err)
+	if _, err := r.podTemplate(&fsx, nil, nil); reasonOf(err) != inferencev1.ReasonSourceNotAllowed || !strings.Contains(err.Error(), "fs-0123456789abcdef1 is not in prewarm's configuration") {
+		t.Errorf("an FSx file system the configuration does not map: %v; want it refused (SourceNotAllowed), saying how to configure it", err)
 	}
 	withFSx := &Reconciler{Config: r.Config}
 	withFSx.Config.FSx = []config.FSxMount{{FileSystemID: "fs-0123456789abcdef0", MountPath: "/fsx/a"}, {FileSystemID: "fs-0123456789abcdef1", MountPath: "/fsx/b"}}
-	if _, err := withFSx.podTemplate(&fsx, nil, nil); err == nil || !strings.Contains(err.Error(), "for namespace ns") {
-		t.Errorf("an FSx source no sourceAccess rule allows for the namespace: %v; want it refused", err)
+	if _, err := withFSx.podTemplate(&fsx, nil, nil); reasonOf(err) != inferencev1.ReasonSourceNotAllowed || !strings.Contains(err.Error(), "for namespace ns") {
+		t.Errorf("an FSx source no sourceAccess rule allows for the namespace: %v; want it refused (SourceNotAllowed)", err)
 	}
 	for _, rule := range []string{"", "team-a"} {
 		withFSx.Config.SourceAccess = []config.SourceRule{{Namespaces: []string{"ns"}, FSx: &config.FSxRule{FileSystemID: "fs-0123456789abcdef1", Path: rule}}}
@@ -230,6 +230,40 @@ func TestPodTemplate(t *testing.T) {
 	}
 	if templateHash(&tmpl) == "" {
 		t.Error("empty template hash")
+	}
+}
+
+// reasonOf is the reason of the problem err is ("": err is none).
+func reasonOf(err error) string {
+	var p *problem
+	if errors.As(err, &p) {
+		return p.reason
+	}
+	return ""
+}
+
+// A template the parent cannot have stops it with the reason of what is wrong, not one reason for
+// every error.
+func TestTemplateErrorsKeepTheirReason(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"a value no node's request holds", &controller.SpecError{Field: "modelLocation", Message: "modelSourceConfig.modelLocation is too long"}, inferencev1.ReasonInvalidSpec},
+		{"a file system the configuration does not list", errors.New("FSx file system fs-1 is not in prewarm's configuration"), inferencev1.ReasonSourceNotAllowed},
+	} {
+		if got := reasonOf(sourceProblem(tc.err)); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	// The model is mounted where prefetch looks for it; a template that breaks that is a fault
+	// of prewarm's, retried, not a problem of the parent's.
+	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}}}}
+	r.Config.Defaults()
+	m := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").Obj())
+	if err := r.prefetchModel(m, nil, &corev1.Container{}, &corev1.PodSpec{}); err == nil || reasonOf(err) != "" {
+		t.Errorf("prefetch with no model mounted: %v; want an error that is no problem of the parent's", err)
 	}
 }
 

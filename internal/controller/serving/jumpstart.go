@@ -80,17 +80,15 @@ func jumpStartParentsOf(_ context.Context, o client.Object) []reconcile.Request 
 // Reconcile resolves one JumpStartModel through the catalog and brings its caches, Deployment,
 // Service and status to what it asks.
 func (r *JumpStartReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	return reconcileParent(ctx, r.Reconciler, req, parentKind[*inferencev1.JumpStartModel]{
-		name: "jumpstart", kind: "JumpStartModel",
-		status: func(j *inferencev1.JumpStartModel) *inferencev1.ParentStatus { return &j.Status },
-		model: func(ctx context.Context, j *inferencev1.JumpStartModel) (*model, *problem, error) {
+	return reconcileParent(ctx, r.Reconciler, req, servingKind(r.Reconciler, "jumpstart", "JumpStartModel",
+		func(j *inferencev1.JumpStartModel) *inferencev1.ParentStatus { return &j.Status },
+		func(ctx context.Context, j *inferencev1.JumpStartModel) (*model, *problem, error) {
 			entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, "spec.model", j.Spec.Model, j.Spec.Server.InstanceType, true)
 			if err != nil || p != nil {
 				return nil, p, err
 			}
 			return fromJumpStart(j, entry), nil, nil
-		},
-	})
+		}))
 }
 
 // lookupJumpStart finds a JumpStart model's entry: in the catalog ConfigMap catalogName (the

@@ -159,5 +159,13 @@ func (m *model) portName() string {
 
 func (m *model) uid() string { return string(m.owner.GetUID()) }
 
+// withSource is a copy of m that reads src. A phase that settles the source (a JumpStart model's
+// entry, a pinned commit) gives the state this copy: no phase writes the model it was given.
+func (m *model) withSource(src inferencev1.ModelSourceConfig) *model {
+	c := *m
+	c.source = src
+	return &c
+}
+
 // joinNames joins names for a message, in their order.
 func joinNames(names []string) string { return strings.Join(names, ", ") }

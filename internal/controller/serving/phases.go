@@ -48,13 +48,22 @@ func (r *Reconciler) phases() []phase {
 	}
 }
 
+// complete adds to a serving parent's model what the operator configuration and the namespace
+// decide of its pods, before any phase reads it: the pods tolerate what the parent says and what
+// the configuration adds (its own tolerations; those an extended-resource admission gives GPU
+// pods), and the caches are for the nodes those pods may run on; the pods ask for what the
+// namespace's Pod Security level requires.
+func (r *Reconciler) complete(ctx context.Context, m *model) error {
+	m.placement.Tolerations = r.Config.Rules().Tolerations(m.placement.Tolerations, append(slices.Clone(m.kubernetes.InitContainers), workerContainer(m))...)
+	var err error
+	m.restricted, err = r.restrictedNamespace(ctx, m.owner.GetNamespace())
+	return err
+}
+
 // validatePhase refuses what the API server would refuse of the derived objects, and says which
-// fields have no effect here. The pods tolerate what the parent says and what the operator
-// configuration adds (its own tolerations; those an extended-resource admission gives GPU
-// pods): the caches are for the nodes those pods may run on.
+// fields have no effect here.
 func (r *Reconciler) validatePhase(_ context.Context, s *state) error {
 	m := s.m
-	m.placement.Tolerations = r.Config.Rules().Tolerations(m.placement.Tolerations, append(slices.Clone(m.kubernetes.InitContainers), workerContainer(m))...)
 	s.status.Replicas = 0
 	s.status.Selector = labels.SelectorFromSet(selector(m)).String()
 	if p := r.checkDerived(m); p != nil {
@@ -133,11 +142,14 @@ func (r *Reconciler) readPhase(ctx context.Context, s *state) error {
 	return err
 }
 
-// pinPhase checks a Hugging Face source's token and pins its revision (resolveHF).
+// pinPhase checks a Hugging Face source's token and pins its revision (resolveHF): the phases
+// after it read the model with the pinned source.
 func (r *Reconciler) pinPhase(ctx context.Context, s *state) error {
-	if p := r.resolveHF(ctx, s.m, s.owned); p != nil {
+	src, p := r.resolveHF(ctx, s.m, s.owned)
+	if p != nil {
 		return p
 	}
+	s.m = s.m.withSource(src)
 	return nil
 }
 
@@ -261,19 +273,12 @@ func (r *Reconciler) gateCache(s *state, cache *inferencev1.ModelDataCacheConfig
 }
 
 // templatePhase builds the pod template of the parent's Deployment.
-func (r *Reconciler) templatePhase(ctx context.Context, s *state) error {
+// A template the parent cannot have is a problem with its own reason (podTemplate); another error
+// is retried.
+func (r *Reconciler) templatePhase(_ context.Context, s *state) error {
 	var err error
-	if s.m.restricted, err = r.restrictedNamespace(ctx, s.m.owner.GetNamespace()); err != nil {
-		return err
-	}
-	if s.tmpl, err = r.podTemplate(s.m, s.use, s.image); err != nil {
-		var p *problem
-		if errors.As(err, &p) {
-			return p
-		}
-		return &problem{inferencev1.ReasonSourceNotAllowed, err.Error()}
-	}
-	return nil
+	s.tmpl, err = r.podTemplate(s.m, s.use, s.image)
+	return err
 }
 
 // deploymentPhase creates the Deployment with the pod template, or brings the parent's own

@@ -2,7 +2,9 @@
 // and JumpStartModel (the parents): their weights and image caches, the gate that holds the
 // Deployment back until the weights cache settles, the Deployment and Service that serve the
 // model, and the parent's status. Both kinds share one code path once the JumpStart catalog has
-// been read (state.go, phases.go).
+// been read (state.go, phases.go). HyperPod's standalone caches, ModelWeightsCacheConfig and
+// ModelImageCache, are parents too, each with its own phases over the same runner
+// (reconcileParent): a parent of a weights cache, and of a shared image cache.
 package serving
 
 import (
@@ -96,13 +98,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // Reconcile brings one InferenceEndpointConfig's cache, Deployment, Service and status to what
 // its spec asks.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	return reconcileParent(ctx, r, req, parentKind[*inferencev1.InferenceEndpointConfig]{
-		name: "endpoint", kind: "InferenceEndpointConfig",
-		status: func(iec *inferencev1.InferenceEndpointConfig) *inferencev1.ParentStatus { return &iec.Status },
-		model: func(_ context.Context, iec *inferencev1.InferenceEndpointConfig) (*model, *problem, error) {
+	return reconcileParent(ctx, r, req, servingKind(r, "endpoint", "InferenceEndpointConfig",
+		func(iec *inferencev1.InferenceEndpointConfig) *inferencev1.ParentStatus { return &iec.Status },
+		func(_ context.Context, iec *inferencev1.InferenceEndpointConfig) (*model, *problem, error) {
 			return fromEndpoint(iec), nil, nil
-		},
-	})
+		}))
 }
 
 // live is the reader of objects as the API server has them now.

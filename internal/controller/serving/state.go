@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -19,10 +20,22 @@ import (
 
 // state is one reconcile of a parent: the model it serves, the status it builds, what the
 // phases read and decide on the way, and the events that wait for the status write. The phases
-// (phases.go) take it in turn, each filling in what the next ones need.
+// (phases.go, and a standalone cache's in its own file) take it in turn, each filling in what the
+// next ones need.
 type state struct {
-	m      *model
+	m *model
+	// status is the status a serving parent (InferenceEndpointConfig, JumpStartModel) builds;
+	// nil for a standalone cache, whose status its kind makes of what the phases found
+	// (parentKind.report).
 	status *inferencev1.ParentStatus
+	// shown are a standalone cache's conditions as stored: what a problem is news against.
+	shown []metav1.Condition
+	// problem is the one that stopped the parent (nil: none).
+	problem *problem
+	// off says why a standalone cache is on no node because its spec asks so (nil: it is on).
+	off *problem
+	// notes are added to a standalone cache's status message.
+	notes []string
 
 	// image is the shared image cache the pods pull from (nil: none).
 	image *inferencev1.InferenceImageCache
@@ -85,21 +98,28 @@ func (s *state) scalingWarning(reason, msg string) {
 
 // fail records a problem that stops the parent, with a Warning event when it is news.
 func (s *state) fail(p *problem) {
-	if prev := apimeta.FindStatusCondition(s.status.Conditions, inferencev1.ConditionReady); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
+	s.problem = p
+	conds := s.shown
+	if s.status != nil {
+		conds = s.status.Conditions
+	}
+	if prev := apimeta.FindStatusCondition(conds, inferencev1.ConditionReady); prev == nil || prev.Reason != p.reason || prev.Message != p.message {
 		s.events.Tell(corev1.EventTypeWarning, p.reason, "Reconcile", p.message)
 	}
-	s.status.State = inferencev1.DeploymentFailed
-	s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, p.reason, p.message)
+	if s.status != nil {
+		s.status.State = inferencev1.DeploymentFailed
+		s.condition(inferencev1.ConditionReady, metav1.ConditionFalse, p.reason, p.message)
+	}
 }
 
-// run runs the phases over s in order, until one stops the parent or holds the Deployment back.
-func (r *Reconciler) run(ctx context.Context, s *state) error {
+// run runs phases over s in order, until one stops the parent or holds the rest back.
+func (r *Reconciler) run(ctx context.Context, s *state, phases []phase) error {
 	defer func() {
 		if s.rollout {
 			s.status.DeploymentStatus = deploymentRollup(s.dep, s.status.State, s.status.DeploymentStatus, r.Now())
 		}
 	}()
-	for _, ph := range r.phases() {
+	for _, ph := range phases {
 		err := ph.run(ctx, s)
 		var p *problem
 		switch {
@@ -116,48 +136,122 @@ func (r *Reconciler) run(ctx context.Context, s *state) error {
 	return nil
 }
 
-// parentKind is what the shared reconcile needs of one parent kind: its status, and the model it
-// asks to serve.
-type parentKind[P client.Object] struct {
+// parentKind is what the shared reconcile needs of one parent kind P, whose status is an S: where
+// it keeps its status, the model it asks for, its phases and the status they make.
+type parentKind[P client.Object, S any] struct {
 	// name names the kind's controller, in metrics.
 	name string
 	// kind is the parent's Kind.
 	kind   string
-	status func(P) *inferencev1.ParentStatus
-	// model builds what the parent asks to serve; a problem says why it cannot be (the parent
-	// stops with it until its spec, or what it names, changes).
+	status func(P) *S
+	// model builds what the parent asks for; a problem says why it cannot be (the parent
+	// stops with it until its spec, or what it names, changes, or retry has passed).
 	model func(context.Context, P) (*model, *problem, error)
+	retry time.Duration
+	// phases are the kind's steps, in order.
+	phases []phase
+	// begin is the state of a reconcile of the parent, its status as stored; nil: a state whose
+	// status the kind makes in report, with shown the stored conditions.
+	begin func(P, *S) *state
+	shown func(*S) []metav1.Condition
+	// report is the status to write once the phases have run (or finalize has, and left the
+	// parent in place).
+	report func(P, *state) S
+	// finalize lets a parent being deleted go; gone: its finalizer is off, no status to write.
+	finalize func(context.Context, P, *state) (gone bool, err error)
+	// Where the kind also has views of the serving parents' caches (objects of the kind that
+	// are not parents): absent is what is done for a name with no object of the kind, and
+	// syncView keeps an object that a cache of kind viewOf controls.
+	absent   func(context.Context, types.NamespacedName) error
+	viewOf   string
+	syncView func(context.Context, P, *metav1.OwnerReference) error
+}
+
+// servingKind is a parent kind that serves a model (InferenceEndpointConfig, JumpStartModel):
+// the serving phases, over a ParentStatus.
+func servingKind[P client.Object](r *Reconciler, name, kind string, status func(P) *inferencev1.ParentStatus,
+	build func(context.Context, P) (*model, *problem, error)) parentKind[P, inferencev1.ParentStatus] {
+	return parentKind[P, inferencev1.ParentStatus]{
+		name: name, kind: kind, status: status,
+		model: func(ctx context.Context, p P) (*model, *problem, error) {
+			m, prob, err := build(ctx, p)
+			if err != nil || prob != nil {
+				return m, prob, err
+			}
+			return m, nil, r.complete(ctx, m)
+		},
+		phases: r.phases(),
+		begin: func(p P, stored *inferencev1.ParentStatus) *state {
+			s := &state{status: stored.DeepCopy()}
+			s.status.ObservedGeneration = p.GetGeneration()
+			return s
+		},
+		report: func(_ P, s *state) inferencev1.ParentStatus { return *s.status },
+		finalize: func(ctx context.Context, p P, _ *state) (bool, error) {
+			// The weights cache, Deployment and Service are owned by the parent: the garbage
+			// collector removes them, and the cache's finalizer removes its files from every
+			// node first. Shared image caches are not owned: the parent lets go of its
+			// references.
+			return true, r.finalize(ctx, p)
+		},
+	}
 }
 
 // reconcileParent is the reconcile of every parent kind: read it, let it go when it is being
-// deleted, run the phases over its model, write its status, then record the events.
+// deleted, run the kind's phases over its model, write its status, then record the events.
 func reconcileParent[T any, P interface {
 	*T
 	client.Object
-}](ctx context.Context, r *Reconciler, req ctrl.Request, k parentKind[P]) (ctrl.Result, error) {
+}, S any](ctx context.Context, r *Reconciler, req ctrl.Request, k parentKind[P, S]) (ctrl.Result, error) {
 	obj := P(new(T))
 	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.Metrics.ParentPods(k.kind, req.Namespace, req.Name, nil)
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		r.Metrics.ParentPods(k.kind, req.Namespace, req.Name, nil)
+		if k.absent != nil {
+			return ctrl.Result{}, k.absent(ctx, req.NamespacedName)
+		}
+		return ctrl.Result{}, nil
 	}
-	if !obj.GetDeletionTimestamp().IsZero() {
-		// The weights cache, Deployment and Service are owned by the parent: the garbage
-		// collector removes them, and the cache's finalizer removes its files from every node
-		// first. Shared image caches are not owned: the parent lets go of its references.
-		return ctrl.Result{}, r.finalize(ctx, obj)
+	if owner := metav1.GetControllerOf(obj); k.syncView != nil && owner != nil && owner.Kind == k.viewOf {
+		return ctrl.Result{}, k.syncView(ctx, obj, owner)
 	}
 	stored := k.status(obj)
-	s := &state{status: stored.DeepCopy()}
-	s.status.ObservedGeneration = obj.GetGeneration()
+	s := &state{}
+	if k.begin != nil {
+		s = k.begin(obj, stored)
+	} else {
+		s.shown = k.shown(stored)
+	}
+	var err error
+	if !obj.GetDeletionTimestamp().IsZero() {
+		if gone, err := k.finalize(ctx, obj, s); gone || err != nil {
+			return ctrl.Result{}, err
+		}
+	} else {
+		err = runModel(ctx, r, s, obj, k)
+	}
+	werr := controller.WriteStatus(ctx, r.Client, obj, stored, k.report(obj, s))
+	s.events.Emit(r.Recorder, obj, werr == nil)
+	if err == nil {
+		err = werr // the phases' error first, else the status write's
+	}
+	r.Metrics.ReconcileError(k.name, err)
+	return s.result, err
+}
+
+// runModel builds the parent's model and runs the kind's phases over it; a problem with the
+// model stops the parent as a phase's does.
+func runModel[P client.Object, S any](ctx context.Context, r *Reconciler, s *state, obj P, k parentKind[P, S]) error {
 	m, p, err := k.model(ctx, obj)
 	switch {
 	case err != nil:
-		return ctrl.Result{}, err
+		return err
 	case p != nil:
 		s.m = &model{owner: obj, kind: k.kind}
 		s.fail(p) // a change of the spec or of what it names brings us back
+		s.requeue(k.retry)
 		switch p.reason {
 		case inferencev1.ReasonJumpStartUnavailable:
 			s.requeue(time.Minute)
@@ -166,15 +260,8 @@ func reconcileParent[T any, P interface {
 				s.requeue(5 * time.Minute) // JumpStart may publish it
 			}
 		}
-	default:
-		s.m = m
-		err = r.run(ctx, s)
+		return nil
 	}
-	werr := controller.WriteStatus(ctx, r.Client, obj, stored, *s.status)
-	s.events.Emit(r.Recorder, s.m.owner, werr == nil)
-	if err == nil {
-		err = werr // the phases' error first, else the status write's
-	}
-	r.Metrics.ReconcileError(k.name, err)
-	return s.result, err
+	s.m = m
+	return r.run(ctx, s, k.phases)
 }

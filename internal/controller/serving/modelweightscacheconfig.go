@@ -3,7 +3,6 @@ package serving
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -34,13 +33,14 @@ const (
 	KindModelImageCache         = "ModelImageCache"
 )
 
-// WeightsCacheReconciler reconciles HyperPod's ModelWeightsCacheConfig. One a user writes
-// (standalone) is a parent with nothing to serve: it gets a ModelDataCacheConfig, named
+// ModelWeightsCacheConfigReconciler reconciles HyperPod's ModelWeightsCacheConfig (a
+// ModelDataCacheConfig, prewarm's own weights cache, is weightscache.Reconciler's). One a user
+// writes (standalone) is a parent with nothing to serve: it gets a ModelDataCacheConfig, named
 // <name>-cache, that its nodes hold with the namespace's own credentials, and the status of that
 // cache under HyperPod's field names. For every ModelDataCacheConfig of an InferenceEndpointConfig
 // or JumpStartModel it writes a view: a ModelWeightsCacheConfig of the same name, owned by the
 // cache, whose spec says what the cache holds and whose status follows the cache's.
-type WeightsCacheReconciler struct {
+type ModelWeightsCacheConfigReconciler struct {
 	*Reconciler
 	// CatalogName is the JumpStart catalog ConfigMap in the operator namespace.
 	CatalogName string
@@ -50,7 +50,7 @@ type WeightsCacheReconciler struct {
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelweightscacheconfigs/status;modelweightscacheconfigs/finalizers,verbs=get;update;patch
 
 // SetupWithManager registers the reconciler with mgr.
-func (r *WeightsCacheReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *ModelWeightsCacheConfigReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
@@ -77,24 +77,28 @@ func weightsViewOf(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 // Reconcile brings one ModelWeightsCacheConfig, standalone or a view, to what it should be.
-func (r *WeightsCacheReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	mw := &inferencev1.ModelWeightsCacheConfig{}
-	err := r.Client.Get(ctx, req.NamespacedName, mw)
-	switch {
-	case apierrors.IsNotFound(err):
-		return ctrl.Result{}, r.ensureWeightsView(ctx, req.NamespacedName)
-	case err != nil:
-		return ctrl.Result{}, err
-	}
-	if owner := metav1.GetControllerOf(mw); owner != nil && owner.Kind == "ModelDataCacheConfig" {
-		return ctrl.Result{}, r.syncWeightsView(ctx, mw, owner)
-	}
-	return r.reconcileStandaloneWeights(ctx, mw)
+func (r *ModelWeightsCacheConfigReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return reconcileParent(ctx, r.Reconciler, req, parentKind[*inferencev1.ModelWeightsCacheConfig, inferencev1.ModelWeightsCacheConfigStatus]{
+		name: "modelweightscacheconfig", kind: KindModelWeightsCacheConfig,
+		status: func(mw *inferencev1.ModelWeightsCacheConfig) *inferencev1.ModelWeightsCacheConfigStatus {
+			return &mw.Status
+		},
+		model: func(_ context.Context, mw *inferencev1.ModelWeightsCacheConfig) (*model, *problem, error) {
+			return r.weightsModel(mw), nil, nil
+		},
+		phases:   r.weightsPhases(),
+		shown:    func(st *inferencev1.ModelWeightsCacheConfigStatus) []metav1.Condition { return st.Conditions },
+		report:   weightsReport,
+		finalize: r.releaseWeights,
+		absent:   r.ensureWeightsView,
+		viewOf:   "ModelDataCacheConfig",
+		syncView: r.syncWeightsView,
+	})
 }
 
 // ensureWeightsView creates the view of a parent's ModelDataCacheConfig named key, if there is
 // such a cache.
-func (r *WeightsCacheReconciler) ensureWeightsView(ctx context.Context, key types.NamespacedName) error {
+func (r *ModelWeightsCacheConfigReconciler) ensureWeightsView(ctx context.Context, key types.NamespacedName) error {
 	c := &inferencev1.ModelDataCacheConfig{}
 	if err := r.Client.Get(ctx, key, c); err != nil {
 		return client.IgnoreNotFound(err)
@@ -173,7 +177,7 @@ func viewSelection(p inferencev1.Placement) (map[string]string, *corev1.NodeAffi
 }
 
 // syncWeightsView keeps a view's spec and status those of its cache.
-func (r *WeightsCacheReconciler) syncWeightsView(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig, owner *metav1.OwnerReference) error {
+func (r *ModelWeightsCacheConfigReconciler) syncWeightsView(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig, owner *metav1.OwnerReference) error {
 	c := &inferencev1.ModelDataCacheConfig{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: mw.Namespace, Name: owner.Name}, c); err != nil {
 		return client.IgnoreNotFound(err) // the garbage collector takes the view with its cache
@@ -192,65 +196,143 @@ func (r *WeightsCacheReconciler) syncWeightsView(ctx context.Context, mw *infere
 	return controller.WriteStatus(ctx, r.Client, mw, &mw.Status, weightsStatusOf(c, mw.Generation))
 }
 
-// reconcileStandaloneWeights keeps a user's ModelWeightsCacheConfig's cache and status.
-func (r *WeightsCacheReconciler) reconcileStandaloneWeights(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig) (ctrl.Result, error) {
-	m := r.weightsModel(mw)
-	owned, err := r.ownedCaches(ctx, m)
+// weightsPhases are the steps of a standalone ModelWeightsCacheConfig's reconcile, in order: its
+// caches, whether it is on, its source (a JumpStart model's, its node directory, a pinned Hugging
+// Face revision), its cache, and the caches of an earlier source. Its status is its cache's
+// (weightsReport).
+func (r *ModelWeightsCacheConfigReconciler) weightsPhases() []phase {
+	return []phase{
+		{r.enabledPhase, 0},
+		{r.jumpStartPhase, time.Minute},
+		{r.hostPathPhase, time.Minute},
+		{r.pinPhase, time.Minute},
+		{r.standaloneCachePhase, 0},
+		{r.oldCachesPhase, 0},
+	}
+}
+
+// enabledPhase reads the object's caches; one turned off (spec.enabled false) lets them all go,
+// and one turned on keeps its finalizer, so that it outlives its cache on the nodes.
+func (r *ModelWeightsCacheConfigReconciler) enabledPhase(ctx context.Context, s *state) error {
+	owned, err := r.ownedCaches(ctx, s.m)
 	if err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
-	if !mw.DeletionTimestamp.IsZero() || !ptr.Deref(mw.Spec.Enabled, true) {
-		// Every node lets the cache go (each cache's own finalizer sees to it) before the
-		// object does.
-		for i := range owned {
-			if err := r.Client.Delete(ctx, &owned[i]); client.IgnoreNotFound(err) != nil {
-				return ctrl.Result{}, err
-			}
-		}
-		if !mw.DeletionTimestamp.IsZero() {
-			if len(owned) > 0 {
-				st := mw.Status.DeepCopy()
-				st.State = string(inferencev1.CacheDeleting)
-				st.Message = fmt.Sprintf("removing the cache from every node (%d cache objects left)", len(owned))
-				return ctrl.Result{RequeueAfter: 2 * time.Second}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, *st)
-			}
-			return ctrl.Result{}, controller.RemoveFinalizer(ctx, r.Client, mw, inferencev1.ParentFinalizer)
-		}
-		return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, failedWeights(mw, inferencev1.CachePending, inferencev1.ReasonCacheDisabled,
-			"spec.enabled is false: the cache is on no node"))
+	s.owned = owned
+	mw := s.m.owner.(*inferencev1.ModelWeightsCacheConfig)
+	if ptr.Deref(mw.Spec.Enabled, true) {
+		return controller.AddFinalizer(ctx, r.Client, mw, inferencev1.ParentFinalizer)
 	}
-	if err := controller.AddFinalizer(ctx, r.Client, mw, inferencev1.ParentFinalizer); err != nil {
-		return ctrl.Result{}, err
+	if err := r.deleteCaches(ctx, owned); err != nil {
+		return err
 	}
-	p, err := r.resolveWeights(ctx, mw, m, owned)
-	if err != nil {
-		return ctrl.Result{}, err
+	s.off = &problem{inferencev1.ReasonCacheDisabled, "spec.enabled is false: the cache is on no node"}
+	s.hold = true
+	return nil
+}
+
+// jumpStartPhase turns a JumpStart model into its source.
+func (r *ModelWeightsCacheConfigReconciler) jumpStartPhase(ctx context.Context, s *state) error {
+	mw := s.m.owner.(*inferencev1.ModelWeightsCacheConfig)
+	js := mw.Spec.JumpStartModel
+	if js == nil {
+		return nil
 	}
-	if p != nil {
-		return ctrl.Result{RequeueAfter: time.Minute}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, failedWeights(mw, inferencev1.CacheFailed, p.reason, p.message))
-	}
-	cache, err := r.ensureCache(ctx, m, owned)
-	var named *problem
+	entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, "spec.jumpStartModel", *js, instanceTypeOf(mw.Spec.NodeSelector), false)
 	switch {
-	case errors.As(err, &named):
-		return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, failedWeights(mw, inferencev1.CacheFailed, named.reason, named.message))
 	case err != nil:
-		return ctrl.Result{}, err
+		return err
+	case p != nil:
+		return p
 	}
-	// A cache of an earlier source or node directory goes: nothing reads it.
-	for i := range owned {
-		if old := &owned[i]; old.UID != cache.UID && old.DeletionTimestamp.IsZero() {
-			if err := r.Client.Delete(ctx, old); client.IgnoreNotFound(err) != nil {
-				return ctrl.Result{}, err
-			}
+	s.m = s.m.withSource(*entry.Source.DeepCopy())
+	return nil
+}
+
+// hostPathPhase refuses a node directory that is not an allowed cache root.
+func (r *ModelWeightsCacheConfigReconciler) hostPathPhase(_ context.Context, s *state) error {
+	if ok, why := r.Config.CacheRootAllowed(s.m.weights.HostPath); !ok {
+		return &problem{inferencev1.ReasonHostPathNotAllowed, why + "; nothing is cached until spec.hostPath is an allowed root"}
+	}
+	return nil
+}
+
+// standaloneCachePhase keeps the cache of the object's source and node directory (s.use).
+func (r *ModelWeightsCacheConfigReconciler) standaloneCachePhase(ctx context.Context, s *state) error {
+	cache, err := r.ensureCache(ctx, s.m, s.owned)
+	if err != nil {
+		return err
+	}
+	s.use = cache
+	return nil
+}
+
+// oldCachesPhase deletes a cache of an earlier source or node directory: nothing reads it.
+func (r *ModelWeightsCacheConfigReconciler) oldCachesPhase(ctx context.Context, s *state) error {
+	for i := range s.owned {
+		old := &s.owned[i]
+		if old.UID == s.use.UID || !old.DeletionTimestamp.IsZero() {
+			continue
+		}
+		s.record(controller.EventOldCacheRemoved, "Delete",
+			fmt.Sprintf("the source or node directory changed; removing weights cache %s from every node", old.Name))
+		if err := r.Client.Delete(ctx, old); client.IgnoreNotFound(err) != nil {
+			return err
 		}
 	}
-	return ctrl.Result{}, controller.WriteStatus(ctx, r.Client, mw, &mw.Status, weightsStatusOf(cache, mw.Generation))
+	return nil
+}
+
+// releaseWeights lets a standalone ModelWeightsCacheConfig that is being deleted go once every
+// node has let its caches go (each cache's own finalizer sees to it); until then its status says
+// how many are left.
+func (r *ModelWeightsCacheConfigReconciler) releaseWeights(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig, s *state) (bool, error) {
+	owned, err := r.ownedCaches(ctx, r.weightsModel(mw))
+	if err != nil {
+		return false, err
+	}
+	if err := r.deleteCaches(ctx, owned); err != nil {
+		return false, err
+	}
+	if s.owned = owned; len(owned) > 0 {
+		s.requeue(2 * time.Second)
+		return false, nil
+	}
+	return true, controller.RemoveFinalizer(ctx, r.Client, mw, inferencev1.ParentFinalizer)
+}
+
+// deleteCaches deletes every cache of caches.
+func (r *ModelWeightsCacheConfigReconciler) deleteCaches(ctx context.Context, caches []inferencev1.ModelDataCacheConfig) error {
+	for i := range caches {
+		if err := r.Client.Delete(ctx, &caches[i]); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// weightsReport is a standalone ModelWeightsCacheConfig's status once its phases have run: its
+// cache's, or why it has none.
+func weightsReport(mw *inferencev1.ModelWeightsCacheConfig, s *state) inferencev1.ModelWeightsCacheConfigStatus {
+	switch {
+	case !mw.DeletionTimestamp.IsZero():
+		st := mw.Status.DeepCopy()
+		st.State = string(inferencev1.CacheDeleting)
+		st.Message = fmt.Sprintf("removing the cache from every node (%d cache objects left)", len(s.owned))
+		return *st
+	case s.problem != nil:
+		return failedWeights(mw, inferencev1.CacheFailed, s.problem.reason, s.problem.message)
+	case s.off != nil:
+		return failedWeights(mw, inferencev1.CachePending, s.off.reason, s.off.message)
+	case s.use != nil:
+		return weightsStatusOf(s.use, mw.Generation)
+	}
+	return mw.Status // stopped by an error: as it was
 }
 
 // weightsModel is what a standalone ModelWeightsCacheConfig asks, as a parent's model: its
 // source, its node directory, and its nodes (its tolerations with the configuration's).
-func (r *WeightsCacheReconciler) weightsModel(mw *inferencev1.ModelWeightsCacheConfig) *model {
+func (r *ModelWeightsCacheConfigReconciler) weightsModel(mw *inferencev1.ModelWeightsCacheConfig) *model {
 	s := &mw.Spec
 	hostPath := cmp.Or(s.HostPath, inferencev1.DefaultWeightsCacheHostPath)
 	p := placement.FromSelector(s.NodeSelector, s.NodeAffinity, nil)
@@ -261,22 +343,6 @@ func (r *WeightsCacheReconciler) weightsModel(mw *inferencev1.ModelWeightsCacheC
 		weights:   &inferencev1.WeightsCacheConfig{Enabled: true, HostPath: hostPath},
 		placement: p,
 	}
-}
-
-// resolveWeights turns a JumpStart model into its source, checks the node directory, and pins a
-// Hugging Face source's revision (with the namespace's token), as for a parent.
-func (r *WeightsCacheReconciler) resolveWeights(ctx context.Context, mw *inferencev1.ModelWeightsCacheConfig, m *model, owned []inferencev1.ModelDataCacheConfig) (*problem, error) {
-	if js := mw.Spec.JumpStartModel; js != nil {
-		entry, p, err := r.lookupJumpStart(ctx, r.CatalogName, "spec.jumpStartModel", *js, instanceTypeOf(mw.Spec.NodeSelector), false)
-		if err != nil || p != nil {
-			return p, err
-		}
-		m.source = *entry.Source.DeepCopy()
-	}
-	if ok, why := r.Config.CacheRootAllowed(m.weights.HostPath); !ok {
-		return &problem{inferencev1.ReasonHostPathNotAllowed, why + "; nothing is cached until spec.hostPath is an allowed root"}, nil
-	}
-	return r.resolveHF(ctx, m, owned), nil
 }
 
 // instanceTypeOf is the instance type a selector names, if it names one (a JumpStart spec's

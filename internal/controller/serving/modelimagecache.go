@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -26,13 +25,13 @@ import (
 	"github.com/prewarm/prewarm/internal/text"
 )
 
-// ImageCacheReconciler reconciles HyperPod's ModelImageCache. One a user writes (standalone) is a
-// parent of the shared InferenceImageCache of its image on its nodes, exactly as an
+// ModelImageCacheReconciler reconciles HyperPod's ModelImageCache (an InferenceImageCache, prewarm's
+// own image cache, is imagecache.Reconciler's). One a user writes (standalone) is a parent of the shared InferenceImageCache of its image on its nodes, exactly as an
 // InferenceEndpointConfig is: the image is pulled with the pull secrets of its namespace's
 // default service account, and its status is that cache's under HyperPod's field names. For
 // every InferenceImageCache an InferenceEndpointConfig or JumpStartModel uses it writes a view: a
 // ModelImageCache of the same name in the operator namespace, owned by the cache.
-type ImageCacheReconciler struct {
+type ModelImageCacheReconciler struct {
 	*Reconciler
 }
 
@@ -40,7 +39,7 @@ type ImageCacheReconciler struct {
 // +kubebuilder:rbac:groups=inference.sagemaker.aws.amazon.com,resources=modelimagecaches/status;modelimagecaches/finalizers,verbs=get;update;patch
 
 // SetupWithManager registers the reconciler with mgr.
-func (r *ImageCacheReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *ModelImageCacheReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
 	}
@@ -69,19 +68,27 @@ func imageViewsOf(_ context.Context, o client.Object) []reconcile.Request {
 }
 
 // Reconcile brings one ModelImageCache, standalone or a view, to what it should be.
-func (r *ImageCacheReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	mic := &inferencev1.ModelImageCache{}
-	err := r.Client.Get(ctx, req.NamespacedName, mic)
-	switch {
-	case apierrors.IsNotFound(err):
-		return ctrl.Result{}, r.ensureImageView(ctx, req.NamespacedName)
-	case err != nil:
-		return ctrl.Result{}, err
-	}
-	if owner := metav1.GetControllerOf(mic); owner != nil && owner.Kind == "InferenceImageCache" {
-		return ctrl.Result{}, r.syncImageView(ctx, mic, owner)
-	}
-	return r.reconcileStandaloneImage(ctx, mic)
+func (r *ModelImageCacheReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return reconcileParent(ctx, r.Reconciler, req, parentKind[*inferencev1.ModelImageCache, inferencev1.ModelImageCacheStatus]{
+		name: "modelimagecache", kind: KindModelImageCache,
+		status: func(mic *inferencev1.ModelImageCache) *inferencev1.ModelImageCacheStatus { return &mic.Status },
+		model: func(_ context.Context, mic *inferencev1.ModelImageCache) (*model, *problem, error) {
+			_, bounded := r.imageNodes(mic)
+			return &model{owner: mic, kind: KindModelImageCache, worker: inferencev1.Worker{Image: mic.Spec.Image}, placement: bounded.Placement, imageCache: true}, nil, nil
+		},
+		phases: r.imagePhases(),
+		shown:  func(st *inferencev1.ModelImageCacheStatus) []metav1.Condition { return st.Conditions },
+		report: r.imageReport,
+		finalize: func(ctx context.Context, mic *inferencev1.ModelImageCache, _ *state) (bool, error) {
+			if err := r.releaseImageCaches(ctx, string(mic.UID), ""); err != nil {
+				return false, err
+			}
+			return true, controller.RemoveFinalizer(ctx, r.Client, mic, inferencev1.ParentFinalizer)
+		},
+		absent:   r.ensureImageView,
+		viewOf:   "InferenceImageCache",
+		syncView: r.syncImageView,
+	})
 }
 
 // servesParents reports whether an image cache is used by an InferenceEndpointConfig or a
@@ -91,7 +98,7 @@ func servesParents(c *inferencev1.InferenceImageCache) bool {
 }
 
 // ensureImageView creates the view of the image cache named key, if a parent uses one.
-func (r *ImageCacheReconciler) ensureImageView(ctx context.Context, key types.NamespacedName) error {
+func (r *ModelImageCacheReconciler) ensureImageView(ctx context.Context, key types.NamespacedName) error {
 	c := &inferencev1.InferenceImageCache{}
 	if err := r.Client.Get(ctx, key, c); err != nil {
 		return client.IgnoreNotFound(err)
@@ -120,7 +127,7 @@ func imageViewSpec(c *inferencev1.InferenceImageCache) inferencev1.ModelImageCac
 }
 
 // syncImageView keeps a view's spec and status those of its cache.
-func (r *ImageCacheReconciler) syncImageView(ctx context.Context, mic *inferencev1.ModelImageCache, owner *metav1.OwnerReference) error {
+func (r *ModelImageCacheReconciler) syncImageView(ctx context.Context, mic *inferencev1.ModelImageCache, owner *metav1.OwnerReference) error {
 	c := &inferencev1.InferenceImageCache{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: mic.Namespace, Name: owner.Name}, c); err != nil {
 		return client.IgnoreNotFound(err)
@@ -137,77 +144,109 @@ func (r *ImageCacheReconciler) syncImageView(ctx context.Context, mic *inference
 	return controller.WriteStatus(ctx, r.Client, mic, &mic.Status, imageStatusOf(c, mic, r.Now()))
 }
 
-// reconcileStandaloneImage keeps a user's ModelImageCache among the parents of the image cache
-// of its image and nodes.
-func (r *ImageCacheReconciler) reconcileStandaloneImage(ctx context.Context, mic *inferencev1.ModelImageCache) (ctrl.Result, error) {
-	uid := string(mic.UID)
-	if !mic.DeletionTimestamp.IsZero() {
-		if err := r.releaseImageCaches(ctx, uid, ""); err != nil {
-			return ctrl.Result{}, err
-		}
-		return ctrl.Result{}, controller.RemoveFinalizer(ctx, r.Client, mic, inferencev1.ParentFinalizer)
+// imagePhases are the steps of a standalone ModelImageCache's reconcile, in order: its
+// finalizer, its namespace's grant of nodes, the nodes the grant leaves out, and the shared image
+// cache of its image on those nodes. Its status is that cache's (imageReport).
+func (r *ModelImageCacheReconciler) imagePhases() []phase {
+	return []phase{
+		{r.finalizerPhase, 0},
+		{r.grantPhase, 0},
+		{r.leftOutPhase, 0},
+		{r.sharedImagePhase, 0},
 	}
-	if err := controller.AddFinalizer(ctx, r.Client, mic, inferencev1.ParentFinalizer); err != nil {
-		return ctrl.Result{}, err
-	}
+}
+
+// imageNodes are the nodes a standalone image cache asks for (p), and those within its
+// namespace's grant. The image is pulled by prewarm's DaemonSet, not by pods of the namespace:
+// on the nodes the operator configuration grants the namespace's standalone caches, with the
+// tolerations it honours.
+func (r *ModelImageCacheReconciler) imageNodes(mic *inferencev1.ModelImageCache) (inferencev1.Placement, placement.Bounded) {
 	p := placement.FromSelector(mic.Spec.NodeSelector, mic.Spec.NodeAffinity, nil)
 	p.Tolerations = r.Config.Rules().Tolerations(mic.Spec.Tolerations)
-	// The image is pulled by prewarm's DaemonSet, not by pods of the namespace: on the nodes
-	// the operator configuration grants the namespace's standalone caches, with the
-	// tolerations it honours.
-	g := r.Config.Grant(mic.Namespace)
-	bounded := g.Bound(p)
-	var (
-		ic      *inferencev1.InferenceImageCache
-		refused []string
-		err     error
-	)
-	if why := g.Refusal(); why != "" {
-		err = &problem{inferencev1.ReasonNodesNotGranted, why}
-	} else {
-		m := &model{owner: mic, kind: KindModelImageCache, worker: inferencev1.Worker{Image: mic.Spec.Image}, placement: bounded.Placement, imageCache: true}
-		ic, refused, err = r.ensureImageCache(ctx, m)
+	return p, r.Config.Grant(mic.Namespace).Bound(p)
+}
+
+// finalizerPhase keeps the parent's finalizer: it outlives its references.
+func (r *Reconciler) finalizerPhase(ctx context.Context, s *state) error {
+	return controller.AddFinalizer(ctx, r.Client, s.m.owner, inferencev1.ParentFinalizer)
+}
+
+// grantPhase stops a standalone image cache whose namespace is granted no nodes; it lets go of
+// its image cache.
+func (r *ModelImageCacheReconciler) grantPhase(ctx context.Context, s *state) error {
+	if why := r.Config.Grant(s.m.owner.GetNamespace()).Refusal(); why != "" {
+		return r.dropImage(ctx, s, &problem{inferencev1.ReasonNodesNotGranted, why})
 	}
-	var named *problem
-	switch {
-	case errors.As(err, &named):
-		st := imageProblem(mic, named, r.Now())
-		return ctrl.Result{}, errors.Join(r.releaseImageCaches(ctx, uid, ""), controller.WriteStatus(ctx, r.Client, mic, &mic.Status, st))
-	case err != nil:
-		return ctrl.Result{}, err
-	}
-	// The image cache of an earlier image or placement lets this one go.
-	if err := r.releaseImageCaches(ctx, uid, ic.Name); err != nil {
-		return ctrl.Result{}, err
-	}
-	st := imageStatusOf(ic, mic, r.Now())
+	return nil
+}
+
+// leftOutPhase notes the nodes a standalone image cache asks for that its namespace's grant
+// leaves out, and how the grant bounds it.
+func (r *ModelImageCacheReconciler) leftOutPhase(ctx context.Context, s *state) error {
+	p, bounded := r.imageNodes(s.m.owner.(*inferencev1.ModelImageCache))
 	leftOut, err := r.leftOut(ctx, p, bounded)
 	if err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
-	for _, n := range []string{leftOut, bounded.Note} {
+	s.notes = append(s.notes, leftOut, bounded.Note)
+	return nil
+}
+
+// sharedImagePhase keeps the standalone image cache among the parents of the shared image cache
+// of its image and nodes (s.image), and lets go of an earlier one.
+func (r *ModelImageCacheReconciler) sharedImagePhase(ctx context.Context, s *state) error {
+	ic, refused, err := r.ensureImageCache(ctx, s.m)
+	var p *problem
+	switch {
+	case errors.As(err, &p):
+		return r.dropImage(ctx, s, p)
+	case err != nil:
+		return err
+	}
+	// The image cache of an earlier image or placement lets this one go.
+	if err := r.releaseImageCaches(ctx, s.m.uid(), ic.Name); err != nil {
+		return err
+	}
+	s.image = ic
+	if note := refusedNote(refused); note != "" {
+		if !strings.Contains(s.m.owner.(*inferencev1.ModelImageCache).Status.Message, note) {
+			s.events.Tell(corev1.EventTypeWarning, controller.EventPullSecretRefused, "CopyPullSecrets", note)
+		}
+		s.notes = append(s.notes, note)
+	}
+	return nil
+}
+
+// dropImage lets go of every image cache of a standalone one that p stops.
+func (r *ModelImageCacheReconciler) dropImage(ctx context.Context, s *state, p *problem) error {
+	if err := r.releaseImageCaches(ctx, s.m.uid(), ""); err != nil {
+		return err
+	}
+	return p
+}
+
+// imageReport is a standalone ModelImageCache's status once its phases have run: its shared
+// image cache's, with what the phases noted, or why it has none.
+func (r *ModelImageCacheReconciler) imageReport(mic *inferencev1.ModelImageCache, s *state) inferencev1.ModelImageCacheStatus {
+	switch {
+	case s.problem != nil:
+		return imageProblem(mic, s.problem, r.Now())
+	case s.image == nil:
+		return mic.Status // stopped by an error: as it was
+	}
+	st := imageStatusOf(s.image, mic, r.Now())
+	for _, n := range s.notes {
 		if n != "" {
 			st.Message += "; " + n
 		}
 	}
-	note := refusedNote(refused)
-	tell := note != "" && !strings.Contains(mic.Status.Message, note)
-	if note != "" {
-		st.Message += "; " + note
-	}
 	st.Message = text.Clip(st.Message, text.MaxConditionMessage)
-	if err := controller.WriteStatus(ctx, r.Client, mic, &mic.Status, st); err != nil {
-		return ctrl.Result{}, err
-	}
-	if tell {
-		controller.Event(r.Recorder, mic, corev1.EventTypeWarning, controller.EventPullSecretRefused, "CopyPullSecrets", note)
-	}
-	return ctrl.Result{}, nil
+	return st
 }
 
 // leftOut says which nodes a standalone image cache's own placement p would reach that its
 // namespace's grant leaves out (b: p within the grant), and why ("": none).
-func (r *ImageCacheReconciler) leftOut(ctx context.Context, p inferencev1.Placement, b placement.Bounded) (string, error) {
+func (r *ModelImageCacheReconciler) leftOut(ctx context.Context, p inferencev1.Placement, b placement.Bounded) (string, error) {
 	rules := r.Config.Rules()
 	nodes, err := controller.CandidateNodes(ctx, r.Client, nil, true)
 	if err != nil {
