@@ -35,35 +35,47 @@ type ModelDataCacheConfigSpec struct {
 	Placement Placement `json:"placement"`
 }
 
+// CopyStatus is the state and progress of one node's copy of a weights cache, as the node's
+// agent reports it (prewarmv1alpha1.CacheStatus), the cache's status lists it (NodeCacheStatus)
+// and kubectl prewarm shows it. It is the one place to add a per-node field: both API types
+// embed it inline, the controller copies it whole, the agent's write check compares it whole,
+// and TestCopyStatusReachesKubectl (internal/cli/kubectl) fails until kubectl's report carries
+// a new field too.
+type CopyStatus struct {
+	// state is the node's copy's state.
+	// +required
+	State CacheState `json:"state"`
+	// bytesDone is how many bytes the node holds, verified or downloaded.
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+	// bytesTotal is the model's size.
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+	// bytesPerSecond is the current download rate.
+	// +optional
+	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+	// diskBytes is what the cache takes on the node's disk now, measured (allocated blocks): its
+	// copy, its partial download, and copies set aside while pods mount them.
+	// +optional
+	DiskBytes int64 `json:"diskBytes,omitempty"`
+	// reason is a CamelCase word for why the node's copy is in this state.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason,omitempty"`
+	// message says, for people, why the node's copy is in this state.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+}
+
 // NodeCacheStatus is one node's copy of a weights cache.
 type NodeCacheStatus struct {
 	// name is the node's name.
 	// +required
 	// +kubebuilder:validation:MaxLength=253
 	Name string `json:"name"`
-	// state is the node's cache state.
-	// +required
-	State CacheState `json:"state"`
-	// bytesDone is how many bytes the node holds, verified or downloaded.
-	// +optional
-	BytesDone int64 `json:"bytesDone,omitempty"`
-	// bytesTotal is the size of the model.
-	// +optional
-	BytesTotal int64 `json:"bytesTotal,omitempty"`
-	// bytesPerSecond is the current download rate.
-	// +optional
-	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
-	// diskBytes is what the node's copy takes on its disk, as its agent measured it.
-	// +optional
-	DiskBytes int64 `json:"diskBytes,omitempty"`
-	// reason is a CamelCase word for why the node is in this state.
-	// +optional
-	// +kubebuilder:validation:MaxLength=64
-	Reason string `json:"reason,omitempty"`
-	// message says, for people, why the node is in this state.
-	// +optional
-	// +kubebuilder:validation:MaxLength=1024
-	Message string `json:"message,omitempty"`
+	// The node's copy, as its agent reported it, or the controller's verdict on it.
+	CopyStatus `json:",inline"`
 	// lastTransitionTime is when state last changed.
 	// +optional
 	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`

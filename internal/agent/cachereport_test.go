@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -45,6 +46,36 @@ func TestWritePolicy(t *testing.T) {
 	for _, tt := range tests {
 		if got := p.Due(tt.last, tt.next, tt.since, tt.written); got != tt.want {
 			t.Errorf("%s: Due = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// A change of any field of a cache's report is written (at the next progress interval), but for
+// the few sameReport leaves out on purpose: a field added to the report needs nothing more than
+// its declaration to reach the NodeCache.
+func TestSameStatusSeesEveryField(t *testing.T) {
+	notWorthAWrite := map[string]bool{"OriginBytes": true, "PeerBytes": true, "Files": true, "LastTransitionTime": true, "LastVerifiedTime": true}
+	base := prewarmv1alpha1.CacheStatus{UID: "u", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, DiskBytes: 100 << 20}}
+	of := func(c prewarmv1alpha1.CacheStatus) prewarmv1alpha1.NodeCacheStatus {
+		return prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{c}}
+	}
+	for _, f := range reflect.VisibleFields(reflect.TypeFor[prewarmv1alpha1.CacheStatus]()) {
+		if f.Anonymous {
+			continue // its fields are visited one by one
+		}
+		changed := base
+		switch v := reflect.ValueOf(&changed).Elem().FieldByIndex(f.Index); v.Kind() {
+		case reflect.String:
+			v.SetString(v.String() + "x")
+		case reflect.Int32, reflect.Int64:
+			v.SetInt(v.Int() + 1<<30) // past closeBytes' tolerance
+		case reflect.Pointer:
+			v.Set(reflect.New(f.Type.Elem()))
+		default:
+			t.Fatalf("%s is a %s: teach this test to change one", f.Name, v.Kind())
+		}
+		if got, want := sameStatus(of(base), of(changed)), notWorthAWrite[f.Name]; got != want {
+			t.Errorf("a report whose %s changed: sameStatus = %v, want %v", f.Name, got, want)
 		}
 	}
 }

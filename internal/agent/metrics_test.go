@@ -18,9 +18,9 @@ import (
 // port is not authenticated); agent.metricsPerCache labels them by cache UID.
 func TestMetricsNameCachesOnlyWhenAsked(t *testing.T) {
 	st := prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{
-		{UID: "uid-a", State: inferencev1.CacheReady, BytesDone: 100, DiskBytes: 4096},
-		{UID: "uid-b", State: inferencev1.CacheReady, BytesDone: 20, DiskBytes: 4096},
-		{UID: "uid-c", State: inferencev1.CacheDownloading, BytesDone: 5, BytesPerSecond: 7, DiskBytes: 8192},
+		{UID: "uid-a", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: 100, DiskBytes: 4096}},
+		{UID: "uid-b", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: 20, DiskBytes: 4096}},
+		{UID: "uid-c", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, BytesDone: 5, BytesPerSecond: 7, DiskBytes: 8192}},
 	}}
 	for _, tc := range []struct {
 		perCache bool

@@ -58,8 +58,8 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	}
 	for uid := range a.removing {
 		if _, ok := a.jobs[uid]; !ok {
-			cs := prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDeleting,
-				Reason: prewarmv1alpha1.ReasonRemoving, Message: "removing the cache's files", LastTransitionTime: a.now()}
+			cs := prewarmv1alpha1.CacheStatus{UID: uid, LastTransitionTime: a.now(), CopyStatus: inferencev1.CopyStatus{
+				State: inferencev1.CacheDeleting, Reason: prewarmv1alpha1.ReasonRemoving, Message: "removing the cache's files"}}
 			if pod := a.inUse[uid]; pod != "" {
 				cs.Reason, cs.Message = prewarmv1alpha1.ReasonInUse, "no longer wanted here, kept while pod "+pod+" uses it"
 			}
@@ -72,13 +72,26 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	return st
 }
 
-// sameStatus compares two statuses, ignoring the heartbeat and the roots' free bytes (which
-// move with every write).
+// sameStatus compares two statuses' caches and demands, ignoring the heartbeat and the roots
+// (sameRoots compares those).
 func sameStatus(x, y prewarmv1alpha1.NodeCacheStatus) bool {
-	return slices.Equal(x.Demands, y.Demands) && slices.EqualFunc(x.Caches, y.Caches, func(p, q prewarmv1alpha1.CacheStatus) bool {
-		return p.UID == q.UID && p.State == q.State && p.BytesDone == q.BytesDone && p.BytesTotal == q.BytesTotal &&
-			p.BytesPerSecond == q.BytesPerSecond && closeBytes(p.DiskBytes, q.DiskBytes) && p.Reason == q.Reason && p.Message == q.Message && p.Revision == q.Revision
-	})
+	return slices.Equal(x.Demands, y.Demands) && slices.EqualFunc(x.Caches, y.Caches, sameReport)
+}
+
+// sameReport compares two reports of one cache whole, but for what is not worth a status write
+// of its own: what the copy takes on disk within closeBytes; the bytes it read from the origin
+// and took from peers, and its files, which move with bytesDone and bytesTotal; and its times
+// (lastTransitionTime moves with state, and sameState compares lastVerifiedTime). A field added
+// to the report (inferencev1.CopyStatus, or the agent's own fields) is compared as it is.
+func sameReport(p, q prewarmv1alpha1.CacheStatus) bool {
+	if !closeBytes(p.DiskBytes, q.DiskBytes) {
+		return false
+	}
+	for _, c := range []*prewarmv1alpha1.CacheStatus{&p, &q} {
+		c.DiskBytes, c.OriginBytes, c.PeerBytes, c.Files = 0, 0, 0, 0
+		c.LastTransitionTime, c.LastVerifiedTime = nil, nil
+	}
+	return p == q
 }
 
 // closeBytes reports whether two measurements of what a cache takes on disk differ by no more

@@ -278,8 +278,11 @@ func TestNamespaceQuotaInTheCluster(t *testing.T) {
 		}
 		pin = r.Source.Revision
 	}
-	agentReports(t, ctx, asked[0], "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheReady,
-		BytesDone: 2 * modelBytes, BytesTotal: 2 * modelBytes, Revision: "sha256:grown"})
+	agentReports(t, ctx, asked[0], "", prewarmv1alpha1.CacheStatus{
+		UID:        string(m.UID),
+		CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: 2 * modelBytes, BytesTotal: 2 * modelBytes},
+		Revision:   "sha256:grown",
+	})
 	if grown := rc.cache(t, ctx, m); grown.Status.ResolvedRevision == "sha256:grown" || grown.Status.ReadyNodes != 0 ||
 		grown.Status.Capacity == nil || grown.Status.Capacity.ModelBytes != modelBytes {
 		t.Errorf("a node holding the grown source: pinned %q, %d Ready, capacity %+v; want it not counted, the model at its listed size", grown.Status.ResolvedRevision, grown.Status.ReadyNodes, grown.Status.Capacity)

@@ -189,10 +189,10 @@ func TestAForgedReadyDoesNotPinTheRevision(t *testing.T) {
 	uid := string(m.UID)
 	rc.cache(t, ctx, m)
 	ready := func(rev string) prewarmv1alpha1.CacheStatus {
-		return prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheReady, Revision: rev}
+		return prewarmv1alpha1.CacheStatus{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}, Revision: rev}
 	}
-	downloading := prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDownloading}
-	failed := prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonSourceUnreachable}
+	downloading := prewarmv1alpha1.CacheStatus{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading}}
+	failed := prewarmv1alpha1.CacheStatus{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonSourceUnreachable}}
 	agentReports(t, ctx, "fr-liar", "", ready("sha256:bogus"))
 	agentReports(t, ctx, "fr-b", "", failed)
 	agentReports(t, ctx, "fr-c", "", failed)
@@ -259,7 +259,7 @@ func TestAForgedHolderDoesNotBlockDeletionForever(t *testing.T) {
 	// A node never asked for the cache says it is still removing it: the cache goes at once.
 	forged := servedCache(t, ctx, "fh", "forged", itype)
 	rc.cache(t, ctx, forged)
-	agentReports(t, ctx, "fh-liar", "", prewarmv1alpha1.CacheStatus{UID: string(forged.UID), State: inferencev1.CacheDeleting})
+	agentReports(t, ctx, "fh-liar", "", prewarmv1alpha1.CacheStatus{UID: string(forged.UID), CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDeleting}})
 	deleteAndReconcile(forged)
 	if err := server.Client.Get(ctx, client.ObjectKeyFromObject(forged), &inferencev1.ModelDataCacheConfig{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a node never asked for the cache holds its deletion: %v", err)
@@ -269,8 +269,8 @@ func TestAForgedHolderDoesNotBlockDeletionForever(t *testing.T) {
 	// up to the timeout.
 	m := servedCache(t, ctx, "fh", "gone", itype)
 	rc.cache(t, ctx, m)
-	agentReports(t, ctx, "fh-a", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDeleting})
-	agentReports(t, ctx, "fh-liar", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDeleting})
+	agentReports(t, ctx, "fh-a", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDeleting}})
+	agentReports(t, ctx, "fh-liar", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDeleting}})
 	deleteAndReconcile(m)
 	held := &inferencev1.ModelDataCacheConfig{}
 	if err := server.Client.Get(ctx, client.ObjectKeyFromObject(m), held); err != nil {
@@ -300,8 +300,8 @@ func TestANodeNeverAskedCannotSizeACache(t *testing.T) {
 	m := servedCache(t, ctx, "fs", "sized", "ml.fs-suite.xlarge")
 	rc.cache(t, ctx, m)
 	const size, petabyte = 3 << 30, 1 << 50
-	agentReports(t, ctx, "fs-a", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDownloading, BytesDone: 1 << 30, BytesTotal: size})
-	agentReports(t, ctx, "fs-liar", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDownloading, BytesDone: 1, BytesTotal: petabyte})
+	agentReports(t, ctx, "fs-a", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, BytesDone: 1 << 30, BytesTotal: size}})
+	agentReports(t, ctx, "fs-liar", "", prewarmv1alpha1.CacheStatus{UID: string(m.UID), CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, BytesDone: 1, BytesTotal: petabyte}})
 	got := rc.cache(t, ctx, m)
 	if got.Status.TotalBytes != size || got.Status.Capacity == nil || got.Status.Capacity.ModelBytes != size {
 		t.Errorf("total %d, capacity %+v; want the %d bytes the node asked for it reports", got.Status.TotalBytes, got.Status.Capacity, size)

@@ -134,7 +134,7 @@ spec:
 
 	// The node's agent reports the cache Ready: so is the ModelWeightsCacheConfig.
 	stamp := &metav1.Time{Time: time.Now()}
-	reportCaches(t, ctx, "mwcc-gpu", stamp, prewarmv1alpha1.CacheStatus{UID: string(cache.UID), State: inferencev1.CacheReady, BytesDone: 10, BytesTotal: 10})
+	reportCaches(t, ctx, "mwcc-gpu", stamp, prewarmv1alpha1.CacheStatus{UID: string(cache.UID), CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: 10, BytesTotal: 10}})
 	rc.cache(t, ctx, cache)
 	got = reconcile()
 	want := inferencev1.ModelWeightsCacheConfigStatus{State: "Ready", TargetNodes: 1, ReadyNodes: 1, ObservedGeneration: got.Generation,

@@ -86,11 +86,13 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	}
 	stamp := &metav1.Time{Time: time.Now()}
 	holds := func(m *inferencev1.ModelDataCacheConfig) prewarmv1alpha1.CacheStatus {
-		return prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheReady, BytesDone: 2e9, BytesTotal: 2e9, Revision: "v1"}
+		return prewarmv1alpha1.CacheStatus{UID: string(m.UID), CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: 2e9, BytesTotal: 2e9}, Revision: "v1"}
 	}
 	downloading := func(m *inferencev1.ModelDataCacheConfig) prewarmv1alpha1.CacheStatus {
-		return prewarmv1alpha1.CacheStatus{UID: string(m.UID), State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading,
-			BytesDone: 1e9, BytesTotal: 2e9, Message: "downloading"}
+		return prewarmv1alpha1.CacheStatus{
+			UID:        string(m.UID),
+			CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading, BytesDone: 1e9, BytesTotal: 2e9, Message: "downloading"},
+		}
 	}
 
 	// The node downloads: the gate holds the Deployment back.

@@ -112,7 +112,7 @@ func TestAgentWritesOnlyItsOwnNodeCache(t *testing.T) {
 		}
 		patch := client.MergeFrom(nc.DeepCopy())
 		nc.Status.AgentVersion = "test"
-		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: "11111111-1111-4111-8111-111111111111", State: inferencev1.CacheReady, Reason: prewarmv1alpha1.ReasonVerified}}
+		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: "11111111-1111-4111-8111-111111111111", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, Reason: prewarmv1alpha1.ReasonVerified}}}
 		return as.Status().Patch(ctx, nc, patch)
 	}
 	// The policy takes effect once the API server has loaded it: wait for the first denial, on

@@ -99,8 +99,11 @@ func TestWeightsCacheReconcile(t *testing.T) {
 		}
 	}
 	silent := func(name string) inferencev1.NodeCacheStatus {
-		return inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Reason: "AgentNotReporting",
-			Message: "no prewarm agent reports on this node; is the agent DaemonSet running here?", LastTransitionTime: stamp}
+		return inferencev1.NodeCacheStatus{
+			Name:               name,
+			CopyStatus:         inferencev1.CopyStatus{State: inferencev1.CachePending, Reason: "AgentNotReporting", Message: "no prewarm agent reports on this node; is the agent DaemonSet running here?"},
+			LastTransitionTime: stamp,
+		}
 	}
 	wantStatus("no agent reports", got, inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: 1, State: inferencev1.CachePending, TargetNodes: 2,
@@ -112,17 +115,17 @@ func TestWeightsCacheReconcile(t *testing.T) {
 
 	// One node holds it; the other has no room (a failure waiting will not fix).
 	const size, revision = 3 << 30, "etag-set-1"
-	report("wc-a", prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Revision: revision, Message: "verified"})
+	report("wc-a", prewarmv1alpha1.CacheStatus{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Message: "verified"}, Revision: revision})
 	const noRoom = "needs 3.0 GiB, 1.0 GiB free under /opt/dlami/nvme"
-	report("wc-b", prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom})
+	report("wc-b", prewarmv1alpha1.CacheStatus{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom}})
 	got = rc.cache(t, ctx, m)
-	holds := inferencev1.NodeCacheStatus{Name: "wc-a", State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Message: "verified", LastTransitionTime: stamp}
+	holds := inferencev1.NodeCacheStatus{Name: "wc-a", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Message: "verified"}, LastTransitionTime: stamp}
 	wantStatus("one Ready, one out of room", got, inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: 1, State: inferencev1.CacheFailed, TargetNodes: 2, ReadyNodes: 1, FailedNodes: 1, SettledNodes: 2,
 		TotalBytes: size,
 		// The node that needs attention first.
 		Nodes: []inferencev1.NodeCacheStatus{
-			{Name: "wc-b", State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom, LastTransitionTime: stamp},
+			{Name: "wc-b", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonInsufficientCapacity, Message: noRoom}, LastTransitionTime: stamp},
 			holds},
 		Capacity: &inferencev1.CapacityStatus{ModelBytes: size, FitNodes: 1, ShortNodes: 1},
 		Conditions: withCapacity(ready(prewarmv1alpha1.ReasonInsufficientCapacity, "1 of 2 target nodes hold the cache; 1 failed: wc-b: "+noRoom, metav1.ConditionFalse),
@@ -152,15 +155,20 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	// Room was made: the second node downloads, and the cache is Downloading, not Failed.
 	later := now.Add(time.Minute)
 	rc.wc.Now = func() time.Time { return later }
-	report("wc-b", prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading,
-		BytesDone: 1 << 30, BytesTotal: size, BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB"})
+	report("wc-b", prewarmv1alpha1.CacheStatus{
+		UID:        uid,
+		CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading, BytesDone: 1 << 30, BytesTotal: size, BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB"},
+	})
 	got = rc.cache(t, ctx, m)
 	wantStatus("one Ready, one downloading", got, inferencev1.ModelDataCacheConfigStatus{
 		ObservedGeneration: 1, State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, DownloadingNodes: 1, SettledNodes: 1,
 		TotalBytes: size,
 		Nodes: []inferencev1.NodeCacheStatus{
-			{Name: "wc-b", State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading, BytesDone: 1 << 30, BytesTotal: size,
-				BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB", LastTransitionTime: &metav1.Time{Time: later}},
+			{
+				Name:               "wc-b",
+				CopyStatus:         inferencev1.CopyStatus{State: inferencev1.CacheDownloading, Reason: prewarmv1alpha1.ReasonDownloading, BytesDone: 1 << 30, BytesTotal: size, BytesPerSecond: 400 << 20, Message: "downloading: 1.0 GiB of 3.0 GiB"},
+				LastTransitionTime: &metav1.Time{Time: later},
+			},
 			holds},
 		Capacity: &inferencev1.CapacityStatus{ModelBytes: size, FitNodes: 1, UnknownNodes: 1},
 		Conditions: withCapacity(ready(inferencev1.ReasonDownloading, "1 of 2 target nodes hold the cache; 1 downloading, 0 waiting, 0 failed", metav1.ConditionFalse),
@@ -168,7 +176,7 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	})
 
 	// The second node holds the same revision: the two agree, and the cache is pinned to it.
-	report("wc-b", prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Revision: revision, Message: "verified"})
+	report("wc-b", prewarmv1alpha1.CacheStatus{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: size, BytesTotal: size, Message: "verified"}, Revision: revision})
 	if got = rc.cache(t, ctx, m); got.Status.ResolvedRevision != revision || got.Status.ReadyNodes != 2 {
 		t.Errorf("two nodes hold %s: pinned %q, %d Ready; want it pinned, 2 Ready", revision, got.Status.ResolvedRevision, got.Status.ReadyNodes)
 	}

@@ -252,28 +252,14 @@ type CacheStatus struct {
 	// +required
 	// +kubebuilder:validation:MaxLength=36
 	UID string `json:"uid"`
-	// state is the node's copy's state.
-	// +required
-	State v1.CacheState `json:"state"`
-	// bytesDone is how many bytes the node holds, verified or downloaded.
-	// +optional
-	BytesDone int64 `json:"bytesDone,omitempty"`
-	// bytesTotal is the model's size.
-	// +optional
-	BytesTotal int64 `json:"bytesTotal,omitempty"`
-	// bytesPerSecond is the current download rate.
-	// +optional
-	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+	// The copy's state and progress: what the cache's status and kubectl prewarm show of it.
+	v1.CopyStatus `json:",inline"`
 	// originBytes is how many bytes the node read from the source for this copy.
 	// +optional
 	OriginBytes int64 `json:"originBytes,omitempty"`
 	// peerBytes is how many bytes of this copy the node took from peers, checked.
 	// +optional
 	PeerBytes int64 `json:"peerBytes,omitempty"`
-	// diskBytes is what the cache takes on the node's disk now, measured (allocated blocks): its
-	// copy, its partial download, and copies set aside while pods mount them.
-	// +optional
-	DiskBytes int64 `json:"diskBytes,omitempty"`
 	// files is the number of the model's files.
 	// +optional
 	Files int32 `json:"files,omitempty"`
@@ -282,14 +268,6 @@ type CacheStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	Revision string `json:"revision,omitempty"`
-	// reason is a CamelCase word for why the cache is in this state.
-	// +optional
-	// +kubebuilder:validation:MaxLength=64
-	Reason string `json:"reason,omitempty"`
-	// message says, for people, why the cache is in this state.
-	// +optional
-	// +kubebuilder:validation:MaxLength=1024
-	Message string `json:"message,omitempty"`
 	// lastTransitionTime is when state last changed.
 	// +optional
 	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
@@ -487,8 +465,9 @@ func (nc *NodeCache) Report(uid string) (CacheStatus, bool) {
 		}
 	}
 	if nc == nil || nc.Status.HeartbeatTime == nil {
-		return CacheStatus{UID: uid, State: v1.CachePending, Reason: ReasonAgentNotReporting,
-			Message: "no prewarm agent reports on this node; is the agent DaemonSet running here?"}, false
+		return CacheStatus{UID: uid, CopyStatus: v1.CopyStatus{State: v1.CachePending, Reason: ReasonAgentNotReporting,
+			Message: "no prewarm agent reports on this node; is the agent DaemonSet running here?"}}, false
 	}
-	return CacheStatus{UID: uid, State: v1.CachePending, Reason: ReasonRequested, Message: "the node's agent has not picked the cache up yet"}, false
+	return CacheStatus{UID: uid, CopyStatus: v1.CopyStatus{State: v1.CachePending, Reason: ReasonRequested,
+		Message: "the node's agent has not picked the cache up yet"}}, false
 }

@@ -144,7 +144,7 @@ func TestValidateFollowsTheCRD(t *testing.T) {
 		Source:      CacheSource{Type: v1.ModelSourceS3, Bucket: "b", Prefix: "p", Region: "us-west-2"},
 		Credentials: &SealedCredentials{KeyID: "k", Digest: "d", Sealed: "s"}, RetainedSince: "2026-01-01T00:00:00Z",
 		Peers: []CachePeer{{Node: "n", Address: "10.0.0.1:1"}}, Refused: &CacheRefusal{Reason: "BudgetExceeded", Message: "m"}}
-	report := CacheStatus{UID: uid, State: v1.CacheReady, Revision: "r", Reason: "Verified", Message: "m"}
+	report := CacheStatus{UID: uid, CopyStatus: v1.CopyStatus{State: v1.CacheReady, Reason: "Verified", Message: "m"}, Revision: "r"}
 	rootReport := RootStatus{Path: "/mnt/nvme", NodePath: "/local", Reason: "NoLocalDisk", Message: "m"}
 	for _, tc := range []struct {
 		name     string

@@ -16,8 +16,8 @@ import (
 
 // Queued is a cache's report when the agent has just taken its request.
 func Queued(uid string, now *metav1.Time) prewarmv1alpha1.CacheStatus {
-	return prewarmv1alpha1.CacheStatus{UID: uid, State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued,
-		Message: "waiting to start", LastTransitionTime: now}
+	return prewarmv1alpha1.CacheStatus{UID: uid, LastTransitionTime: now,
+		CopyStatus: inferencev1.CopyStatus{State: inferencev1.CachePending, Reason: prewarmv1alpha1.ReasonQueued, Message: "waiting to start"}}
 }
 
 // Listing marks a cache's report as downloading, listing its source first.

@@ -186,8 +186,7 @@ func explainWeights(rules placement.Rules, op config.OperatorConfiguration, m *i
 	case ns != nil && ns.State == inferencev1.CacheFailed:
 		x = ns
 	case rep != nil:
-		x = &inferencev1.NodeCacheStatus{State: rep.State, Reason: rep.Reason, Message: rep.Message,
-			BytesDone: rep.BytesDone, BytesTotal: rep.BytesTotal, BytesPerSecond: rep.BytesPerSecond}
+		x = &inferencev1.NodeCacheStatus{CopyStatus: rep.CopyStatus}
 	default:
 		x = ns
 	}

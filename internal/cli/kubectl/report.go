@@ -63,7 +63,9 @@ type WeightsReport struct {
 	Nodes        []NodeProgress `json:"nodes"`
 }
 
-// NodeProgress is one node's copy of a weights cache.
+// NodeProgress is one node's copy of a weights cache: every field of inferencev1.CopyStatus under
+// its own JSON name (TestCopyStatusReachesKubectl holds it to that), with the byte counts
+// written even when zero, as scripts read them, and the time the download has left.
 type NodeProgress struct {
 	Node           string `json:"node"`
 	State          string `json:"state"`
@@ -316,8 +318,7 @@ func weightsReport(m *inferencev1.ModelDataCacheConfig, nodeCaches []prewarmv1al
 			if prev, ok := byName[nc.Name]; ok && prev.State == inferencev1.CacheFailed && r.State == inferencev1.CacheReady {
 				continue // the controller's verdict (e.g. another revision than the pinned one)
 			}
-			byName[nc.Name] = inferencev1.NodeCacheStatus{Name: nc.Name, State: r.State, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal,
-				BytesPerSecond: r.BytesPerSecond, DiskBytes: r.DiskBytes, Reason: r.Reason, Message: r.Message, Retained: byName[nc.Name].Retained}
+			byName[nc.Name] = inferencev1.NodeCacheStatus{Name: nc.Name, CopyStatus: r.CopyStatus, Retained: byName[nc.Name].Retained}
 		}
 	}
 	nodes := slices.SortedFunc(maps.Values(byName), inferencev1.CompareAttention)

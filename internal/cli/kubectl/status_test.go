@@ -99,8 +99,8 @@ func fixture(t *testing.T, c client.Client) {
 		mdcc.Status = inferencev1.ModelDataCacheConfigStatus{State: inferencev1.CacheDownloading, TargetNodes: 2, ReadyNodes: 1, DownloadingNodes: 1,
 			SettledNodes: 1, TotalBytes: 16_000_000_000,
 			Nodes: []inferencev1.NodeCacheStatus{
-				{Name: "g5-a", State: inferencev1.CacheReady, BytesDone: 16_000_000_000, BytesTotal: 16_000_000_000, DiskBytes: 16_000_040_960, Reason: "Verified", Message: "5 files, 16.0 GB, verified"},
-				{Name: "g5-b", State: inferencev1.CacheDownloading, BytesDone: 6_400_000_000, BytesTotal: 16_000_000_000, DiskBytes: 16_000_020_480, BytesPerSecond: 800_000_000, Reason: "Downloading", Message: "Downloading: 6.4 GB of 16.0 GB"},
+				{Name: "g5-a", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesDone: 16_000_000_000, BytesTotal: 16_000_000_000, DiskBytes: 16_000_040_960, Reason: "Verified", Message: "5 files, 16.0 GB, verified"}},
+				{Name: "g5-b", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, BytesDone: 6_400_000_000, BytesTotal: 16_000_000_000, DiskBytes: 16_000_020_480, BytesPerSecond: 800_000_000, Reason: "Downloading", Message: "Downloading: 6.4 GB of 16.0 GB"}},
 			}}
 	})
 	ic := &inferencev1.InferenceImageCache{ObjectMeta: metav1.ObjectMeta{Namespace: "hyperpod-inference-system", Name: "iic-vllm-openai-ml-g5-24xlarge-a1b2"},
@@ -262,8 +262,10 @@ func TestStatusOnAFleet(t *testing.T) {
 	// 150 nodes: two failed, three downloading (10, 20 and 30 % done), the rest Ready.
 	const total, size = 150, int64(1_000_000_000)
 	report := func(i int) prewarmv1alpha1.CacheStatus {
-		r := prewarmv1alpha1.CacheStatus{UID: string(mdcc.UID), State: inferencev1.CacheReady, Reason: "Verified", BytesDone: size, BytesTotal: size, Message: "3 files, 1.0 GB, verified",
-			DiskBytes: size + 4096}
+		r := prewarmv1alpha1.CacheStatus{
+			UID:        string(mdcc.UID),
+			CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, Reason: "Verified", BytesDone: size, BytesTotal: size, Message: "3 files, 1.0 GB, verified", DiskBytes: size + 4096},
+		}
 		switch i {
 		case 7, 100:
 			r.State, r.Reason, r.BytesDone, r.Message = inferencev1.CacheFailed, "InsufficientCapacity", 0, "needs 1.0 GB, 0 B free under /opt/dlami/nvme"
@@ -284,8 +286,10 @@ func TestStatusOnAFleet(t *testing.T) {
 		setStatus(t, c, nc, func() {
 			nc.Status = prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &metav1.Time{Time: now}, Caches: []prewarmv1alpha1.CacheStatus{r}}
 		})
-		entries = append(entries, inferencev1.NodeCacheStatus{Name: name, State: r.State, Reason: r.Reason, Message: r.Message,
-			BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesPerSecond: r.BytesPerSecond})
+		entries = append(entries, inferencev1.NodeCacheStatus{
+			Name:       name,
+			CopyStatus: inferencev1.CopyStatus{State: r.State, Reason: r.Reason, Message: r.Message, BytesDone: r.BytesDone, BytesTotal: r.BytesTotal, BytesPerSecond: r.BytesPerSecond},
+		})
 	}
 	// As the controller writes it: the counts, and the first MaxStatusNodes nodes by attention.
 	slices.SortFunc(entries, inferencev1.CompareAttention)

@@ -29,7 +29,7 @@ import (
 func TestGate(t *testing.T) {
 	created := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	node := func(name string, state inferencev1.CacheState, reason string) inferencev1.NodeCacheStatus {
-		return inferencev1.NodeCacheStatus{Name: name, State: state, Reason: reason, Message: "msg of " + name, BytesDone: 30, BytesTotal: 100}
+		return inferencev1.NodeCacheStatus{Name: name, CopyStatus: inferencev1.CopyStatus{State: state, Reason: reason, Message: "msg of " + name, BytesDone: 30, BytesTotal: 100}}
 	}
 	cache := func(gen, observed int64, target int32, nodes ...inferencev1.NodeCacheStatus) *inferencev1.ModelDataCacheConfig {
 		c := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Generation: gen, CreationTimestamp: metav1.NewTime(created)}}

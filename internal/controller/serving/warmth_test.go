@@ -23,7 +23,7 @@ func TestPodsAreCountedWarmOrCold(t *testing.T) {
 		return p
 	}
 	use := &inferencev1.ModelDataCacheConfig{Status: inferencev1.ModelDataCacheConfigStatus{Nodes: []inferencev1.NodeCacheStatus{
-		{Name: "a", State: inferencev1.CacheReady}, {Name: "b", State: inferencev1.CacheReady}, {Name: "c", State: inferencev1.CacheDownloading},
+		{Name: "a", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}}, {Name: "b", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}}, {Name: "c", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading}},
 	}}}
 	image := &inferencev1.InferenceImageCache{Status: inferencev1.InferenceImageCacheStatus{Nodes: []inferencev1.NodeImageStatus{
 		{Name: "a", Phase: inferencev1.ImageComplete}, {Name: "b", Phase: inferencev1.ImagePulling}, {Name: "c", Phase: inferencev1.ImageComplete},

@@ -28,7 +28,7 @@ func diskNode(free, other int64, priority int32, pinned, used bool) *prewarmv1al
 		Roots: []prewarmv1alpha1.RootStatus{{Path: root, CapacityBytes: 1000 * gib, FreeBytes: free}}}}
 	if other > 0 {
 		nc.Spec.Caches = append(nc.Spec.Caches, prewarmv1alpha1.CacheRequest{UID: otherUID, Namespace: "b", Name: "other", Root: root, Priority: priority, Pinned: pinned})
-		nc.Status.Caches = append(nc.Status.Caches, prewarmv1alpha1.CacheStatus{UID: otherUID, State: inferencev1.CacheReady, BytesTotal: other, DiskBytes: other})
+		nc.Status.Caches = append(nc.Status.Caches, prewarmv1alpha1.CacheStatus{UID: otherUID, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, BytesTotal: other, DiskBytes: other}})
 		if used {
 			nc.Status.Demands = []prewarmv1alpha1.CacheDemand{{UID: otherUID, Namespace: "b", Pods: 1}}
 		}
@@ -51,7 +51,7 @@ func named(names ...string) []*corev1.Node {
 func TestCapacityIsCheckedFromTheNodesReports(t *testing.T) {
 	reported := func(state inferencev1.CacheState, reason, msg string) *prewarmv1alpha1.NodeCache {
 		nc := diskNode(10*gib, 0, 0, false, false)
-		nc.Status.Caches = append(nc.Status.Caches, prewarmv1alpha1.CacheStatus{UID: capUID, State: state, Reason: reason, Message: msg})
+		nc.Status.Caches = append(nc.Status.Caches, prewarmv1alpha1.CacheStatus{UID: capUID, CopyStatus: inferencev1.CopyStatus{State: state, Reason: reason, Message: msg}})
 		return nc
 	}
 	f := &fleet{uid: capUID, byNode: map[string]*prewarmv1alpha1.NodeCache{
@@ -107,7 +107,7 @@ func TestNodeQuotaForecast(t *testing.T) {
 	mine := func(held int64, state inferencev1.CacheState) *prewarmv1alpha1.NodeCache {
 		nc := diskNode(500*gib, 0, 0, false, false)
 		nc.Spec.Caches = append(nc.Spec.Caches, prewarmv1alpha1.CacheRequest{UID: otherUID, Namespace: "a", Name: "first", Root: root})
-		nc.Status.Caches = append(nc.Status.Caches, prewarmv1alpha1.CacheStatus{UID: otherUID, State: state, BytesTotal: held})
+		nc.Status.Caches = append(nc.Status.Caches, prewarmv1alpha1.CacheStatus{UID: otherUID, CopyStatus: inferencev1.CopyStatus{State: state, BytesTotal: held}})
 		return nc
 	}
 	f := &fleet{uid: capUID, byNode: map[string]*prewarmv1alpha1.NodeCache{

@@ -118,7 +118,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 
 	// A node that joins a swarm of Ready nodes takes its parts from them.
 	for _, nc := range byNode {
-		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheReady}}
+		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}}}
 	}
 	ask(uid, byNode, after)
 	more, moreByNode := fleetOf(11)
@@ -145,7 +145,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	// not asked again.
 	lone, loneByNode := fleetOf(2)
 	loneByNode[lone[0].Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid}}
-	loneByNode[lone[0].Name].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheReady}}
+	loneByNode[lone[0].Name].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}}}
 	pair := assignPeers(&fleet{uid: uid, byNode: loneByNode}, lone, reportedAddrs(lone, loneByNode), group)
 	if len(pair[lone[0].Name]) != 0 || len(pair[lone[1].Name]) != 1 || !pair[lone[1].Name][0].Upstream || pair[lone[1].Name][0].Node != lone[0].Name {
 		t.Errorf("a node joining a lone Ready one: %v", pair)
@@ -223,7 +223,7 @@ func TestNodesWithoutADiskAreNoPeers(t *testing.T) {
 	const uid = "cache-1"
 	nodes, byNode := fleetOf(3)
 	noDisk := nodes[1].Name
-	byNode[noDisk].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonNoLocalDisk}}
+	byNode[noDisk].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheFailed, Reason: prewarmv1alpha1.ReasonNoLocalDisk}}}
 	peers := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, reportedAddrs(nodes, byNode), 4)
 	if len(peers[noDisk]) > 0 {
 		t.Errorf("%s (NoLocalDisk) has peers %v", noDisk, peers[noDisk])

@@ -146,7 +146,7 @@ type nodeEntries struct {
 // it is kept.
 func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheStatus {
 	st := b.st
-	ns := inferencev1.NodeCacheStatus{Name: name, State: inferencev1.CachePending, Retained: keep != nil}
+	ns := inferencev1.NodeCacheStatus{Name: name, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CachePending}, Retained: keep != nil}
 	rep, reported := b.fleet.nodeCache(name).Report(b.fleet.uid)
 	switch {
 	case b.unasked[name].reason != "" && !reported:
@@ -155,7 +155,7 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 	case b.unasked[name].reason != "":
 		// The node holds or fetches the cache as asked before; its new request was left out.
 		no := b.unasked[name]
-		ns.State, ns.Reason, ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond, ns.DiskBytes = rep.State, rep.Reason, rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond, rep.DiskBytes
+		ns.CopyStatus = rep.CopyStatus
 		ns.Message = text.Clip(fmt.Sprintf("%s; its new request was left out (%s): %s", rep.Message, no.reason, no.message), text.MaxMessage)
 	case b.gone[name] != "" && (!reported || rep.State != inferencev1.CacheFailed || !prewarmv1alpha1.Terminal(rep.Reason)):
 		// A node whose agent is gone cannot serve its pods' model volumes: not counted Ready.
@@ -170,8 +170,7 @@ func (b *nodeEntries) entry(name string, keep *retention) inferencev1.NodeCacheS
 	case !reported:
 		ns.Reason, ns.Message = rep.Reason, rep.Message
 	default:
-		ns.State, ns.Reason, ns.Message = rep.State, rep.Reason, rep.Message
-		ns.BytesDone, ns.BytesTotal, ns.BytesPerSecond, ns.DiskBytes = rep.BytesDone, rep.BytesTotal, rep.BytesPerSecond, rep.DiskBytes
+		ns.CopyStatus = rep.CopyStatus
 		st.TotalBytes = max(st.TotalBytes, rep.BytesTotal)
 		st.OriginBytes += rep.OriginBytes
 		st.PeerBytes += rep.PeerBytes

@@ -19,6 +19,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/scheme"
+	"github.com/prewarm/prewarm/internal/testutil/gen"
 )
 
 func TestGather(t *testing.T) {
@@ -29,7 +30,9 @@ func TestGather(t *testing.T) {
 	report := func(state inferencev1.CacheState, reason, msg string) *prewarmv1alpha1.NodeCache {
 		hb := metav1.NewTime(now)
 		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &hb, Caches: []prewarmv1alpha1.CacheStatus{{
-			UID: uid, State: state, Reason: reason, Message: msg, BytesDone: 50, BytesTotal: 100, Revision: "abc",
+			UID:        uid,
+			CopyStatus: inferencev1.CopyStatus{State: state, Reason: reason, Message: msg, BytesDone: 50, BytesTotal: 100},
+			Revision:   "abc",
 		}}}}
 	}
 	tests := []struct {
@@ -116,7 +119,7 @@ func TestNodesWithoutADiskAreNotTargets(t *testing.T) {
 	r := &Reconciler{Now: func() time.Time { return now }}
 	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
 	report := func(state inferencev1.CacheState, reason string) *prewarmv1alpha1.NodeCache {
-		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, State: state, Reason: reason}}}}
+		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: state, Reason: reason}}}}}
 	}
 	targets := []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "root-fs"}}}
 	byNode := map[string]*prewarmv1alpha1.NodeCache{"a": report(inferencev1.CacheReady, "Verified"), "root-fs": report(inferencev1.CacheFailed, prewarmv1alpha1.ReasonNoLocalDisk)}
@@ -188,7 +191,7 @@ func TestGatherCountsNoNodeWhoseAgentsLeaseExpired(t *testing.T) {
 	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
 	report := func(state inferencev1.CacheState, reason string) *prewarmv1alpha1.NodeCache {
 		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &metav1.Time{Time: now.Add(-time.Hour)},
-			Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, State: state, Reason: reason, Message: "m", BytesDone: 100, BytesTotal: 100}}}}
+			Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: state, Reason: reason, Message: "m", BytesDone: 100, BytesTotal: 100}}}}}
 	}
 	byNode := map[string]*prewarmv1alpha1.NodeCache{"alive": report(inferencev1.CacheReady, "Verified"), "gone": report(inferencev1.CacheReady, "Verified"),
 		"gone-full": report(inferencev1.CacheFailed, prewarmv1alpha1.ReasonInsufficientCapacity)}
@@ -231,13 +234,30 @@ func TestGatherCountsNoNodeWhoseAgentsLeaseExpired(t *testing.T) {
 	}
 }
 
+// A node's entry carries its agent's whole report of the copy, every field of
+// inferencev1.CopyStatus: a field added there reaches the cache's status with nothing more to
+// write.
+func TestGatherCarriesTheWholeCopyStatus(t *testing.T) {
+	const uid = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
+	rep := gen.Every[inferencev1.CopyStatus]()
+	rep.State = inferencev1.CacheDownloading
+	r := &Reconciler{Now: time.Now}
+	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
+	nc := &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: rep}}}}
+	st, _ := gatherOf(r, m, []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}}, map[string]*prewarmv1alpha1.NodeCache{"a": nc})
+	if len(st.Nodes) != 1 || st.Nodes[0].CopyStatus != rep {
+		t.Errorf("status nodes %+v; want node a with its agent's report %+v", st.Nodes, rep)
+	}
+}
+
 // A node's entry carries what its copy takes on the node's disk, as its agent measured it.
 func TestGatherCarriesWhatCopiesTakeOnDisk(t *testing.T) {
 	const uid = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa"
 	r := &Reconciler{Now: time.Now}
 	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
 	nc := &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{
-		UID: uid, State: inferencev1.CacheReady, Reason: "Verified", BytesDone: 100, BytesTotal: 100, DiskBytes: 8192,
+		UID:        uid,
+		CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, Reason: "Verified", BytesDone: 100, BytesTotal: 100, DiskBytes: 8192},
 	}}}}
 	st, _ := gatherOf(r, m, []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}}, map[string]*prewarmv1alpha1.NodeCache{"a": nc})
 	if len(st.Nodes) != 1 || st.Nodes[0].DiskBytes != 8192 {
@@ -253,7 +273,7 @@ func TestEvictedNodesLeaveTheCacheReady(t *testing.T) {
 	r := &Reconciler{Now: func() time.Time { return now }}
 	m := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{UID: uid, Generation: 1}}
 	report := func(state inferencev1.CacheState, reason string) *prewarmv1alpha1.NodeCache {
-		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, State: state, Reason: reason}}}}
+		return &prewarmv1alpha1.NodeCache{Status: prewarmv1alpha1.NodeCacheStatus{Caches: []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: state, Reason: reason}}}}}
 	}
 	targets := []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "full"}}}
 	byNode := map[string]*prewarmv1alpha1.NodeCache{"a": report(inferencev1.CacheReady, "Verified"), "full": report(inferencev1.CachePending, prewarmv1alpha1.ReasonEvicted)}

@@ -17,8 +17,8 @@ func TestChangedCaches(t *testing.T) {
 	base := &prewarmv1alpha1.NodeCache{
 		Spec: prewarmv1alpha1.NodeCacheSpec{Caches: []prewarmv1alpha1.CacheRequest{{UID: "a"}, {UID: "b"}}},
 		Status: prewarmv1alpha1.NodeCacheStatus{HeartbeatTime: &beat, CredentialsKey: "k", Caches: []prewarmv1alpha1.CacheStatus{
-			{UID: "a", State: inferencev1.CacheDownloading, Reason: "Downloading", BytesDone: 10},
-			{UID: "b", State: inferencev1.CacheReady, Reason: "Verified"},
+			{UID: "a", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading, Reason: "Downloading", BytesDone: 10}},
+			{UID: "b", CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady, Reason: "Verified"}},
 		}},
 	}
 	change := func(f func(nc *prewarmv1alpha1.NodeCache)) *prewarmv1alpha1.NodeCache {
@@ -65,13 +65,13 @@ func TestPinNotNeeded(t *testing.T) {
 		rep  *prewarmv1alpha1.CacheStatus
 		skip bool
 	}{
-		{"downloading", want, &prewarmv1alpha1.CacheStatus{State: inferencev1.CacheDownloading}, true},
-		{"holds the pinned revision", want, &prewarmv1alpha1.CacheStatus{State: inferencev1.CacheReady, Revision: "r1"}, true},
-		{"holds another revision", want, &prewarmv1alpha1.CacheStatus{State: inferencev1.CacheReady, Revision: "r0"}, false},
-		{"failed", want, &prewarmv1alpha1.CacheStatus{State: inferencev1.CacheFailed}, false},
-		{"queued", want, &prewarmv1alpha1.CacheStatus{State: inferencev1.CachePending}, false},
+		{"downloading", want, &prewarmv1alpha1.CacheStatus{CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading}}, true},
+		{"holds the pinned revision", want, &prewarmv1alpha1.CacheStatus{CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}, Revision: "r1"}, true},
+		{"holds another revision", want, &prewarmv1alpha1.CacheStatus{CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}, Revision: "r0"}, false},
+		{"failed", want, &prewarmv1alpha1.CacheStatus{CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheFailed}}, false},
+		{"queued", want, &prewarmv1alpha1.CacheStatus{CopyStatus: inferencev1.CopyStatus{State: inferencev1.CachePending}}, false},
 		{"no report", want, nil, false},
-		{"another change besides the pin", other, &prewarmv1alpha1.CacheStatus{State: inferencev1.CacheDownloading}, false},
+		{"another change besides the pin", other, &prewarmv1alpha1.CacheStatus{CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheDownloading}}, false},
 	}
 	for _, tt := range tests {
 		if got := pinNotNeeded(asked, tt.want, tt.rep); got != tt.skip {

@@ -1,5 +1,5 @@
-// Package gen makes deterministic pseudo-random data for tests and benchmarks: model shards that
-// do not compress and are the same on every run.
+// Package gen makes deterministic data for tests and benchmarks: pseudo-random model shards that
+// do not compress and are the same on every run, and structs with every field set (Every).
 package gen
 
 import (
