@@ -22,6 +22,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 )
 
@@ -40,7 +41,7 @@ func standaloneCache(t *testing.T, ctx context.Context, c client.Client, ns, nam
 	if err := c.Create(ctx, mw); err != nil {
 		t.Fatal(err)
 	}
-	m := testutil.MakeModelDataCacheConfig(ns, name+"-cache")
+	m := builders.MakeModelDataCacheConfig(ns, name+"-cache")
 	m.Spec.ParentReference = inferencev1.ParentReference{Kind: "ModelWeightsCacheConfig", Namespace: ns, Name: name, UID: string(mw.UID)}
 	m.OwnerReferences = []metav1.OwnerReference{{APIVersion: inferencev1.GroupVersion.String(), Kind: "ModelWeightsCacheConfig", Name: name, UID: mw.UID, Controller: ptr.To(true)}}
 	if err := c.Create(ctx, m); err != nil {

@@ -25,6 +25,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/csikubelet"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
@@ -358,7 +359,7 @@ func (s *sandbox) writeCatalog(ctx context.Context, commit string) error {
 		return err
 	}
 	// The catalog's JumpStart pod asks for no GPU, so it does not take one the endpoint's pods need.
-	cm := testutil.JumpStartCatalog(opNS, llamaRepo, commit)
+	cm := builders.JumpStartCatalog(opNS, llamaRepo, commit)
 	if err := c.Create(ctx, cm); err != nil {
 		return err
 	}

@@ -1,5 +1,9 @@
-// Package testutil holds what prewarm's tests share: a real control plane built by
-// hack/testbin.sh, object builders and fixture servers.
+// Package testutil is the cluster harness prewarm's tests share: a real control plane (etcd and
+// kube-apiserver, with kwok or real kubelet nodes) from the binaries hack/testbin.sh builds,
+// processes with their logs, waits, tokens and configuration files. The objects the tests
+// create are built by testutil/builders, which needs none of this; the fixture servers
+// (s3fixture, hubfixture, jsfixture) and the in-process components (harness) have packages of
+// their own.
 package testutil
 
 import (

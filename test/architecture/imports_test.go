@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -115,7 +116,7 @@ func TestShippedBinariesLinkNoTestCode(t *testing.T) {
 	}
 }
 
-// Package testutil, the builders and the cluster harness every suite uses, imports no prewarm
+// Package testutil, the cluster harness every suite uses, imports no prewarm
 // component: the agent's and the controllers' own tests import it from inside their packages,
 // which an import of theirs would make a cycle. What runs a component in a test (an agent in
 // process, the controller's indexes) is in testutil/harness.
@@ -128,6 +129,27 @@ func TestTestutilRootImportsNoComponent(t *testing.T) {
 				if dep == c || strings.HasPrefix(dep, c+"/") {
 					t.Errorf("%s depends on %s; run components in tests from internal/testutil/harness", p.ImportPath, dep)
 				}
+			}
+		}
+	}
+}
+
+// The object builders (testutil/builders) are dependency-free: the API types and nothing that
+// starts, dials or reads a cluster, so a unit test that builds a HyperPod object pulls in no
+// harness.
+func TestBuildersAreDependencyFree(t *testing.T) {
+	const mod = "github.com/prewarm/prewarm/"
+	allowed := []string{mod + "api/"}
+	banned := []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go", "os/exec"}
+	for _, p := range list(t, "./internal/testutil/builders") {
+		for _, dep := range p.Deps {
+			for _, b := range banned {
+				if dep == b || strings.HasPrefix(dep, b+"/") {
+					t.Errorf("%s depends on %s; builders build objects, the cluster harness is internal/testutil", p.ImportPath, dep)
+				}
+			}
+			if strings.HasPrefix(dep, mod) && !slices.ContainsFunc(allowed, func(a string) bool { return strings.HasPrefix(dep, a) }) {
+				t.Errorf("%s depends on %s; builders import only prewarm's API types", p.ImportPath, dep)
 			}
 		}
 	}

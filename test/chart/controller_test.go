@@ -28,6 +28,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // The controller runs on the RBAC the chart gives it, in a release namespace of another name
@@ -202,12 +203,12 @@ func TestControllerRunsOnTheChartsRBAC(t *testing.T) {
 		return nil
 	})
 
-	parent := testutil.MakeInferenceEndpointConfig(tenant, "served").Obj()
+	parent := builders.MakeInferenceEndpointConfig(tenant, "served").Obj()
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
 	// An image cache a tenant writes in its own namespace gets no DaemonSet there.
-	foreign := testutil.MakeInferenceImageCache(tenant, "iic-own")
+	foreign := builders.MakeInferenceImageCache(tenant, "iic-own")
 	foreign.Spec.ParentReferences = []inferencev1.ParentReference{{Kind: "InferenceEndpointConfig", Namespace: tenant, Name: "served", UID: string(parent.UID)}}
 	if err := c.Create(ctx, foreign); err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/csikubelet"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
 	"github.com/prewarm/prewarm/pkg/engine"
@@ -108,7 +109,7 @@ func TestCSINodePluginEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	iec := testutil.MakeInferenceEndpointConfig("team-a", "csi-model").Location(prefix).Obj()
+	iec := builders.MakeInferenceEndpointConfig("team-a", "csi-model").Location(prefix).Obj()
 	if err := e.c.Create(ctx, iec); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // A pod without a weights cache that reads an FSx model gets the model's directory as prewarm's
@@ -63,7 +64,7 @@ func TestFSxColdPodEndToEnd(t *testing.T) {
 	if err := e.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}); err != nil {
 		t.Fatal(err)
 	}
-	iec := testutil.MakeInferenceEndpointConfig("team-a", "fsx-model").Obj()
+	iec := builders.MakeInferenceEndpointConfig("team-a", "fsx-model").Obj()
 	iec.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{
 		ModelSourceType: inferencev1.ModelSourceFSx, FSxStorage: &inferencev1.FSxStorage{FileSystemID: fsID},
 		ModelLocation: "projects/team-a/llama",

@@ -19,6 +19,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 const opNS = "hyperpod-inference-system"
@@ -253,11 +254,11 @@ func TestImageCacheEndToEnd(t *testing.T) {
 
 	// second is another tenant's, pulling with its own secret; borrower's namespace has no pull
 	// secrets; third shares the seed's namespace.
-	second := testutil.MakeInferenceEndpointConfig("team-x", "second").Location(prefix).Obj()
+	second := builders.MakeInferenceEndpointConfig("team-x", "second").Location(prefix).Obj()
 	second.Spec.ModelCacheConfig.WeightsCache.Enabled = false
-	borrower := testutil.MakeInferenceEndpointConfig("team-y", "borrower").Location(prefix).Obj()
+	borrower := builders.MakeInferenceEndpointConfig("team-y", "borrower").Location(prefix).Obj()
 	borrower.Spec.ModelCacheConfig.WeightsCache.Enabled = false
-	third := testutil.MakeInferenceEndpointConfig("default", "third").Location(prefix).Obj()
+	third := builders.MakeInferenceEndpointConfig("default", "third").Location(prefix).Obj()
 	third.Spec.ModelCacheConfig.WeightsCache.Enabled = false
 	var newCache string
 	t.Run("a namespace that pulls with its own secrets has its own cache; parents of one namespace share it while one uses it", func(t *testing.T) {

@@ -24,6 +24,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 )
@@ -97,7 +98,7 @@ func TestJumpStartEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Create(ctx, testutil.JumpStartCatalog(opNS, llamaRepo, commit)); err != nil {
+	if err := c.Create(ctx, builders.JumpStartCatalog(opNS, llamaRepo, commit)); err != nil {
 		t.Fatal(err)
 	}
 	for ns, token := range map[string]string{"default": "hf_granted", "team-b": "hf_not_granted"} {

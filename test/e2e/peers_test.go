@@ -13,6 +13,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
 	"github.com/prewarm/prewarm/pkg/engine/peer"
 )
@@ -50,7 +51,7 @@ func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 		return true, ""
 	})
 	before := counted.Served.Load()
-	iec := testutil.MakeInferenceEndpointConfig("default", "fanout").Location(prefix).Obj()
+	iec := builders.MakeInferenceEndpointConfig("default", "fanout").Location(prefix).Obj()
 	iec.Spec.ModelCacheConfig.ImageCache = nil
 	if err := e.c.Create(ctx, iec); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/pkg/engine"
 )
 
@@ -71,7 +72,7 @@ func TestNamespaceOverItsQuotaFillsNoNode(t *testing.T) {
 	}()
 	parent := func(ns, name string) {
 		t.Helper()
-		p := testutil.MakeInferenceEndpointConfig(ns, name).Location(prefix).InstanceType("ml.g6e.12xlarge").Obj()
+		p := builders.MakeInferenceEndpointConfig(ns, name).Location(prefix).InstanceType("ml.g6e.12xlarge").Obj()
 		p.Spec.ModelCacheConfig.ImageCache = nil
 		if err := e.c.Create(ctx, p); err != nil {
 			t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/keda"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // A scale-out burst as KEDA's HPA makes it, scheduled by the real kube-scheduler: with three
@@ -40,7 +41,7 @@ func TestScaleOutBurstLandsWarm(t *testing.T) {
 		"--metrics-bind-address="+metricsAddr, "--health-probe-bind-address=0",
 		"--config="+e.config(s3srv.Endpoint), "--gate-timeout=3m", "--agent-image=prewarm/agent:e2e")
 
-	parent := testutil.MakeInferenceEndpointConfig("default", "burst").Obj()
+	parent := builders.MakeInferenceEndpointConfig("default", "burst").Obj()
 	parent.Spec.ModelSourceConfig.ModelLocation = prefix
 	parent.Spec.ModelCacheConfig.ImageCache = nil
 	parent.Spec.AutoScalingSpec = &inferencev1.AutoScalingSpec{

@@ -22,6 +22,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // uninstallRecipe is the first shell block of docs/operations.md's "Uninstall" section.
@@ -80,10 +81,10 @@ func TestUninstallRecipeLeavesNothing(t *testing.T) {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Create(ctx, testutil.MakeInferenceEndpointConfig("team-a", "model").Location(prefix).Obj()); err != nil {
+	if err := c.Create(ctx, builders.MakeInferenceEndpointConfig("team-a", "model").Location(prefix).Obj()); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Create(ctx, testutil.MakeModelDataCacheConfig("team-a", "by-hand")); err != nil {
+	if err := c.Create(ctx, builders.MakeModelDataCacheConfig("team-a", "by-hand")); err != nil {
 		t.Fatal(err)
 	}
 	e.applyStandaloneCaches()

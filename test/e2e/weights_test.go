@@ -36,6 +36,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
@@ -807,7 +808,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		// Keeping the whole filesystem free leaves this node no room at all.
 		smallMetrics := freeAddr(t)
 		e.addNode("g5m-b", "ml.g5.12xlarge", s3srv.Endpoint, fmt.Sprintf("--reserve=%d", whole), "--metrics-bind-address="+smallMetrics)
-		iec := testutil.MakeInferenceEndpointConfig("default", "small-disk").
+		iec := builders.MakeInferenceEndpointConfig("default", "small-disk").
 			Location(prefix).InstanceType("ml.g5.12xlarge").Obj()
 		if err := e.c.Create(ctx, iec); err != nil {
 			t.Fatal(err)
@@ -868,7 +869,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 	})
 
 	t.Run("a hostPath outside the allowed roots is refused and nothing is written", func(t *testing.T) {
-		iec := testutil.MakeInferenceEndpointConfig("default", "elsewhere").
+		iec := builders.MakeInferenceEndpointConfig("default", "elsewhere").
 			Location(prefix).HostPath("/etc/prewarm").Obj()
 		if err := e.c.Create(ctx, iec); err != nil {
 			t.Fatal(err)
@@ -1034,7 +1035,7 @@ func TestWeightsCacheEndToEnd(t *testing.T) {
 		}
 		e.agentEnv["g6-t"] = []string{"AWS_ACCESS_KEY_ID=", "AWS_SECRET_ACCESS_KEY=", "AWS_SESSION_TOKEN=", "AWS_EC2_METADATA_DISABLED=true"}
 		e.addNode("g6-t", "ml.g6.12xlarge", s3srv.Endpoint)
-		iec := testutil.MakeInferenceEndpointConfig(tenantNS, "tenant-model").Obj()
+		iec := builders.MakeInferenceEndpointConfig(tenantNS, "tenant-model").Obj()
 		iec.Spec.InstanceType = "ml.g6.12xlarge"
 		iec.Spec.ModelCacheConfig.ImageCache.Enabled = false
 		iec.Spec.ModelSourceConfig.S3Storage.BucketName, iec.Spec.ModelSourceConfig.ModelLocation = tenantBucket, prefix

@@ -27,7 +27,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/keda"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // withAutoscaling is the configuration the docs tell a cluster with KEDA to set: a Prometheus
@@ -71,7 +71,7 @@ func TestAutoScalingSpecDrivesAScaledObject(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "scale-operator", "scale").with(withAutoscaling)
-	parent := testutil.MakeInferenceEndpointConfig("scale", "llama").Obj()
+	parent := builders.MakeInferenceEndpointConfig("scale", "llama").Obj()
 	parent.Spec.InstanceType = "ml.scale-suite.xlarge" // no node: the gate opens at once
 	parent.Spec.ModelCacheConfig = nil
 	parent.Spec.Replicas = ptr.To[int32](2)
@@ -315,7 +315,7 @@ func TestAutoscalingNeverTakesAnotherScaledObjectAndCanBeTurnedOff(t *testing.T)
 	if err := c.Create(ctx, theirs); err != nil {
 		t.Fatal(err)
 	}
-	parent := testutil.MakeInferenceEndpointConfig("scale-conflict", "llama").Obj()
+	parent := builders.MakeInferenceEndpointConfig("scale-conflict", "llama").Obj()
 	parent.Spec.InstanceType = "ml.scale-conflict.xlarge"
 	parent.Spec.ModelCacheConfig = nil
 	parent.Spec.Replicas = ptr.To[int32](2)

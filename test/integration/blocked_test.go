@@ -17,7 +17,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // Objects the API accepts but that prewarm can never serve as written say why on the parent,
@@ -176,7 +176,7 @@ func TestParentsThatCannotWorkSayWhy(t *testing.T) {
 			if ns == "" {
 				ns = "blocked"
 			}
-			iec := testutil.MakeInferenceEndpointConfig(ns, tc.name).Obj()
+			iec := builders.MakeInferenceEndpointConfig(ns, tc.name).Obj()
 			iec.Spec.ModelName = "m"
 			iec.Spec.InstanceType = "ml.p5.48xlarge" // no node of the API server matches: the gate opens
 			if tc.mutate != nil {

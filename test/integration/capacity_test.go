@@ -25,7 +25,7 @@ import (
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
@@ -113,7 +113,7 @@ func reportDisk(t *testing.T, ctx context.Context, node string, free int64) {
 // and settles it.
 func capacityParent(t *testing.T, ctx context.Context, rc *reconcilers, ns, name, instanceType string) (*inferencev1.InferenceEndpointConfig, *inferencev1.ModelDataCacheConfig) {
 	t.Helper()
-	parent := testutil.MakeInferenceEndpointConfig(ns, name).Location(capacityPrefix).InstanceType(instanceType).Obj()
+	parent := builders.MakeInferenceEndpointConfig(ns, name).Location(capacityPrefix).InstanceType(instanceType).Obj()
 	parent.Spec.ModelSourceConfig.S3Storage.BucketName = capacityBucket
 	parent.Spec.ModelCacheConfig.ImageCache = nil
 	if err := server.Client.Create(ctx, parent); err != nil {

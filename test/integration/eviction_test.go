@@ -14,7 +14,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // A parent's eviction annotations reach its cache and then the nodes, bounded by what the
@@ -33,7 +33,7 @@ func TestEvictionAnnotationsReachTheNodesWithinTheGrant(t *testing.T) {
 	upNode(t, ctx, "evict-node", "ml.g5.24xlarge")
 	request := func(ns string) prewarmv1alpha1.CacheRequest {
 		t.Helper()
-		parent := testutil.MakeInferenceEndpointConfig(ns, "example-model").Obj()
+		parent := builders.MakeInferenceEndpointConfig(ns, "example-model").Obj()
 		parent.Annotations = map[string]string{config.PriorityAnnotation: "50", config.PinnedAnnotation: "true"}
 		if err := c.Create(ctx, parent); err != nil {
 			t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // tokenSecretRef.optional, as HyperPod has it: a token Secret that is missing is no problem when
@@ -26,7 +26,7 @@ func TestOptionalHuggingFaceToken(t *testing.T) {
 	rc := newReconcilers(t, ctx, "hftoken-operator", "hftoken")
 	for _, optional := range []bool{true, false} {
 		name := map[bool]string{true: "optional", false: "required"}[optional]
-		iec := testutil.MakeInferenceEndpointConfig("hftoken", name).HuggingFace("org/model", "0e9e39f249a16976918f6564b8830bc894c89659").Obj()
+		iec := builders.MakeInferenceEndpointConfig("hftoken", name).HuggingFace("org/model", "0e9e39f249a16976918f6564b8830bc894c89659").Obj()
 		iec.Spec.InstanceType = "ml.hftoken-suite.xlarge" // no node: the gate opens at once
 		iec.Spec.ModelSourceConfig.HuggingFaceModel.TokenSecretRef = &corev1.SecretKeySelector{
 			LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Key: "token", Optional: ptr.To(optional)}

@@ -27,7 +27,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/controller/registration"
 	"github.com/prewarm/prewarm/internal/controller/serving"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
@@ -253,7 +253,7 @@ func TestParentsCachesHaveHyperPodViews(t *testing.T) {
 	rc := newReconcilers(t, ctx, "views-operator", "views")
 	weights := &serving.ModelWeightsCacheConfigReconciler{Reconciler: rc.ep}
 	images := &serving.ModelImageCacheReconciler{Reconciler: rc.ep}
-	parent := testutil.MakeInferenceEndpointConfig("views", "served").Obj()
+	parent := builders.MakeInferenceEndpointConfig("views", "served").Obj()
 	parent.Spec.InstanceType = "ml.views-suite.xlarge"
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/imagecache"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
@@ -35,11 +36,11 @@ func TestImageCacheLifecycle(t *testing.T) {
 	r := &imagecache.Reconciler{Client: harness.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	upNode(t, ctx, "images-node", "ml.ic-suite.xlarge")
 
-	parent := testutil.MakeInferenceEndpointConfig("images", "served").Obj()
+	parent := builders.MakeInferenceEndpointConfig("images", "served").Obj()
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
-	ic := testutil.MakeInferenceImageCache(rc.cfg.OperatorNamespace, "iic-images")
+	ic := builders.MakeInferenceImageCache(rc.cfg.OperatorNamespace, "iic-images")
 	ic.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.ic-suite.xlarge"}}
 	ic.Spec.ParentReferences = []inferencev1.ParentReference{
 		{Kind: "InferenceEndpointConfig", Namespace: "images", Name: "served", UID: string(parent.UID)},
@@ -152,11 +153,11 @@ func TestImageCacheOutsideTheOperatorNamespaceIsRefused(t *testing.T) {
 	r := &imagecache.Reconciler{Client: harness.IndexedClient(c, controller.NodeIndexes...), Config: rc.cfg, Now: time.Now}
 	upNode(t, ctx, "refused-node", "ml.ic-refused.xlarge")
 
-	parent := testutil.MakeInferenceEndpointConfig("refused-team", "served").Obj()
+	parent := builders.MakeInferenceEndpointConfig("refused-team", "served").Obj()
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
-	ic := testutil.MakeInferenceImageCache("refused-team", "iic-own")
+	ic := builders.MakeInferenceImageCache("refused-team", "iic-own")
 	ic.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.ic-refused.xlarge"}}
 	ic.Spec.ParentReferences = []inferencev1.ParentReference{{Kind: "InferenceEndpointConfig", Namespace: "refused-team", Name: "served", UID: string(parent.UID)}}
 	if err := c.Create(ctx, ic); err != nil {

@@ -26,7 +26,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/secrets"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/placement"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
@@ -73,7 +73,7 @@ func pullWith(t *testing.T, ctx context.Context, ns string, create []*corev1.Sec
 // no weights cache, and reconciles it twice (the finalizer, then the image cache).
 func (rc *reconcilers) imageParent(t *testing.T, ctx context.Context, ns, name, image string) *inferencev1.InferenceEndpointConfig {
 	t.Helper()
-	p := testutil.MakeInferenceEndpointConfig(ns, name).InstanceType("ml.iso-suite.xlarge").Obj()
+	p := builders.MakeInferenceEndpointConfig(ns, name).InstanceType("ml.iso-suite.xlarge").Obj()
 	p.Spec.Worker.Image = image
 	p.Spec.ModelCacheConfig.WeightsCache.Enabled = false
 	if err := server.Client.Create(ctx, p); err != nil {
@@ -452,7 +452,7 @@ func TestImageCachesOfEarlierNamesAreAdoptedOrLetGo(t *testing.T) {
 	// image 2, a cache of up-a's and up-b's parents with up-a's copy; for image 3, a cache of
 	// up-b's parent with no pull secrets.
 	parent := func(ns, name, image string) *inferencev1.InferenceEndpointConfig {
-		p := testutil.MakeInferenceEndpointConfig(ns, name).InstanceType("ml.iso-suite.xlarge").Obj()
+		p := builders.MakeInferenceEndpointConfig(ns, name).InstanceType("ml.iso-suite.xlarge").Obj()
 		p.Spec.Worker.Image = image
 		p.Spec.ModelCacheConfig.WeightsCache.Enabled = false
 		if err := c.Create(ctx, p); err != nil {
@@ -461,7 +461,7 @@ func TestImageCachesOfEarlierNamesAreAdoptedOrLetGo(t *testing.T) {
 		return p
 	}
 	legacy := func(image string, copyFrom string, parents ...*inferencev1.InferenceEndpointConfig) *inferencev1.InferenceImageCache {
-		ic := testutil.MakeInferenceImageCache(opNS, serving.LegacyImageCacheName(image, pl))
+		ic := builders.MakeInferenceImageCache(opNS, serving.LegacyImageCacheName(image, pl))
 		ic.Spec.Image, ic.Spec.Placement = image, pl
 		for _, p := range parents {
 			ic.Spec.ParentReferences = append(ic.Spec.ParentReferences, inferencev1.ParentReference{Kind: "InferenceEndpointConfig", Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)})

@@ -20,7 +20,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // The InferenceEndpointConfig reconciler, called directly against the real API server (with the
@@ -37,7 +37,7 @@ func TestInferenceEndpointConfigReconcile(t *testing.T) {
 	rc := newReconcilers(t, ctx, "iec-operator", "iec")
 	const itype, node = "ml.iec-suite.xlarge", "iec-node"
 	upNode(t, ctx, node, itype)
-	parent := testutil.MakeInferenceEndpointConfig("iec", "llama").Obj()
+	parent := builders.MakeInferenceEndpointConfig("iec", "llama").Obj()
 	parent.Spec.InstanceType = itype
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
@@ -252,7 +252,7 @@ func TestDeploymentDeadline(t *testing.T) {
 	defer cancel()
 	c := server.Client
 	rc := newReconcilers(t, ctx, "deadline-operator", "deadline")
-	parent := testutil.MakeInferenceEndpointConfig("deadline", "slow").Obj()
+	parent := builders.MakeInferenceEndpointConfig("deadline", "slow").Obj()
 	parent.Spec.InstanceType = "ml.deadline-suite.xlarge" // no node: the gate opens at once
 	parent.Spec.MaxDeployTimeInSeconds = ptr.To[int32](600)
 	parent.Spec.ModelCacheConfig = nil

@@ -19,7 +19,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/serving"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // The JumpStartModel reconciler, called directly against the real API server: a model not in
@@ -34,7 +34,7 @@ func TestJumpStartModelReconcile(t *testing.T) {
 	// The catalog's model is a Hugging Face one: prewarm may read it anonymously or with the
 	// parent's token, so no source rule is needed.
 	const repo, commit = "meta-llama/Llama-3.1-8B-Instruct", "0e9e39f249a16976918f6564b8830bc894c89659"
-	if err := c.Create(ctx, testutil.JumpStartCatalog(rc.cfg.OperatorNamespace, repo, commit)); err != nil {
+	if err := c.Create(ctx, builders.JumpStartCatalog(rc.cfg.OperatorNamespace, repo, commit)); err != nil {
 		t.Fatal(err)
 	}
 	jr := &serving.JumpStartReconciler{Reconciler: rc.ep, CatalogName: "prewarm-jumpstart-catalog"}
@@ -63,7 +63,7 @@ func TestJumpStartModelReconcile(t *testing.T) {
 		}
 	}
 
-	unknown := testutil.MakeJumpStartModel("jsm", "unknown").Obj()
+	unknown := builders.MakeJumpStartModel("jsm", "unknown").Obj()
 	unknown.Spec.Model.ModelID = "huggingface-llm-nothing-like-it"
 	if err := c.Create(ctx, unknown); err != nil {
 		t.Fatal(err)
@@ -74,7 +74,7 @@ func TestJumpStartModelReconcile(t *testing.T) {
 	}
 	nothingMade("unknown")
 
-	noEULA := testutil.MakeJumpStartModel("jsm", "no-eula").Obj()
+	noEULA := builders.MakeJumpStartModel("jsm", "no-eula").Obj()
 	noEULA.Spec.Model.AcceptEula = false
 	if err := c.Create(ctx, noEULA); err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestJumpStartModelReconcile(t *testing.T) {
 	}
 	nothingMade("no-eula")
 
-	served := testutil.MakeJumpStartModel("jsm", "served").Obj()
+	served := builders.MakeJumpStartModel("jsm", "served").Obj()
 	served.Spec.Server.InstanceType = "ml.g5.48xlarge" // no node of the API server: the gate opens
 	if err := c.Create(ctx, served); err != nil {
 		t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // A node already asked for the most caches a NodeCache holds is not asked for one more, and the
@@ -46,11 +46,11 @@ func TestNodeCacheLimitIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	parent := testutil.MakeInferenceEndpointConfig(ns, "example-model").Obj()
+	parent := builders.MakeInferenceEndpointConfig(ns, "example-model").Obj()
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
-	m := testutil.MakeModelDataCacheConfig(ns, "example-model-cache")
+	m := builders.MakeModelDataCacheConfig(ns, "example-model-cache")
 	madeBy(m, parent)
 	if err := c.Create(ctx, m); err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func TestValuesPastARequestsLimitsAreRefusedOnTheirObject(t *testing.T) {
 	upNode(t, ctx, "long-node", "ml.g6e.4xlarge")
 
 	longID := "org/" + strings.Repeat("x", 296)
-	parent := testutil.MakeInferenceEndpointConfig("long-careless", "model").Obj()
+	parent := builders.MakeInferenceEndpointConfig("long-careless", "model").Obj()
 	parent.Spec.InstanceType = "ml.g6e.4xlarge"
 	parent.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceHuggingFace,
 		HuggingFaceModel: &inferencev1.HuggingFaceModel{ModelID: longID, CommitSHA: strings.Repeat("a", 40)}}
@@ -148,7 +148,7 @@ func TestValuesPastARequestsLimitsAreRefusedOnTheirObject(t *testing.T) {
 	}
 
 	// Its cache, as a standalone ModelWeightsCacheConfig or a hand-made parent would make it.
-	m := testutil.MakeModelDataCacheConfig("long-careless", "long-cache")
+	m := builders.MakeModelDataCacheConfig("long-careless", "long-cache")
 	madeBy(m, parent)
 	m.Spec.ModelSourceConfig = parent.Spec.ModelSourceConfig
 	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.g6e.4xlarge"}}

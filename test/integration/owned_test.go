@@ -24,7 +24,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
 	"github.com/prewarm/prewarm/internal/credentials"
 	"github.com/prewarm/prewarm/internal/placement"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // Objects prewarm owns cannot be bent by hand into something else: an image cache's image and
@@ -55,7 +55,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 	}
 
 	t.Run("an image cache's image and placement cannot be changed", func(t *testing.T) {
-		ic := testutil.MakeInferenceImageCache(cfg.OperatorNamespace, "owned-iic")
+		ic := builders.MakeInferenceImageCache(cfg.OperatorNamespace, "owned-iic")
 		if err := c.Create(ctx, ic); err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +73,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 	})
 
 	t.Run("a cache its parent did not make is asked of no node", func(t *testing.T) {
-		parent := testutil.MakeInferenceEndpointConfig("owned", "real").Obj()
+		parent := builders.MakeInferenceEndpointConfig("owned", "real").Obj()
 		parent.Spec.InstanceType = "ml.trn1.32xlarge"
 		if err := c.Create(ctx, parent); err != nil {
 			t.Fatal(err)
@@ -91,7 +91,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 				m.Spec.ParentReference.UID = "00000000-0000-4000-8000-000000000000"
 			}, "did not make this cache"},
 		} {
-			m := testutil.MakeModelDataCacheConfig("owned", "forged-"+tc.name)
+			m := builders.MakeModelDataCacheConfig("owned", "forged-"+tc.name)
 			m.Spec.ParentReference.Name, m.Spec.ParentReference.UID = parent.Name, string(parent.UID)
 			m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.trn1.32xlarge"}}
 			tc.mutate(m)
@@ -108,7 +108,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 			}
 		}
 		// The same cache, made by its parent, is served.
-		m := testutil.MakeModelDataCacheConfig("owned", "made-by-parent")
+		m := builders.MakeModelDataCacheConfig("owned", "made-by-parent")
 		madeBy(m, parent)
 		m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.trn1.32xlarge"}}
 		if err := c.Create(ctx, m); err != nil {
@@ -133,7 +133,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		if err := c.Status().Update(ctx, nc); err != nil {
 			t.Fatal(err)
 		}
-		parent := testutil.MakeInferenceEndpointConfig("owned", "gated").HuggingFace("meta-llama/Llama-3.1-8B-Instruct", strings.Repeat("a", 40)).Obj()
+		parent := builders.MakeInferenceEndpointConfig("owned", "gated").HuggingFace("meta-llama/Llama-3.1-8B-Instruct", strings.Repeat("a", 40)).Obj()
 		parent.Spec.InstanceType = "ml.trn1.32xlarge"
 		parent.Spec.ModelSourceConfig.HuggingFaceModel.TokenSecretRef = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "hf-token"}, Key: "token"}
 		if err := c.Create(ctx, parent); err != nil {
@@ -143,7 +143,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		if err := c.Create(ctx, secret); err != nil {
 			t.Fatal(err)
 		}
-		m := testutil.MakeModelDataCacheConfig("owned", "gated-cache")
+		m := builders.MakeModelDataCacheConfig("owned", "gated-cache")
 		m.Spec.ModelSourceConfig = parent.Spec.ModelSourceConfig
 		madeBy(m, parent)
 		m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.trn1.32xlarge"}}
@@ -195,7 +195,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 	})
 
 	t.Run("a parent does not use an image cache that holds another image", func(t *testing.T) {
-		parent := testutil.MakeInferenceEndpointConfig("owned", "imaged").Obj()
+		parent := builders.MakeInferenceEndpointConfig("owned", "imaged").Obj()
 		parent.Spec.InstanceType = "ml.p5.48xlarge"
 		if err := c.Create(ctx, parent); err != nil {
 			t.Fatal(err)
@@ -203,7 +203,7 @@ func TestOperatorOwnedObjectsResistEdits(t *testing.T) {
 		// An image cache of the very name this parent's image and placement give, made by hand
 		// with another image.
 		name := serving.ImageCacheName(parent.Spec.Worker.Image, placement.FromParent(parent.Spec.InstanceType, nil, nil, nil), "")
-		squat := testutil.MakeInferenceImageCache(cfg.OperatorNamespace, name)
+		squat := builders.MakeInferenceImageCache(cfg.OperatorNamespace, name)
 		squat.Spec.Image = "registry.example/miner:latest"
 		squat.Spec.Placement = placement.FromParent(parent.Spec.InstanceType, nil, nil, nil)
 		if err := c.Create(ctx, squat); err != nil {
@@ -244,14 +244,14 @@ func TestDeletedCachesAreWithdrawnWhateverTheInterleaving(t *testing.T) {
 	c := server.Client
 	rc := newReconcilers(t, ctx, "orphans-operator", "orphans")
 	upNode(t, ctx, "orphans-node", "ml.inf2.48xlarge")
-	parent := testutil.MakeInferenceEndpointConfig("orphans", "model").Obj()
+	parent := builders.MakeInferenceEndpointConfig("orphans", "model").Obj()
 	parent.Spec.InstanceType = "ml.inf2.48xlarge"
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
 	var caches []*inferencev1.ModelDataCacheConfig
 	for _, name := range []string{"kept", "deleted"} {
-		m := testutil.MakeModelDataCacheConfig("orphans", name)
+		m := builders.MakeModelDataCacheConfig("orphans", name)
 		madeBy(m, parent)
 		m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.inf2.48xlarge"}}
 		if err := c.Create(ctx, m); err != nil {

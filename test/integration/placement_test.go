@@ -19,7 +19,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // A parent that names its HyperPod instance type finds the nodes of the cluster it runs on: an
@@ -39,7 +39,7 @@ func TestPlacementOnCloudNodes(t *testing.T) {
 	upNode(t, ctx, "pl-gke", "g2-pl-suite")
 	taint(t, ctx, "pl-eks", corev1.Taint{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule})
 	labelNode(t, ctx, "pl-gke", "cloud.google.com/gke-accelerator", "nvidia-pl")
-	parent := testutil.MakeInferenceEndpointConfig("pl", "placed").Obj()
+	parent := builders.MakeInferenceEndpointConfig("pl", "placed").Obj()
 	parent.Spec.InstanceType = itype
 	parent.Spec.Worker.Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("4")}}
 	if err := c.Create(ctx, parent); err != nil {

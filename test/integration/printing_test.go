@@ -17,6 +17,7 @@ import (
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // table fetches a list as the server's Table, the form `kubectl get` prints.
@@ -33,7 +34,7 @@ func headers(tab *metav1.Table) []string { return testutil.TableHeaders(tab) }
 
 func TestModelDataCacheConfigTableMatchesSeed(t *testing.T) {
 	ctx := context.Background()
-	mdcc := testutil.MakeModelDataCacheConfig("default", "example-model-cache")
+	mdcc := builders.MakeModelDataCacheConfig("default", "example-model-cache")
 	if err := server.Client.Create(ctx, mdcc); err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestModelDataCacheConfigTableMatchesSeed(t *testing.T) {
 
 func TestInferenceImageCacheTableMatchesSeed(t *testing.T) {
 	ctx := context.Background()
-	iic := testutil.MakeInferenceImageCache("default", "iic-vllm-openai-ml-g5-24xlarge-a1b2")
+	iic := builders.MakeInferenceImageCache("default", "iic-vllm-openai-ml-g5-24xlarge-a1b2")
 	if err := server.Client.Create(ctx, iic); err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +181,7 @@ func TestShortNamesResolve(t *testing.T) {
 // and the selector back.
 func TestInferenceEndpointConfigScaleSubresource(t *testing.T) {
 	ctx := context.Background()
-	o := testutil.MakeInferenceEndpointConfig("default", "scaled").Obj()
+	o := builders.MakeInferenceEndpointConfig("default", "scaled").Obj()
 	if err := server.Client.Create(ctx, o); err != nil {
 		t.Fatal(err)
 	}

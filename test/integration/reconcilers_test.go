@@ -18,7 +18,7 @@ import (
 	"github.com/prewarm/prewarm/internal/controller"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/harness"
 )
 
@@ -89,12 +89,12 @@ func madeBy(m *inferencev1.ModelDataCacheConfig, parent *inferencev1.InferenceEn
 // it would make (name-cache, placed on instanceType), and returns the cache as created.
 func servedCache(t *testing.T, ctx context.Context, ns, name, instanceType string) *inferencev1.ModelDataCacheConfig {
 	t.Helper()
-	parent := testutil.MakeInferenceEndpointConfig(ns, name).Obj()
+	parent := builders.MakeInferenceEndpointConfig(ns, name).Obj()
 	parent.Spec.InstanceType = instanceType
 	if err := server.Client.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
-	m := testutil.MakeModelDataCacheConfig(ns, name+"-cache")
+	m := builders.MakeModelDataCacheConfig(ns, name+"-cache")
 	madeBy(m, parent)
 	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{instanceType}}
 	if err := server.Client.Create(ctx, m); err != nil {

@@ -16,7 +16,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/credentials"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // prewarm reads a source with its own identity only where the operator configuration allows
@@ -65,13 +65,13 @@ func TestSourcesAreReadWithTheNamespacesOwnRights(t *testing.T) {
 
 	cache := func(ns, name string, src inferencev1.ModelSourceConfig) *inferencev1.ModelDataCacheConfig {
 		t.Helper()
-		parent := testutil.MakeInferenceEndpointConfig(ns, name).Obj()
+		parent := builders.MakeInferenceEndpointConfig(ns, name).Obj()
 		parent.Spec.InstanceType = "ml.g6.48xlarge"
 		parent.Spec.ModelSourceConfig = src
 		if err := c.Create(ctx, parent); err != nil {
 			t.Fatal(err)
 		}
-		m := testutil.MakeModelDataCacheConfig(ns, name+"-cache")
+		m := builders.MakeModelDataCacheConfig(ns, name+"-cache")
 		m.Spec.ModelSourceConfig = src
 		m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{"ml.g6.48xlarge"}}
 		madeBy(m, parent)

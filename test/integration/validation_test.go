@@ -13,19 +13,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 type iecMutation func(*inferencev1.InferenceEndpointConfig)
 
 func iec(name string, mutate iecMutation) client.Object {
-	o := testutil.MakeInferenceEndpointConfig("default", name).Obj()
+	o := builders.MakeInferenceEndpointConfig("default", name).Obj()
 	mutate(o)
 	return o
 }
 
 func jsm(name string, mutate func(*inferencev1.JumpStartModel)) client.Object {
-	o := testutil.MakeJumpStartModel("default", name).Obj()
+	o := builders.MakeJumpStartModel("default", name).Obj()
 	mutate(o)
 	return o
 }
@@ -76,11 +76,11 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 		{"instanceType: the pattern is kept beside its message", iec("v14b", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.InstanceType = "g5.24xlarge"
 		}), `should match '^ml\..*'`},
-		{"HF modelId without org (HyperPod's pattern)", testutil.MakeInferenceEndpointConfig("default", "v16").HuggingFace("llama", "").Obj(),
+		{"HF modelId without org (HyperPod's pattern)", builders.MakeInferenceEndpointConfig("default", "v16").HuggingFace("llama", "").Obj(),
 			"modelId must be a Hugging Face repository as org/name"},
-		{"HF modelId with ..", testutil.MakeInferenceEndpointConfig("default", "v16b").HuggingFace("meta-llama/..", "").Obj(),
+		{"HF modelId with ..", builders.MakeInferenceEndpointConfig("default", "v16b").HuggingFace("meta-llama/..", "").Obj(),
 			"modelId must not contain '..'"},
-		{"HF commitSHA a branch (HyperPod's pattern)", testutil.MakeInferenceEndpointConfig("default", "v17").HuggingFace("meta-llama/Llama-3.1-8B", "main").Obj(),
+		{"HF commitSHA a branch (HyperPod's pattern)", builders.MakeInferenceEndpointConfig("default", "v17").HuggingFace("meta-llama/Llama-3.1-8B", "main").Obj(),
 			"commitSHA must be a full commit id, 40 lower-case hex digits"},
 		{"fsx modelLocation with ..", iec("v24", func(o *inferencev1.InferenceEndpointConfig) {
 			o.Spec.ModelSourceConfig = inferencev1.ModelSourceConfig{ModelSourceType: inferencev1.ModelSourceFSx,
@@ -143,12 +143,12 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 			o.Spec.ModelCacheConfig.WeightsCache.HostPath = "nvme"
 		}), "hostPath must be an absolute path"},
 		{"ModelDataCacheConfig hostPath with ..", func() client.Object {
-			o := testutil.MakeModelDataCacheConfig("default", "v42")
+			o := builders.MakeModelDataCacheConfig("default", "v42")
 			o.Spec.HostPath = "/opt/dlami/nvme/.."
 			return o
 		}(), "hostPath must not contain '..'"},
 		{"InferenceImageCache parent of unknown kind", func() client.Object {
-			o := testutil.MakeInferenceImageCache("default", "v43")
+			o := builders.MakeInferenceImageCache("default", "v43")
 			o.Spec.ParentReferences = []inferencev1.ParentReference{{Kind: "Deployment", Namespace: "default", Name: "x", UID: "u1"}}
 			return o
 		}(), `Unsupported value: "Deployment"`},
@@ -174,7 +174,7 @@ func TestInvalidObjectsRejectedWithClearMessages(t *testing.T) {
 // unstructuredIEC is a valid InferenceEndpointConfig as unstructured, for manifests the typed
 // client cannot express (a missing required field, a value outside an enum).
 func unstructuredIEC(name string) *unstructured.Unstructured {
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(testutil.MakeInferenceEndpointConfig("default", name).Obj())
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(builders.MakeInferenceEndpointConfig("default", name).Obj())
 	if err != nil {
 		panic(err)
 	}

@@ -16,7 +16,7 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // The weights cache reconciler, called directly against the real API server, through one cache's
@@ -36,12 +36,12 @@ func TestWeightsCacheReconcile(t *testing.T) {
 	const itype = "ml.wc-suite.xlarge"
 	upNode(t, ctx, "wc-a", itype)
 	upNode(t, ctx, "wc-b", itype)
-	parent := testutil.MakeInferenceEndpointConfig("wc", "served").Obj()
+	parent := builders.MakeInferenceEndpointConfig("wc", "served").Obj()
 	parent.Spec.InstanceType = itype
 	if err := c.Create(ctx, parent); err != nil {
 		t.Fatal(err)
 	}
-	m := testutil.MakeModelDataCacheConfig("wc", "served-cache")
+	m := builders.MakeModelDataCacheConfig("wc", "served-cache")
 	madeBy(m, parent)
 	m.Spec.Placement = inferencev1.Placement{InstanceTypes: []string{itype}}
 	if err := c.Create(ctx, m); err != nil {

@@ -26,6 +26,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/placement"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -78,7 +79,7 @@ func fixture(t *testing.T, c client.Client) {
 		})
 	}
 
-	iec := testutil.MakeInferenceEndpointConfig("default", "example-model").Obj()
+	iec := builders.MakeInferenceEndpointConfig("default", "example-model").Obj()
 	mustCreate(t, c, iec)
 	setStatus(t, c, iec, func() {
 		iec.Status = inferencev1.ParentStatus{State: inferencev1.DeploymentInProgress, Replicas: 1,
@@ -123,7 +124,7 @@ func fixture(t *testing.T, c client.Client) {
 			}}
 	})
 
-	jsm := testutil.MakeJumpStartModel("default", "no-eula").Obj()
+	jsm := builders.MakeJumpStartModel("default", "no-eula").Obj()
 	jsm.Spec.Model.AcceptEula = false
 	mustCreate(t, c, jsm)
 	setStatus(t, c, jsm, func() {
@@ -247,7 +248,7 @@ func TestStatusOnAFleet(t *testing.T) {
 	c := api.Client
 	ctx := context.Background()
 	mustCreate(t, c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "fleet"}})
-	iec := testutil.MakeInferenceEndpointConfig("fleet", "big").Obj()
+	iec := builders.MakeInferenceEndpointConfig("fleet", "big").Obj()
 	mustCreate(t, c, iec)
 	setStatus(t, c, iec, func() {
 		iec.Status = inferencev1.ParentStatus{State: inferencev1.DeploymentInProgress}

@@ -20,7 +20,7 @@ import (
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/keda"
 	"github.com/prewarm/prewarm/internal/scheme"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 func autoScalingSpec(t *testing.T, doc string) *inferencev1.AutoScalingSpec {
@@ -265,7 +265,7 @@ func TestAutoscalingWithoutKEDASaysWhatToInstall(t *testing.T) {
 	}
 	r := &Reconciler{Client: fake.NewClientBuilder().WithScheme(s).WithRESTMapper(mapper).Build(), Now: time.Now}
 	r.Config.OperatorConfiguration = scalingConfig()
-	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 	iec.Spec.Replicas = ptr.To[int32](3)
 	iec.Spec.AutoScalingSpec = autoScalingSpec(t, "prometheusTrigger: {query: up, targetValue: 1}")
 	st := &state{m: fromEndpoint(iec), status: &inferencev1.ParentStatus{}}

@@ -23,7 +23,7 @@ import (
 	"github.com/prewarm/prewarm/internal/catalog"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/controller"
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 func TestGate(t *testing.T) {
@@ -91,7 +91,7 @@ func TestGate(t *testing.T) {
 func TestPodTemplate(t *testing.T) {
 	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}, S3: config.S3{Endpoint: "http://s3.local", PathStyle: true}}}}
 	r.Config.Defaults()
-	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 	iec.UID = types.UID("0000-parent")
 	m := fromEndpoint(iec)
 	cache := &inferencev1.ModelDataCacheConfig{ObjectMeta: metav1.ObjectMeta{Name: "m-cache", UID: "cafe-1"}}
@@ -261,17 +261,17 @@ func TestTemplateErrorsKeepTheirReason(t *testing.T) {
 	// of prewarm's, retried, not a problem of the parent's.
 	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}}}}
 	r.Config.Defaults()
-	m := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").Obj())
+	m := fromEndpoint(builders.MakeInferenceEndpointConfig("ns", "m").Obj())
 	if err := r.prefetchModel(m, nil, &corev1.Container{}, &corev1.PodSpec{}); err == nil || reasonOf(err) != "" {
 		t.Errorf("prefetch with no model mounted: %v; want an error that is no problem of the parent's", err)
 	}
 }
 
 func TestCacheKeyChangesWithContentNotPlacement(t *testing.T) {
-	base := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").Obj())
-	moved := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").Location("models/other").Obj())
-	rooted := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").HostPath("/mnt/nvme").Obj())
-	placed := fromEndpoint(testutil.MakeInferenceEndpointConfig("ns", "m").InstanceType("ml.p4d.24xlarge").Obj())
+	base := fromEndpoint(builders.MakeInferenceEndpointConfig("ns", "m").Obj())
+	moved := fromEndpoint(builders.MakeInferenceEndpointConfig("ns", "m").Location("models/other").Obj())
+	rooted := fromEndpoint(builders.MakeInferenceEndpointConfig("ns", "m").HostPath("/mnt/nvme").Obj())
+	placed := fromEndpoint(builders.MakeInferenceEndpointConfig("ns", "m").InstanceType("ml.p4d.24xlarge").Obj())
 	if cacheKey(base) == cacheKey(moved) || cacheKey(base) == cacheKey(rooted) {
 		t.Error("a new location or hostPath must give a new cache key")
 	}
@@ -286,7 +286,7 @@ func TestCacheKeyChangesWithContentNotPlacement(t *testing.T) {
 func TestPodTemplateHonoursHyperPodFields(t *testing.T) {
 	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}}}}
 	r.Config.Defaults()
-	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/health", Port: intstr.FromInt32(8000)}}}
 	iec.Spec.Worker.Probes = &inferencev1.Probes{ReadinessProbe: probe, StartupProbe: probe}
 	iec.Spec.Worker.WorkingDir = "/srv"
@@ -345,7 +345,7 @@ func TestPodTemplateHonoursHyperPodFields(t *testing.T) {
 // Every field prewarm cannot honour, when it asks for something, is named; a block that turns
 // its feature off, and the defaults the API server fills in, are not.
 func TestUnsupportedFieldsAreNamed(t *testing.T) {
-	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 	if got := fromEndpoint(iec).unsupported; len(got) != 0 {
 		t.Errorf("a plain parent: unsupported %v; want none", got)
 	}
@@ -368,7 +368,7 @@ func TestUnsupportedFieldsAreNamed(t *testing.T) {
 		t.Errorf("unsupported (-want +got):\n%s", diff)
 	}
 
-	j := testutil.MakeJumpStartModel("ns", "j").Obj()
+	j := builders.MakeJumpStartModel("ns", "j").Obj()
 	j.Spec.SageMakerEndpoint = &inferencev1.SageMakerEndpoint{Name: ptr.To("")} // the default: no endpoint
 	j.Spec.Server.ExecutionRole = "arn:aws:iam::123456789012:role/x"
 	if diff := cmp.Diff([]string{"server.executionRole"}, fromJumpStart(j, &catalog.Entry{}).unsupported); diff != "" {
@@ -379,7 +379,7 @@ func TestUnsupportedFieldsAreNamed(t *testing.T) {
 // A MIG partition replaces whole GPUs with one slice of the profile; additionalConfigs and
 // environmentVariables are added to the catalog's variables, the later winning.
 func TestJumpStartPartitionAndConfigs(t *testing.T) {
-	j := testutil.MakeJumpStartModel("ns", "j").Obj()
+	j := builders.MakeJumpStartModel("ns", "j").Obj()
 	j.Spec.Server.AcceleratorPartitionType = "mig-1g.10gb"
 	j.Spec.Model.AdditionalConfigs = []inferencev1.NameValue{{Name: "MAX_MODEL_LEN", Value: "4096"}, {Name: "DTYPE", Value: "half"}}
 	j.Spec.EnvironmentVariables = []inferencev1.NameValue{{Name: "DTYPE", Value: "bfloat16"}}
@@ -405,7 +405,7 @@ func TestJumpStartPartitionAndConfigs(t *testing.T) {
 func TestPrefetchTemplate(t *testing.T) {
 	r := &Reconciler{Config: controller.Config{OperatorConfiguration: config.OperatorConfiguration{Controller: config.Controller{AgentImage: "agent:v1"}, Kind: config.Kind, CacheRoots: []config.CacheRoot{{Path: config.DefaultCacheRoot}}}}}
 	r.Config.Defaults()
-	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 	iec.Spec.ModelSourceConfig.PrefetchEnabled = ptr.To(true)
 	iec.Spec.Worker.Resources.Limits[corev1.ResourceMemory] = resource.MustParse("64Gi")
 	m := fromEndpoint(iec)
@@ -487,7 +487,7 @@ func TestPrefetchBounds(t *testing.T) {
 				r.Config.Controller.PrefetchSizeLimit = ptr.To(resource.MustParse(tc.configLimit))
 			}
 			r.Config.Defaults()
-			iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+			iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 			iec.Spec.ModelSourceConfig.PrefetchEnabled = ptr.To(true)
 			delete(iec.Spec.Worker.Resources.Limits, corev1.ResourceMemory)
 			if tc.workerLimit != "" {
@@ -564,7 +564,7 @@ cloudWatchTrigger:
 			if err := yaml.UnmarshalStrict([]byte(tc.spec), s); err != nil {
 				t.Fatal(err)
 			}
-			iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+			iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 			iec.Spec.AutoScalingSpec = s
 			m := fromEndpoint(iec)
 			if got := scalingAsked(m.autoscaling); got != tc.asked {

@@ -6,7 +6,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/events"
 
-	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 // An event that tells of a status transition is recorded only once the status is written: a
@@ -15,7 +15,7 @@ import (
 func TestTransitionEventsWaitForTheStatusWrite(t *testing.T) {
 	rec := events.NewFakeRecorder(10)
 	r := &Reconciler{Recorder: rec}
-	iec := testutil.MakeInferenceEndpointConfig("ns", "m").Obj()
+	iec := builders.MakeInferenceEndpointConfig("ns", "m").Obj()
 	p := &problem{"InvalidSpec", "no"}
 
 	s := &state{m: fromEndpoint(iec), status: iec.Status.DeepCopy()} // the status whose write conflicts

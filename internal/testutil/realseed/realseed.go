@@ -33,6 +33,7 @@ import (
 
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/hubfixture"
 	"github.com/prewarm/prewarm/internal/testutil/realnode"
@@ -501,7 +502,7 @@ func (e *Env) prepare(ctx context.Context, commit string, gpus int) error {
 	creds := map[string][]byte{"AWS_ACCESS_KEY_ID": []byte(s3fixture.AccessKey), "AWS_SECRET_ACCESS_KEY": []byte(s3fixture.SecretKey)}
 	for _, obj := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: OpNS}},
-		testutil.JumpStartCatalogGPUs(OpNS, llamaRepo, commit, gpus),
+		builders.JumpStartCatalogGPUs(OpNS, llamaRepo, commit, gpus),
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: OpNS, Name: "prewarm-s3"}, Data: creds},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "prewarm-s3"}, Data: creds},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "hf-token"}, Data: map[string][]byte{"token": []byte(hubToken)}},

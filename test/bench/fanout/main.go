@@ -33,6 +33,7 @@ import (
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
@@ -461,7 +462,7 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 	if noDigest {
 		location = noDigestPrefix
 	}
-	iec := testutil.MakeInferenceEndpointConfig("default", fmt.Sprintf("fanout-%d", k)).Location(location).InstanceType(itype).Obj()
+	iec := builders.MakeInferenceEndpointConfig("default", fmt.Sprintf("fanout-%d", k)).Location(location).InstanceType(itype).Obj()
 	iec.Spec.ModelSourceConfig.S3Storage.BucketName = bucket
 	iec.Spec.ModelCacheConfig.ImageCache = nil
 	start := time.Now()

@@ -48,6 +48,7 @@ import (
 	"github.com/prewarm/prewarm/internal/scheme"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/agentsim"
+	"github.com/prewarm/prewarm/internal/testutil/builders"
 )
 
 const (
@@ -721,7 +722,7 @@ func (f *fleet) runCaches(k int, last bool) (cacheResult, error) {
 func parentName(j int) string { return fmt.Sprintf("model-%02d", j) }
 
 func parent(j int, its []string) *inferencev1.InferenceEndpointConfig {
-	p := testutil.MakeInferenceEndpointConfig(namespace, parentName(j)).Obj()
+	p := builders.MakeInferenceEndpointConfig(namespace, parentName(j)).Obj()
 	p.Spec.ModelSourceConfig.S3Storage.BucketName = bucket
 	p.Spec.InstanceType, p.Spec.InstanceTypes = "", its
 	p.Spec.Worker.Image = image

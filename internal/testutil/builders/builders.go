@@ -1,4 +1,8 @@
-package testutil
+// Package builders builds the objects prewarm's tests create, shaped like the seed's manifests:
+// HyperPod's kinds with the fields a test changes set by chained methods. It is dependency-free
+// (the API types only; test/architecture holds it to that), so a unit test builds objects
+// without the cluster harness.
+package builders
 
 import (
 	corev1 "k8s.io/api/core/v1"
