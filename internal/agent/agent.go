@@ -6,7 +6,6 @@ import (
 	iofs "io/fs"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
@@ -49,8 +48,9 @@ type Agent struct {
 	// verifyLimiter paces re-verification reads across all caches (nil: no cap).
 	verifyLimiter *rate.Limiter
 	// recorder records events on the pods whose model volume the node plugin serves (nil:
-	// none); events, under mu, holds when each was last recorded, to pace them.
+	// none), paced by events (under its own lock).
 	recorder events.EventRecorder
+	events   pacer
 	// budgets are the node's origin budgets, by source type.
 	budgets map[inferencev1.ModelSourceType]*engine.Budget
 	// disks judges whether a cache root is a disk the node may keep caches on.
@@ -77,11 +77,15 @@ type Agent struct {
 	// says what the agent holds (or there is nothing to say yet).
 	reported atomic.Bool
 
-	// mu guards the fields below it, and only those: the jobs by cache UID (each job guards its
-	// own state, under its own lock, taken after mu), the caches being removed, the NodeCache's
-	// requests as last read, the scratch copies, the mounts being published and the events'
-	// pacing. Everything above is set before the agent starts and not changed after, or guards
-	// itself.
+	// scratches are the copies of caches kept for the pods of a node with no local disk (under
+	// their own lock, taken after mu).
+	scratches scratches
+
+	// mu guards the fields below it, and only those: what the agent owns of the node's caches,
+	// that is the jobs by cache UID (each job guards its own state, under its own lock, taken
+	// after mu), the caches being removed, the NodeCache's requests as last read and the mounts
+	// being published, which an eviction checks together. Everything above is set before the
+	// agent starts and not changed after, or guards itself.
 	mu   sync.Mutex
 	jobs map[string]*cachejob.Job // by cache UID
 	// removing are the caches whose directories are to go, by UID, with their namespace (only
@@ -90,14 +94,9 @@ type Agent struct {
 	inUse    map[string]string // of those, the ones a pod on the node still uses: the pod
 	seen     bool              // the NodeCache has been read at least once
 	want     []prewarmv1alpha1.CacheRequest
-	// scratches are the copies of caches kept for the pods of a node with no local disk, by
-	// cache UID.
-	scratches map[string]*scratch
 	// publishing counts, by cache UID, the mounts handed out that the node plugin has not
 	// finished: a cache being mounted is not evicted.
 	publishing map[string]int
-	// events holds when each event was last recorded on a pod, to pace them.
-	events map[string]time.Time
 }
 
 // New returns an agent that reads and writes NodeCache objects through c. It makes the key pair
@@ -109,8 +108,8 @@ func New(c client.Client, opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("making the agent's credentials key: %w", err)
 	}
 	a := &Agent{
-		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1), events: map[string]time.Time{},
-		jobs: map[string]*cachejob.Job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, scratches: map[string]*scratch{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
+		opts: opts, client: c, key: key, sem: make(chan struct{}, opts.MaxParallel), urgent: make(chan struct{}, 1),
+		jobs: map[string]*cachejob.Job{}, removing: map[string]string{}, removals: newRemovals(), usages: usages{byRoot: map[string]usage{}}, inUse: map[string]string{}, publishing: map[string]int{}, space: space{claims: map[string]claim{}, scratch: map[string]scratchClaim{}},
 		metrics: newMetrics(opts.Registerer, opts.Config.Agent.MetricsPerCache), budgets: newBudgets(&opts), disks: newDiskCheck(opts.KubeletDir), names: newNames(opts.Now),
 	}
 	a.kubelet, a.kubeletErr = loadKubeletLimits(opts.Config.Agent.Kubelet, opts.local)

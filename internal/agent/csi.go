@@ -277,9 +277,9 @@ func (a *Agent) Mounted(req MountRequest, model, target string, err error) {
 		}
 		return
 	}
+	s, cur := a.scratches.state(req.CacheUID)
+	scratch := s != nil && cur.ready && model == s.model()
 	a.mu.Lock()
-	s := a.scratches[req.CacheUID]
-	scratch := s != nil && s.ready && model == s.model()
 	j := a.jobs[req.CacheUID]
 	if !scratch && a.publishing[req.CacheUID] > 0 {
 		if a.publishing[req.CacheUID]--; a.publishing[req.CacheUID] == 0 {
@@ -313,20 +313,9 @@ func (a *Agent) event(req MountRequest, typ, reason, msg string) {
 	}
 	msg = text.Clip(msg, text.MaxEventNote)
 	key := string(req.PodUID) + "/" + req.CacheUID + "/" + req.CacheName + "/" + reason
-	now := a.opts.Now()
-	a.mu.Lock()
-	last, seen := a.events[key]
-	if seen && now.Sub(last) < a.opts.EventInterval && reason != EventCacheMounted {
-		a.mu.Unlock()
+	if !a.events.allow(key, a.opts.Now(), a.opts.EventInterval, reason == EventCacheMounted) {
 		return
 	}
-	a.events[key] = now
-	for k, t := range a.events {
-		if now.Sub(t) > time.Hour {
-			delete(a.events, k)
-		}
-	}
-	a.mu.Unlock()
 	pod := &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: req.PodNamespace, Name: req.PodName, UID: req.PodUID},

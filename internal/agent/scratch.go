@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,27 +45,115 @@ func (o *Options) scratchDir() string {
 type scratch struct {
 	uid, ns string
 	dir     string
-	// guarded by the agent's mu:
-	ready    bool
-	progress engine.Progress
-	err      error
+	// wake gets the copy's download out of its wait after a refusal: room may have been freed.
+	wake chan struct{}
+
+	// guarded by the scratches' mu:
+	st scratchState
 	// asked is when a pod last asked for the copy: it is not removed for RetryInterval after,
 	// so that a pod whose mount is under way is not left without it.
 	asked time.Time
-	// mounted says the copy was last kept because a pod's volume mounts it, though no pod on
-	// the node uses it by the pod list.
-	mounted bool
-	// wake gets the copy's download out of its wait after a refusal: room may have been freed.
-	wake chan struct{}
-}
-
-// refused reports whether the copy's last claim of room was refused (a.mu held).
-func (s *scratch) refused() bool {
-	var no *errNoScratchRoom
-	return errors.As(s.err, &no)
 }
 
 func (s *scratch) model() string { return filepath.Join(s.dir, prewarmv1alpha1.ModelSubdir) }
+
+// scratchState is what is known of a scratch copy at one moment.
+type scratchState struct {
+	ready    bool
+	progress engine.Progress
+	err      error
+	// mounted says the copy was last kept because a pod's volume mounts it, though no pod on
+	// the node uses it by the pod list.
+	mounted bool
+}
+
+// refused reports whether the copy's last claim of room was refused.
+func (st scratchState) refused() bool {
+	var no *errNoScratchRoom
+	return errors.As(st.err, &no)
+}
+
+// scratches are the node's scratch copies by cache UID, with what is known of each. They guard
+// themselves; their lock is taken after the agent's mu, never before it.
+type scratches struct {
+	mu    sync.Mutex
+	byUID map[string]*scratch
+}
+
+// state is the copy of cache uid (nil: none) and what is known of it.
+func (c *scratches) state(uid string) (*scratch, scratchState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.byUID[uid]
+	if s == nil {
+		return nil, scratchState{}
+	}
+	return s, s.st
+}
+
+// ask notes that a pod asked for the copy of cache uid at now, adding the copy made by mk when
+// there is none (made says so), and says what is known of it.
+func (c *scratches) ask(uid string, now time.Time, mk func() *scratch) (s *scratch, st scratchState, made bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s = c.byUID[uid]
+	if s == nil {
+		s, made = mk(), true
+		if c.byUID == nil {
+			c.byUID = map[string]*scratch{}
+		}
+		c.byUID[uid] = s
+	}
+	s.asked = now
+	return s, s.st, made
+}
+
+// update changes what is known of s by f, and returns what was known before.
+func (c *scratches) update(s *scratch, f func(*scratchState)) scratchState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	before := s.st
+	f(&s.st)
+	return before
+}
+
+// remove takes s out of the copies and moves its directory out of the way (move), unless a pod
+// asked for it within quiet of now. Both happen under the lock, so a pod that asks from then on
+// starts a copy of its own and never finds this one half removed.
+func (c *scratches) remove(s *scratch, now time.Time, quiet time.Duration, move func() error) (removed bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now.Sub(s.asked) < quiet {
+		return false, nil
+	}
+	delete(c.byUID, s.uid)
+	return true, move()
+}
+
+// moveUnknown moves the directory of cache uid's copy out of the way (move) unless the copy is
+// one of the agent's, under the lock a pod's ask takes.
+func (c *scratches) moveUnknown(uid string, move func() error) (moved bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, known := c.byUID[uid]; known {
+		return false, nil
+	}
+	return true, move()
+}
+
+// wakeRefused gets the copies that were refused room out of their wait, to claim it again.
+func (c *scratches) wakeRefused() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.byUID {
+		if s.st.refused() {
+			select {
+			case s.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
 
 // scratchToMount answers a pod's mount of j's cache on a node with no local disk: the scratch
 // copy's model once it is whole, else why the pod waits (the first ask starts the download).
@@ -77,27 +166,20 @@ func (a *Agent) scratchToMount(ctx context.Context, req MountRequest, j *cachejo
 		// The namespace may not hold the cache's bytes on the node (its per-node limit; the
 		// controller's refusal is for the cluster's): not as a copy either, unless a whole one
 		// is here already (made when the node had no room for the cache).
-		a.mu.Lock()
-		s := a.scratches[req.CacheUID]
-		whole := s != nil && s.ready
-		a.mu.Unlock()
-		if !whole {
+		if _, cur := a.scratches.state(req.CacheUID); !cur.ready {
 			return "", false, a.refuse(req, codes.ResourceExhausted, text.Clip(fmt.Sprintf("node %s cannot hold cache %s for namespace %s's pods, nor a copy of it (%s): %s; the pod waits, and its mount is tried again",
 				a.opts.NodeName, req.CacheUID, ns, st.Reason, st.Message), text.MaxMessage))
 		}
 	}
 	j.Demand() // a pod waits: the download may take the node's extra slot
-	a.mu.Lock()
-	s := a.scratches[req.CacheUID]
-	if s == nil {
-		s = &scratch{uid: req.CacheUID, ns: ns, dir: filepath.Join(a.opts.scratchDir(), req.CacheUID), wake: make(chan struct{}, 1)}
-		a.scratches[s.uid] = s
-		a.goroutines.Add(1)
+	s, cur, made := a.scratches.ask(req.CacheUID, a.opts.Now(), func() *scratch {
+		a.goroutines.Add(1) // under the scratches' lock: the copy has one keeper
+		return &scratch{uid: req.CacheUID, ns: ns, dir: filepath.Join(a.opts.scratchDir(), req.CacheUID), wake: make(chan struct{}, 1)}
+	})
+	if made {
 		go a.keepScratch(ctrl.LoggerInto(a.life, ctrl.Log.WithName("scratch").WithValues("cache", s.uid)), s, j)
 	}
-	s.asked = a.opts.Now()
-	ready, p, err, refused := s.ready, s.progress, s.err, s.refused()
-	a.mu.Unlock()
+	ready, p, err, refused := cur.ready, cur.progress, cur.err, cur.refused()
 	if refused {
 		// The pod waits, and says why: the kubelet asks again, and the copy claims its room
 		// again meanwhile.
@@ -136,16 +218,12 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *cachejob.Job) {
 	log := ctrl.LoggerFrom(ctx)
 	retry := a.opts.RetryInterval
 	for {
-		a.mu.Lock()
-		ready := s.ready
-		a.mu.Unlock()
+		_, cur := a.scratches.state(s.uid)
 		wait := a.opts.RetryInterval
 		// Once the node holds the cache, its pods mount it: no copy is begun any more.
-		if !ready && j.State() != inferencev1.CacheReady {
+		if !cur.ready && j.State() != inferencev1.CacheReady {
 			err := a.fetchScratch(ctx, s, j)
-			a.mu.Lock()
-			s.ready, s.err = err == nil, err
-			a.mu.Unlock()
+			a.scratches.update(s, func(st *scratchState) { st.ready, st.err = err == nil, err })
 			if ctx.Err() != nil {
 				return
 			}
@@ -163,25 +241,19 @@ func (a *Agent) keepScratch(ctx context.Context, s *scratch, j *cachejob.Job) {
 		case <-s.wake:
 		}
 		if pod, mounted, err := a.scratchKept(ctx, s.uid, s.ns); err != nil || pod != "" || mounted {
-			a.mu.Lock()
-			if mounted && !s.mounted {
+			if before := a.scratches.update(s, func(st *scratchState) { st.mounted = mounted }); mounted && !before.mounted {
 				log.Info("keeping the scratch copy: a pod's volume still mounts it")
 			}
-			s.mounted = mounted
-			a.mu.Unlock()
 			continue
 		}
-		// Out of the way at once, under the lock: a pod that asks from now on starts a copy
-		// of its own, and never finds this one half removed.
-		a.mu.Lock()
-		if a.opts.Now().Sub(s.asked) < a.opts.RetryInterval {
-			a.mu.Unlock()
+		// Out of the way at once, under the scratches' lock: a pod that asks from now on
+		// starts a copy of its own, and never finds this one half removed.
+		now := a.opts.Now()
+		trash := filepath.Join(a.opts.scratchDir(), fmt.Sprintf("%s%s-%d", trashPrefix, s.uid, now.UnixNano()))
+		removed, err := a.scratches.remove(s, now, a.opts.RetryInterval, func() error { return os.Rename(s.dir, trash) })
+		if !removed {
 			continue
 		}
-		delete(a.scratches, s.uid)
-		trash := filepath.Join(a.opts.scratchDir(), fmt.Sprintf("%s%s-%d", trashPrefix, s.uid, a.opts.Now().UnixNano()))
-		err := os.Rename(s.dir, trash)
-		a.mu.Unlock()
 		// What is left of it (a removal that failed) is measured on disk from now on.
 		a.releaseScratch(s.uid)
 		if err == nil {
@@ -224,30 +296,27 @@ func (a *Agent) fetchScratch(ctx context.Context, s *scratch, j *cachejob.Job) e
 	// Its directory is made once its room is claimed (claimScratch): a copy refused room leaves
 	// nothing on the kubelet's filesystem.
 	return j.DownloadReporting(ctx, a.claimScratch(s), func(p engine.Progress) {
-		a.mu.Lock()
-		s.progress = p
-		a.mu.Unlock()
+		a.scratches.update(s, func(st *scratchState) { st.progress = p })
 	}, func(eng *engine.Engine, src source.Source) error {
 		_, err := eng.Fetch(ctx, engine.Request{Source: src, Dest: s.model(), Revision: j.PinnedRevision()})
 		return err
 	})
 }
 
-// scratchNote is what a cache's report says of its scratch copy on this node ("": none).
-// Guarded by a.mu.
-func (a *Agent) scratchNote(uid string) string {
-	s := a.scratches[uid]
+// note is what a cache's report says of its scratch copy on this node ("": none).
+func (c *scratches) note(uid string) string {
+	s, st := c.state(uid)
 	switch {
 	case s == nil:
 		return ""
-	case s.ready && s.mounted:
+	case st.ready && st.mounted:
 		return "; the copy under the kubelet's directory that the node's pods read the model from is kept while a pod's volume still mounts it"
-	case s.ready:
+	case st.ready:
 		return "; the node's pods read the model from a copy under the kubelet's directory, removed when they end"
-	case s.refused():
-		return "; no copy for the node's pods either: " + s.err.Error()
+	case st.refused():
+		return "; no copy for the node's pods either: " + st.err.Error()
 	}
-	return "; downloading a copy for the node's pods from the source, " + progressText(s.progress)
+	return "; downloading a copy for the node's pods from the source, " + progressText(st.progress)
 }
 
 // sweepScratch removes the scratch copies that no pod on the node uses, no pod's volume mounts
@@ -277,17 +346,16 @@ func (a *Agent) sweepScratch(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			a.mu.Lock()
-			_, kept := a.scratches[name]
-			if kept || pod != "" || mounted {
-				a.mu.Unlock()
+			if pod != "" || mounted {
 				continue
 			}
 			to := fmt.Sprintf("%s%s-%d", trashPrefix, name, a.opts.Now().UnixNano())
-			err = os.Rename(filepath.Join(root, name), filepath.Join(root, to))
-			a.mu.Unlock()
+			moved, err := a.scratches.moveUnknown(name, func() error { return os.Rename(filepath.Join(root, name), filepath.Join(root, to)) })
 			if err != nil {
 				return err
+			}
+			if !moved {
+				continue // the agent's own copy
 			}
 			name = to
 		}

@@ -155,9 +155,7 @@ func (a *Agent) claimScratch(s *scratch) engine.ClaimSpace {
 		if err := a.claimScratchRoom(s, need); err != nil {
 			return nil, err
 		}
-		a.mu.Lock()
-		s.err = nil // no longer refused: downloading
-		a.mu.Unlock()
+		a.scratches.update(s, func(st *scratchState) { st.err = nil }) // no longer refused: downloading
 		return func() {}, nil
 	}
 }
@@ -249,15 +247,4 @@ func (f diskFigures) describeKubelet(dir string) string {
 
 // wakeScratches gets the scratch copies that were refused room out of their wait, to claim it
 // again now: a cache or a copy left the node.
-func (a *Agent) wakeScratches() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, s := range a.scratches {
-		if s.refused() {
-			select {
-			case s.wake <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
+func (a *Agent) wakeScratches() { a.scratches.wakeRefused() }

@@ -50,7 +50,7 @@ func (a *Agent) status() prewarmv1alpha1.NodeCacheStatus {
 	}
 	for uid, j := range a.jobs {
 		cs := j.Snapshot()
-		if note := a.scratchNote(uid); note != "" {
+		if note := a.scratches.note(uid); note != "" {
 			cs.Message = text.Clip(cs.Message+note, text.MaxMessage)
 		}
 		cs.DiskBytes = onDisk[uid]
