@@ -267,21 +267,7 @@ func (j *Job) keep(ctx context.Context, model string) (wait time.Duration, ready
 			st.State, st.Reason, st.BytesPerSecond, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonSourceChanged, 0, msg
 		})
 	case err == nil:
-		// Some files are damaged: out of Ready (the node loses its label), and only those files
-		// are fetched again.
-		j.env.Withdraw(j.req.UID) // nothing of it is offered until it is whole again
-		j.env.Metrics.Damaged.Add(float64(len(damaged)))
-		msg := damageMessage(damaged, len(m.Files))
-		log.Info("cache damaged; repairing", "files", len(damaged), "damage", msg)
-		j.env.WarnDamaged(ctx, j, fmt.Sprintf("re-verification on node %s: %s; fetching them again. "+
-			"What this pod read of them before may have been damaged, and a file it holds open stays the damaged copy: restart the pod to read the repaired files",
-			j.env.NodeName, msg))
-		j.Set(func(st *prewarmv1alpha1.CacheStatus) {
-			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheDamaged, msg+"; fetching them again"
-		})
-		// When the repair is not done, the source changed since: the whole model is fetched
-		// again, into a new copy.
-		return j.repair(ctx, model, damaged)
+		return j.damaged(ctx, model, m, damaged)
 	case errors.Is(err, os.ErrNotExist) && j.waitsForRoom():
 		// Evicted: fetched again only when it fits under the low watermark, evicting nothing
 		// (up to the high one, the next download would evict again at once).
@@ -297,18 +283,43 @@ func (j *Job) keep(ctx context.Context, model string) (wait time.Duration, ready
 		return e.RecheckInterval, false, true
 	case !errors.Is(err, os.ErrNotExist) || j.State() == inferencev1.CacheReady:
 		// It was there and cannot be read any more: fetch it again, from scratch.
-		log.Info("cache is not whole; fetching it again", "reason", err.Error())
-		j.Set(func(st *prewarmv1alpha1.CacheStatus) {
-			st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheLost, "the cache is not whole: "+err.Error()
-		})
-		aside, err := j.env.SetAside(model) // a pod's volume may still mount it
-		if err == nil && !aside {
-			err = os.RemoveAll(model)
-		}
-		if err != nil {
-			j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
-			return 0, false, true
-		}
+		return j.lost(ctx, model, err)
+	}
+	return 0, false, false
+}
+
+// damaged takes the cache out of Ready (the node loses its label) when some of its files
+// (damaged, of m's) are damaged, warns the pods that read them, and fetches only those again.
+func (j *Job) damaged(ctx context.Context, model string, m *engine.Manifest, damaged []engine.Damage) (wait time.Duration, ready, done bool) {
+	j.env.Withdraw(j.req.UID) // nothing of it is offered until it is whole again
+	j.env.Metrics.Damaged.Add(float64(len(damaged)))
+	msg := damageMessage(damaged, len(m.Files))
+	ctrl.LoggerFrom(ctx).Info("cache damaged; repairing", "files", len(damaged), "damage", msg)
+	j.env.WarnDamaged(ctx, j, fmt.Sprintf("re-verification on node %s: %s; fetching them again. "+
+		"What this pod read of them before may have been damaged, and a file it holds open stays the damaged copy: restart the pod to read the repaired files",
+		j.env.NodeName, msg))
+	j.Set(func(st *prewarmv1alpha1.CacheStatus) {
+		st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheDamaged, msg+"; fetching them again"
+	})
+	// When the repair is not done, the source changed since: the whole model is fetched again,
+	// into a new copy.
+	return j.repair(ctx, model, damaged)
+}
+
+// lost puts aside (or removes) a cache that was there and cannot be read any more (why), to be
+// fetched again from scratch.
+func (j *Job) lost(ctx context.Context, model string, why error) (wait time.Duration, ready, done bool) {
+	ctrl.LoggerFrom(ctx).Info("cache is not whole; fetching it again", "reason", why.Error())
+	j.Set(func(st *prewarmv1alpha1.CacheStatus) {
+		st.State, st.Reason, st.Message = inferencev1.CachePending, prewarmv1alpha1.ReasonCacheLost, "the cache is not whole: "+why.Error()
+	})
+	aside, err := j.env.SetAside(model) // a pod's volume may still mount it
+	if err == nil && !aside {
+		err = os.RemoveAll(model)
+	}
+	if err != nil {
+		j.fail(prewarmv1alpha1.ReasonDownloadFailed, err.Error())
+		return 0, false, true
 	}
 	return 0, false, false
 }
