@@ -97,14 +97,19 @@ test-oldest: testbin ## The API-level suites (CRDs, CEL rules, admission policie
 	PREWARM_K8S_BIN_DIR=$(OLDEST_DIR) go test $(GO_TEST_FLAGS) -run '$(OLDEST_E2E_RUN)' $(E2E_PKGS)
 
 .PHONY: test
-test: ## In layers, stopping at the first that fails (hack/layer.sh prints each one's time): (1) verify generated files and formatting, lint, and the unit tests (-short, no test binaries); (2) build the test binaries; (3) test-integration; (4) test-e2e and test-realnode as one go test, so they share the cores; (5) test-oldest, then the engine's tests on tmpfs and ramfs.
-	@bash hack/layer.sh "1/5 checks" $(MAKE) -s verify lint
-	@bash hack/layer.sh "1/5 unit" go test -short $(GO_TEST_FLAGS) ./...
-	@bash hack/layer.sh "2/5 test binaries" $(MAKE) -s testbin
-	@bash hack/layer.sh "3/5 integration" go test $(GO_TEST_FLAGS) $(INTEGRATION_PKGS)
-	@bash hack/layer.sh "4/5 end-to-end and real nodes" go test $(GO_TEST_FLAGS) $(E2E_PKGS) $(REALNODE_PKGS)
-	@bash hack/layer.sh "5/5 oldest Kubernetes" $(MAKE) -s test-oldest
-	@bash hack/layer.sh "5/5 filesystems" env GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh
+test: ## In layers, stopping at the first that fails (hack/layer.sh prints each one's time): (1) verify generated files and formatting, lint, and the unit tests (-short, no test binaries); (2) build the test binaries but the oldest Kubernetes'; (3) test-integration; (4) test-e2e and test-realnode as one go test, so they share the cores, and beside them the oldest Kubernetes' binaries and test-oldest, then the engine's tests on tmpfs and ramfs.
+	@bash hack/layer.sh "1/4 checks" $(MAKE) -s verify lint
+	@bash hack/layer.sh "1/4 unit" go test -short $(GO_TEST_FLAGS) ./...
+	@bash hack/layer.sh "2/4 test binaries" $(MAKE) -s testbin-but-oldest
+	@bash hack/layer.sh "3/4 integration" --say "go test $(GO_TEST_FLAGS) on every package but $(E2E_PKGS) and $(REALNODE_PKGS)" go test $(GO_TEST_FLAGS) $(INTEGRATION_PKGS)
+	@bash hack/layer.sh "4/4 end-to-end and real nodes; beside them the oldest Kubernetes and the filesystems" \
+		--say "go test $(GO_TEST_FLAGS) $(E2E_PKGS) $(REALNODE_PKGS), beside it make test-oldest (building its binaries first) and hack/test-filesystems.sh" \
+		bash hack/beside.sh '$(MAKE) -s test-oldest && GO_TEST_FLAGS="$(GO_TEST_FLAGS)" bash hack/test-filesystems.sh' \
+		go test $(GO_TEST_FLAGS) $(E2E_PKGS) $(REALNODE_PKGS)
+
+.PHONY: testbin-but-oldest
+testbin-but-oldest: ## What layer 2 of make test builds: every test binary but the oldest Kubernetes' control plane, which layer 4 builds beside the suites that leave cores idle.
+	bash hack/testbin.sh runtime k8s etcd kwok versitygw helm keda prometheus >/dev/null
 
 ##@ Release
 

@@ -3,11 +3,18 @@
 # and how long it took. A failing layer stops make test there, so a lint error or a unit failure
 # is reported in minutes, before the test binaries are built or the suites start.
 #
-#   hack/layer.sh NAME COMMAND [ARG...]
+#   hack/layer.sh NAME [--say TEXT] COMMAND [ARG...]
+#
+# --say TEXT is printed instead of the command (a long package list, for one).
 set -uo pipefail
 name=$1
 shift
-printf '\n==> layer %s: %s\n' "$name" "$*"
+say=
+if [[ "${1:-}" == --say ]]; then
+  say=$2
+  shift 2
+fi
+printf '\n==> layer %s: %s\n' "$name" "${say:-$*}"
 start=$SECONDS
 "$@"
 rc=$?
