@@ -34,7 +34,7 @@ func (a *Agent) jobEnv() *cachejob.Env {
 		e.TrustPeers = p.TrustPeers
 		if p.Server != nil {
 			e.Swarm = &peer.SwarmOptions{Self: o.NodeName, Server: p.Server, Client: p.Client, Token: p.Token,
-				Wait: p.Wait, SlowPart: p.SlowPart, Metrics: p.Metrics}
+				Wait: p.Wait, Stall: p.Stall, SlowPart: p.SlowPart, Streams: p.Streams, Metrics: p.Metrics}
 		}
 	}
 	return e

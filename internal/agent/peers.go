@@ -24,8 +24,9 @@ type Peers struct {
 	Token func() (string, error)
 	// Client sends the requests to peers.
 	Client *http.Client
-	// Wait and SlowPart are peer.SwarmOptions'.
-	Wait, SlowPart time.Duration
+	// Wait, Stall, SlowPart and Streams are peer.SwarmOptions'.
+	Wait, Stall, SlowPart time.Duration
+	Streams               int
 	// TrustPeers is engine.Request's: files without a source digest come from peers too.
 	TrustPeers bool
 	// Metrics count dropped peers and waits.

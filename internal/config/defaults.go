@@ -102,6 +102,8 @@ const (
 	DefaultPeerGroupSize = 16
 	DefaultMaxPeers      = 4
 	DefaultPeerWait      = 30 * time.Second
+	DefaultPeerStall     = 3 * time.Second
+	DefaultPeerStreams   = 4
 	DefaultPeerAudience  = "prewarm-peer"
 	DefaultPeerTrust     = TrustSourceDigests
 )
@@ -191,13 +193,32 @@ func (o *OperatorConfiguration) defaults() {
 	quantity(&a.VerifyRate, DefaultVerifyRate)
 	quantity(&a.MaxScratchBytes, DefaultMaxScratchBytes)
 	a.Kubelet.defaults()
-	p := &o.Peers
-	number(&p.Port, DefaultPeerPort)
-	number(&p.GroupSize, DefaultPeerGroupSize)
-	number(&p.MaxPeers, DefaultMaxPeers)
-	duration(&p.Wait, DefaultPeerWait)
-	text(&p.Audience, DefaultPeerAudience)
-	text(&p.Trust, DefaultPeerTrust)
+	o.Peers.defaults()
+}
+
+func (p *Peers) defaults() {
+	for _, n := range []struct {
+		v *int
+		d int
+	}{{&p.Port, DefaultPeerPort}, {&p.GroupSize, DefaultPeerGroupSize}, {&p.MaxPeers, DefaultMaxPeers}, {&p.Streams, DefaultPeerStreams}} {
+		if *n.v == 0 {
+			*n.v = n.d
+		}
+	}
+	for _, d := range []struct {
+		v *metav1.Duration
+		d time.Duration
+	}{{&p.Wait, DefaultPeerWait}, {&p.Stall, DefaultPeerStall}} {
+		if d.v.Duration == 0 {
+			d.v.Duration = d.d
+		}
+	}
+	if p.Audience == "" {
+		p.Audience = DefaultPeerAudience
+	}
+	if p.Trust == "" {
+		p.Trust = DefaultPeerTrust
+	}
 }
 
 func (k *Kubelet) defaults() {

@@ -232,10 +232,18 @@ type Peers struct {
 	MaxPeers int `json:"maxPeers,omitempty"`
 	// UploadRate caps the bytes per second one agent sends to its peers (0: no cap).
 	UploadRate *resource.Quantity `json:"uploadRate,omitempty"`
-	// Wait is how long a part waits for a peer to hold it before the agent reads it from the
-	// source ([DefaultPeerWait]); it waits on while the part's owner gained a part within the last Wait (or,
-	// while it reads from the source, within 2 minutes or Wait, whichever is longer).
+	// Stall is how long a part may go without progress before another node takes it
+	// ([DefaultPeerStall]): a part its reader has not moved for Stall is read by the next node of
+	// the group (the one after at twice Stall, and so on), a node whose reads all stalled owns
+	// nothing until they move, and a peer that sends nothing of a part for twice Stall is asked
+	// no more until it answers again.
+	Stall metav1.Duration `json:"stall,omitempty"`
+	// Wait is the last resort ([DefaultPeerWait]): when a group takes its parts from another, a
+	// part no peer holds or reads for Wait is read from the source.
 	Wait metav1.Duration `json:"wait,omitempty"`
+	// Streams is how many parts one agent takes from its peers at once, per download
+	// ([DefaultPeerStreams]).
+	Streams int `json:"streams,omitempty"`
 	// Audience is the audience of the service account tokens agents present to each other
 	// ([DefaultPeerAudience]).
 	Audience string `json:"audience,omitempty"`

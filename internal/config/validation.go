@@ -81,6 +81,10 @@ func (o OperatorConfiguration) validateSharing() field.ErrorList {
 	p := o.Peers
 	peers := field.NewPath("peers")
 	errs = append(errs, positive(peers.Child("wait"), p.Wait)...)
+	errs = append(errs, positive(peers.Child("stall"), p.Stall)...)
+	if p.Streams < 1 || p.Streams > 64 {
+		errs = append(errs, field.Invalid(peers.Child("streams"), p.Streams, "want 1 to 64"))
+	}
 	errs = append(errs, atLeast(peers.Child("uploadRate"), p.UploadRate, 0)...)
 	errs = append(errs, atLeast(field.NewPath("s3", "budget", "maxRate"), o.S3.Budget.MaxRate, 0)...)
 	errs = append(errs, atLeast(field.NewPath("huggingFace", "budget", "maxRate"), o.HuggingFace.Budget.MaxRate, 0)...)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -27,18 +28,32 @@ type Swarm interface {
 	// Join is called once the Fetch has its plan; from then until Leave the plan's parts are
 	// what this node offers.
 	Join(ctx context.Context, plan *Plan)
-	// Part returns part i from a peer. ErrFromSource says: read it from the source (no peer
-	// holds it, or waiting for one would be slower).
+	// Pick chooses the part a worker of lane takes next among pending: the parts the Fetch
+	// still wants that no worker has taken, in file order (the Swarm must not keep the slice).
+	// For LanePeers, a part a peer holds; for LaneSource, one this node is to read from the
+	// source now. -1 when there is none: the Fetch asks again once Changed is closed, once what
+	// it wants changes, or within a second (claims of stalled parts follow the clock).
+	Pick(pending []int, lane Lane) int
+	// Changed returns a channel closed when what the peers hold or read changes.
+	Changed() <-chan struct{}
+	// Part returns part i from a peer. ErrFromSource says no peer can send it now.
 	Part(ctx context.Context, i int) (PeerPart, error)
 	// Bad reports that peer's part i did not arrive whole or did not match: the peer is not
 	// asked again by this Fetch.
 	Bad(peer string, i int, err error)
-	// Leads reports whether this node reads part i for others (it owns it): the Fetch asks for
-	// such parts ahead of the others, so that they are there when the others want them.
-	Leads(i int) bool
 	// Leave is called when the Fetch ends.
 	Leave()
 }
+
+// Lane is the kind of work a download worker does with a Swarm.
+type Lane int
+
+const (
+	// LanePeers takes parts from peers.
+	LanePeers Lane = iota
+	// LaneSource reads parts from the source, for this node and the peers that wait for them.
+	LaneSource
+)
 
 // ErrFromSource is returned by Swarm.Part for a part to read from the source.
 var ErrFromSource = errors.New("read the part from the source")
@@ -80,7 +95,9 @@ type Plan struct {
 
 	dir     atomic.Pointer[string] // where the files are read from: the partial directory, then dest
 	held    []atomic.Bool
-	reading []atomic.Bool // parts this node is reading from the source now
+	reading []atomic.Bool  // parts this node is reading from the source now
+	readAt  []atomic.Int64 // how far this node has read each of them
+	moved   atomic.Int64   // when a part being read last made the plan change (Unix ns)
 	crcs    []atomic.Uint32
 	mu      sync.Mutex
 	version uint64
@@ -95,6 +112,7 @@ func newPlan(listing source.Listing, partSize int64, dir string) *Plan {
 	}
 	p.held = make([]atomic.Bool, p.Parts())
 	p.reading = make([]atomic.Bool, p.Parts())
+	p.readAt = make([]atomic.Int64, p.Parts())
 	p.crcs = make([]atomic.Uint32, p.Parts())
 	p.dir.Store(&dir)
 	return p
@@ -181,9 +199,31 @@ func (p *Plan) add(i int, crc uint32) {
 // setReading marks part i as being read from the source now, or no longer (a read given up; a
 // part read whole stops with add): the peers waiting for it wait on while it is (Swarm.Part).
 func (p *Plan) setReading(i int, on bool) {
+	p.readAt[i].Store(0)
 	if p.reading[i].Swap(on) != on {
 		p.bump()
 	}
+}
+
+// progressEvery is how often progress alone changes the plan: peers see a part being read move
+// at least this often, and so tell it from a stalled one.
+const progressEvery = int64(time.Second / 2)
+
+// readTo records that part i, being read from the source, has n bytes read.
+func (p *Plan) readTo(i int, n int64) {
+	p.readAt[i].Store(n)
+	now := time.Now().UnixNano()
+	if last := p.moved.Load(); now-last >= progressEvery && p.moved.CompareAndSwap(last, now) {
+		p.bump()
+	}
+}
+
+// ReadProgress is how many bytes of part i this node has read from the source, while it reads it.
+func (p *Plan) ReadProgress(i int) int64 {
+	if i < 0 || i >= len(p.readAt) {
+		return 0
+	}
+	return p.readAt[i].Load()
 }
 
 func (p *Plan) bump() {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,33 +53,39 @@ type record struct {
 }
 
 // download fetches every missing part and verifies every file. It runs as a pipeline: one
-// producer hands out parts in file order, workers fetch and write them, one goroutine keeps the
-// journal, and verifiers check each file as its last part lands, so verification overlaps the
-// download.
+// producer hands out parts in file order (with a swarm, a board from which workers pick), workers
+// fetch and write them, one goroutine keeps the journal, and verifiers check each file as its
+// last part lands, so verification overlaps the download.
 func (r *run) download(ctx context.Context) error {
 	p := r.newPipeline()
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return p.produce(ctx) })
 	var workers sync.WaitGroup
-	for range r.e.concurrency {
-		workers.Add(1)
-		g.Go(func() error {
-			defer workers.Done()
-			return p.work(ctx, p.parts)
-		})
-	}
 	if r.swarm != nil {
-		// The parts this node leads have workers of their own: reading them from the source
-		// never waits behind parts that wait for peers.
-		for range max(1, r.e.concurrency/2) {
+		b, err := p.newBoard()
+		if err != nil {
+			return p.finish(err)
+		}
+		// Workers of their own read parts from the source: those never wait behind parts that
+		// wait for peers, and the peers waiting for them get them sooner.
+		lanes := []Lane{LanePeers, LaneSource}
+		for k, n := range []int{r.e.concurrency, max(1, r.e.concurrency/2)} {
+			for range n {
+				workers.Add(1)
+				g.Go(func() error {
+					defer workers.Done()
+					return p.take(ctx, b, lanes[k])
+				})
+			}
+		}
+	} else {
+		g.Go(func() error { return p.produce(ctx) })
+		for range r.e.concurrency {
 			workers.Add(1)
 			g.Go(func() error {
 				defer workers.Done()
-				return p.work(ctx, p.leading)
+				return p.work(ctx, p.parts)
 			})
 		}
-	} else {
-		close(p.leading)
 	}
 	for range r.e.verifiers {
 		workers.Add(1) // a verifier may journal parts it fetched again
@@ -103,8 +110,7 @@ func (r *run) download(ctx context.Context) error {
 // pipeline is the channels between download's stages.
 type pipeline struct {
 	r        *run
-	parts    chan part   // producer → workers
-	leading  chan part   // producer → the workers of the parts this node leads (with a swarm)
+	parts    chan part   // producer → workers (without a swarm)
 	records  chan record // workers → journal
 	toVerify chan int    // files fully written → verifiers
 	verified chan int    // files verified → journal
@@ -122,7 +128,6 @@ func (r *run) newPipeline() *pipeline {
 	p := &pipeline{
 		r:           r,
 		parts:       make(chan part, r.e.concurrency),
-		leading:     make(chan part, r.e.concurrency),
 		records:     make(chan record, 4*r.e.concurrency),
 		toVerify:    make(chan int, n),
 		verified:    make(chan int, n),
@@ -147,9 +152,6 @@ func (r *run) newPipeline() *pipeline {
 // produce hands out the parts not yet written, file by file, so that files finish early.
 func (p *pipeline) produce(ctx context.Context) error {
 	defer close(p.parts)
-	if p.r.swarm != nil {
-		return p.produceLeading(ctx)
-	}
 	return p.eachMissing(func(pt part) error {
 		select {
 		case p.parts <- pt:
@@ -196,45 +198,6 @@ func (p *pipeline) eachMissing(fn func(part) error) error {
 	return nil
 }
 
-// produceLeading is produce with a swarm: the parts this node leads go to their own workers,
-// the others, in file order, to the rest; both queues are fed as they drain.
-func (p *pipeline) produceLeading(ctx context.Context) error {
-	defer close(p.leading)
-	r := p.r
-	var lead, rest []part
-	err := p.eachMissing(func(pt part) error {
-		// A file no peer may supply is read from the source at once, like the parts this node leads.
-		if i, ok := r.plan.index(pt.file, pt.off); !r.peerable[pt.file] || ok && r.swarm.Leads(i) {
-			lead = append(lead, pt)
-		} else {
-			rest = append(rest, pt)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	for len(lead) > 0 || len(rest) > 0 {
-		var leadCh, restCh chan part
-		var nextLead, nextRest part
-		if len(lead) > 0 {
-			leadCh, nextLead = p.leading, lead[0]
-		}
-		if len(rest) > 0 {
-			restCh, nextRest = p.parts, rest[0]
-		}
-		select {
-		case leadCh <- nextLead:
-			lead = lead[1:]
-		case restCh <- nextRest:
-			rest = rest[1:]
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
 // missingParts is file idx cut into parts, less those an earlier run wrote (counted as done).
 func (r *run) missingParts(idx int, f source.File) []part {
 	cov := r.resume.written[idx]
@@ -250,38 +213,184 @@ func (r *run) missingParts(idx int, f source.File) []part {
 	return todo
 }
 
-// work fetches parts, records each in the journal, and hands a file to the verifiers when
-// its last part is written.
+// work fetches parts from the source, records each in the journal, and hands a file to the
+// verifiers when its last part is written.
 func (p *pipeline) work(ctx context.Context, parts <-chan part) error {
-	r := p.r
 	for pt := range parts {
-		got, err := r.fetchPart(ctx, pt)
+		got, err := p.r.partFromSource(ctx, pt, -1)
 		if err != nil {
 			return err
 		}
-		crc, sum, fromPeer := got.sums.crc, got.sums.part, got.fromPeer
-		if i, ok := r.plan.whole(pt.file, pt.off, pt.n); ok && !fromPeer {
-			r.plan.add(i, sum) // offered to peers from now on; a peer's part once its file is verified
-		}
-		rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil, part: sum, peer: fromPeer}
-		if rec.hasCRC {
-			r.crcMu.Lock()
-			r.crcs[pt.file] = append(r.crcs[pt.file], partCRC{pt.off, pt.n, crc})
-			r.crcMu.Unlock()
-		}
-		select {
-		case p.records <- rec:
-		case <-ctx.Done(): // the journal stopped on an error
-			return ctx.Err()
-		}
-		if pt.handle.remaining.Add(-1) == 0 {
-			if err := pt.handle.close(); err != nil {
-				return err
-			}
-			p.toVerify <- pt.file
+		if err := p.written(ctx, pt, fetched{sums: got}); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// written records a part written in the journal, offers it to peers when it came from the
+// source, and hands its file to the verifiers when it was the file's last part.
+func (p *pipeline) written(ctx context.Context, pt part, got fetched) error {
+	r := p.r
+	crc, sum, fromPeer := got.sums.crc, got.sums.part, got.fromPeer
+	if i, ok := r.plan.whole(pt.file, pt.off, pt.n); ok && !fromPeer {
+		r.plan.add(i, sum) // offered to peers from now on; a peer's part once its file is verified
+	}
+	rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil, part: sum, peer: fromPeer}
+	if rec.hasCRC {
+		r.crcMu.Lock()
+		r.crcs[pt.file] = append(r.crcs[pt.file], partCRC{pt.off, pt.n, crc})
+		r.crcMu.Unlock()
+	}
+	select {
+	case p.records <- rec:
+	case <-ctx.Done(): // the journal stopped on an error
+		return ctx.Err()
+	}
+	if pt.handle.remaining.Add(-1) == 0 {
+		if err := pt.handle.close(); err != nil {
+			return err
+		}
+		p.toVerify <- pt.file
+	}
+	return nil
+}
+
+// take is a worker of lane with a swarm: it picks parts from the board until none is left.
+// A part a peer could not send after all goes back on the board; a part read from the source
+// is announced as being read before its first byte, and its progress as it goes, so that the
+// peers wait for it, and claim it if it stalls.
+func (p *pipeline) take(ctx context.Context, b *board, lane Lane) error {
+	r := p.r
+	for {
+		asked := time.Now()
+		pt, i, ok, err := b.next(ctx, r.swarm, lane)
+		if !ok || err != nil {
+			return err
+		}
+		if lane == LanePeers {
+			r.e.metrics.peerWait.Add(time.Since(asked).Seconds()) // waiting for a peer to hold a part
+		}
+		if lane == LanePeers {
+			got, fromPeer, err := r.partFromPeers(ctx, pt)
+			if err != nil {
+				return err
+			}
+			if !fromPeer {
+				b.put(i)
+				continue
+			}
+			if err := p.written(ctx, pt, fetched{sums: got, fromPeer: true}); err != nil {
+				return err
+			}
+			b.done()
+			continue
+		}
+		if i >= 0 {
+			r.plan.setReading(i, true)
+		}
+		got, err := r.partFromSource(ctx, pt, i)
+		if err != nil {
+			if i >= 0 {
+				r.plan.setReading(i, false)
+			}
+			return err
+		}
+		if err := p.written(ctx, pt, fetched{sums: got}); err != nil {
+			return err
+		}
+		b.done()
+	}
+}
+
+// board is the parts a download with a swarm still wants, which its workers pick from.
+type board struct {
+	mu      sync.Mutex
+	pending []int        // parts no worker has taken, by plan index, in file order
+	parts   map[int]part // every part that may come from peers, by plan index
+	direct  []part       // parts read from the source whatever peers hold: files no peer may supply, ranges resumed from another part size
+	left    int          // parts not yet written
+	changed chan struct{}
+}
+
+// newBoard opens every file with parts missing and puts its parts on a board.
+func (p *pipeline) newBoard() (*board, error) {
+	r := p.r
+	b := &board{parts: map[int]part{}, changed: make(chan struct{})}
+	err := p.eachMissing(func(pt part) error {
+		b.left++
+		if i, ok := r.plan.whole(pt.file, pt.off, pt.n); ok && r.peerable[pt.file] {
+			b.pending = append(b.pending, i)
+			b.parts[i] = pt
+			return nil
+		}
+		b.direct = append(b.direct, pt)
+		return nil
+	})
+	return b, err
+}
+
+// next is the part a worker of lane takes next, with its plan index (-1 for a direct part);
+// ok is false once every part is written. It waits while the swarm picks none, until the
+// peers or the board change, or half a second passes.
+func (b *board) next(ctx context.Context, sw Swarm, lane Lane) (_ part, _ int, ok bool, _ error) {
+	for {
+		peers := sw.Changed()
+		b.mu.Lock()
+		if b.left == 0 {
+			b.mu.Unlock()
+			return part{}, -1, false, nil
+		}
+		if lane == LaneSource && len(b.direct) > 0 {
+			pt := b.direct[0]
+			b.direct = b.direct[1:]
+			b.mu.Unlock()
+			return pt, -1, true, nil
+		}
+		if len(b.pending) > 0 {
+			i := sw.Pick(b.pending, lane)
+			if k, found := slices.BinarySearch(b.pending, i); i >= 0 && found {
+				b.pending = slices.Delete(b.pending, k, k+1)
+				pt := b.parts[i]
+				b.mu.Unlock()
+				return pt, i, true, nil
+			}
+		}
+		mine := b.changed
+		b.mu.Unlock()
+		t := time.NewTimer(time.Second / 2)
+		select {
+		case <-mine:
+		case <-peers:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return part{}, -1, false, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// put returns part i to the board, for any worker to pick again.
+func (b *board) put(i int) {
+	b.mu.Lock()
+	k, _ := slices.BinarySearch(b.pending, i)
+	b.pending = slices.Insert(b.pending, k, i)
+	b.notify()
+	b.mu.Unlock()
+}
+
+// done notes that a part taken from the board is written.
+func (b *board) done() {
+	b.mu.Lock()
+	b.left--
+	b.notify()
+	b.mu.Unlock()
+}
+
+func (b *board) notify() {
+	close(b.changed)
+	b.changed = make(chan struct{})
 }
 
 // keepJournal is the journal's one writer: records reach the kernel at once, and the
@@ -379,7 +488,7 @@ func (p *pipeline) refetchPeerParts(ctx context.Context, idx int) (bool, error) 
 		_, off, n := r.plan.Part(i)
 		had := r.plan.crcs[i].Load()
 		r.plan.held[i].Store(false)
-		got, err := r.partFromSource(ctx, part{file: idx, off: off, n: n, handle: h})
+		got, err := r.partFromSource(ctx, part{file: idx, off: off, n: n, handle: h}, -1)
 		if err != nil {
 			return false, err
 		}
@@ -526,33 +635,13 @@ type fetched struct {
 	fromPeer bool
 }
 
-// fetchPart gets one part, from a peer when the Fetch has a swarm, the file may come from
-// peers and a peer holds the part, otherwise from the source, and writes it at its offset.
-func (r *run) fetchPart(ctx context.Context, p part) (_ fetched, err error) {
-	if r.swarm != nil && r.peerable[p.file] {
-		if got, ok, perr := r.partFromPeers(ctx, p); ok || perr != nil {
-			return fetched{sums: got, fromPeer: ok}, perr
-		}
-		// The peers waiting for the part see that it is on its way, until work adds it.
-		if i, ok := r.plan.whole(p.file, p.off, p.n); ok {
-			r.plan.setReading(i, true)
-			defer func() {
-				if err != nil {
-					r.plan.setReading(i, false)
-				}
-			}()
-		}
-	}
-	got, err := r.partFromSource(ctx, p)
-	return fetched{sums: got}, err
-}
-
 // partFromSource reads one part from the source, retrying transient failures from the byte it
-// had reached.
-func (r *run) partFromSource(ctx context.Context, p part) (sums, error) {
+// had reached. When it is part i of the plan (i ≥ 0) being read for peers, its progress is
+// recorded there.
+func (r *run) partFromSource(ctx context.Context, p part, i int) (sums, error) {
 	e := r.e
 	f := r.listing.Files[p.file]
-	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file], fromSource: true}
+	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file], fromSource: true, track: i, base: p.off}
 	end := p.off + p.n
 	var lastErr error
 	for attempt := 0; attempt < e.maxAttempts; attempt++ {
@@ -653,6 +742,10 @@ type copyReq struct {
 	// fromSource marks bytes read from the source: paced by the origin budget, and counted as
 	// done and fetched as they land (a peer's count once the whole part is checked).
 	fromSource bool
+	// track, when ≥ 0, is the plan's part these bytes are, from base on: how far it is read is
+	// recorded in the plan, for the peers waiting for it.
+	track int
+	base  int64
 }
 
 // copied is what a copy wrote: n bytes, all good even when the copy ended in an error, and
@@ -705,6 +798,9 @@ func (r *run) copyBody(ctx context.Context, body io.Reader, req copyReq) (copied
 				r.done.Add(int64(got))
 				r.fetched.Add(int64(got))
 				r.e.metrics.bytes.Add(float64(got))
+				if req.track >= 0 {
+					r.plan.readTo(req.track, at+int64(got)-req.base)
+				}
 			}
 		}
 		if rerr != nil {

@@ -397,6 +397,8 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 		Token:      agent.TokenFile(pf.tokenFile),
 		Client:     &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}},
 		Wait:       pc.Wait.Duration,
+		Stall:      pc.Stall.Duration,
+		Streams:    pc.Streams,
 		TrustPeers: pc.TrustsAllNodes(),
 		Metrics:    peer.NewMetrics(opts.Registerer),
 	}, nil

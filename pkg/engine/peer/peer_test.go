@@ -578,13 +578,14 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	return 0
 }
 
-// A part whose owner reads the source slower than Wait is still taken from the owner, not read
-// from the source again: the waiting node sees that the owner is reading (its /have says which
-// parts) and gaining parts, and waits on.
+// A part whose owner reads the source slowly is still taken from the owner, not read from the
+// source again: the waiting node sees that the owner is reading it (its /have says which parts,
+// and how far) and waits on. Stall is longer than the run here, so that the fast node, with
+// nothing of its own left to read, does not take the slow owner's last parts (work stealing,
+// TestSimulatedSwarms) and the test sees waiting alone.
 func TestAPartIsWaitedForWhileItsOwnerIsStillReadingIt(t *testing.T) {
 	slow, fast := newModel(t, 1<<20), newModel(t, 1<<20) // the same 16 parts
-	slow.delay = 400 * time.Millisecond                  // each of a's parts takes longer ...
-	const wait = time.Second                             // ... than b waits, once b asks 4 at a time
+	slow.delay = 400 * time.Millisecond                  // each of a's parts: b has all of its own long before
 	barrier := &sync.WaitGroup{}
 	barrier.Add(2)
 	slow.barrier, fast.barrier = barrier, barrier
@@ -592,7 +593,7 @@ func TestAPartIsWaitedForWhileItsOwnerIsStillReadingIt(t *testing.T) {
 	peers := []peer.Peer{{Name: "a", URL: a.http.URL}, {Name: "b", URL: b.http.URL}}
 	fetch := func(n *node, m *memSource, concurrency int) (engine.Result, error) {
 		sw := peer.NewSwarm(peer.SwarmOptions{Self: n.name, Key: "cache-uid", Peers: peers, Server: n.server,
-			Token: func() (string, error) { return goodToken + ":" + n.name, nil }, Wait: wait})
+			Token: func() (string, error) { return goodToken + ":" + n.name, nil }, Stall: 10 * time.Second})
 		e := engine.New(engine.WithPartSize(partSize), engine.WithConcurrency(concurrency))
 		return e.Fetch(context.Background(), engine.Request{Source: m, Dest: n.dest, Swarm: sw})
 	}
@@ -622,9 +623,10 @@ func TestAPartIsWaitedForWhileItsOwnerIsStillReadingIt(t *testing.T) {
 	}
 }
 
-// An owner that answers but gains no part is not waited for long: one that reads nothing for
-// Wait, one that says it reads everything (a stuck source, or a node that only claims to read)
-// for SlowPart. The node reads the owner's parts from the source itself and completes.
+// An owner that answers but gains no part is not waited for long: one that reads nothing, once
+// this node has had nothing of its own to read for Stall; one that says it reads everything (a
+// stuck source, or a node that only claims to read) but whose reads do not move, after Stall.
+// The node reads the owner's parts from the source itself and completes.
 func TestAnOwnerThatGainsNothingIsNotWaitedForLong(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -650,7 +652,7 @@ func TestAnOwnerThatGainsNothingIsNotWaitedForLong(t *testing.T) {
 			t.Cleanup(owner.Close)
 			b := newNode(t, "b", peer.ServerOptions{}, nil)
 			sw := peer.NewSwarm(peer.SwarmOptions{Self: "b", Key: "cache-uid", Server: b.server,
-				Wait: 300 * time.Millisecond, SlowPart: 600 * time.Millisecond,
+				Stall: 300 * time.Millisecond,
 				Peers: []peer.Peer{{Name: "owner", URL: owner.URL}}, Token: func() (string, error) { return goodToken + ":b", nil }})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

@@ -1,27 +1,42 @@
 package peer
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
 
-// holds returns a live peer that holds the parts given, of a plan of n parts.
-func holds(name string, n int, parts ...int) *peerState {
-	p := &peerState{Peer: Peer{Name: name}, live: true, held: make([]byte, (n+7)/8)}
+// liveAt returns a peer that answered at now holding the parts given, of a plan of n parts.
+func liveAt(name string, n int, now time.Time, parts ...int) *peerState {
+	held := make([]byte, (n+7)/8)
 	for _, i := range parts {
-		p.held[i/8] |= 1 << (i % 8)
+		held[i/8] |= 1 << (i % 8)
 	}
+	p := &peerState{Peer: Peer{Name: name}}
+	p.setLive(true, held, make([]byte, len(held)), nil, now)
 	return p
+}
+
+// reading is a bitmap of n parts with the parts given set.
+func bitmap(n int, parts ...int) []byte {
+	b := make([]byte, (n+7)/8)
+	for _, i := range parts {
+		b[i/8] |= 1 << (i % 8)
+	}
+	return b
+}
+
+func newSelector(self string, now *time.Time) selector {
+	return selector{self: self, now: func() time.Time { return *now }, stall: 3 * time.Second, wait: 30 * time.Second, window: 64}
 }
 
 // The selector decides from the peers' states alone, on its own clock: a holder with fewer
 // parts in flight wins, then the higher rendezvous score; a busy holder is passed over until
-// its second is up; a dropped or silent peer holds nothing; one node of the group owns each
-// part, and none reads from the source while an upstream peer is live.
+// its second is up; a dropped, silent or long-unheard peer holds nothing.
 func TestSelectorPicksFromStateAndClock(t *testing.T) {
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-	sel := selector{self: "self", now: func() time.Time { return now }}
-	a, b := holds("a", 16, 3), holds("b", 16, 3)
+	sel := newSelector("self", &now)
+	a, b := liveAt("a", 16, now, 3), liveAt("b", 16, now, 3)
 	peers := []*peerState{a, b}
 
 	want := a
@@ -64,6 +79,10 @@ func TestSelectorPicksFromStateAndClock(t *testing.T) {
 	if !sel.allLive(peers) {
 		t.Error("a dropped peer keeps the swarm from being all live")
 	}
+	now = now.Add(stale)
+	if sel.live(peers) != 0 {
+		t.Errorf("a peer unheard for %s is live", stale)
+	}
 }
 
 func TestSelectorSplitsOwnershipAcrossTheGroup(t *testing.T) {
@@ -72,15 +91,15 @@ func TestSelectorSplitsOwnershipAcrossTheGroup(t *testing.T) {
 	group := []string{"n0", "n1", "n2", "n3"}
 	owned := map[string]int{}
 	for _, self := range group {
-		sel := selector{self: self, now: func() time.Time { return now }}
+		sel := newSelector(self, &now)
 		var peers []*peerState
 		for _, o := range group {
 			if o != self {
-				peers = append(peers, holds(o, parts))
+				peers = append(peers, liveAt(o, parts, now))
 			}
 		}
 		for i := range parts {
-			if sel.leads(peers, i) {
+			if sel.owns(peers, i) {
 				owned[self]++
 			}
 		}
@@ -95,92 +114,220 @@ func TestSelectorSplitsOwnershipAcrossTheGroup(t *testing.T) {
 	if total != parts {
 		t.Errorf("the group owns %d parts in all, want each of %d exactly once", total, parts)
 	}
+}
 
-	// A live upstream peer: this node reads nothing from the source; it leads again once the
-	// upstream is gone.
-	sel := selector{self: "n0", now: func() time.Time { return now }}
-	up := holds("u", parts)
-	up.Upstream = true
-	peers := []*peerState{holds("n1", parts), up}
-	for i := range parts {
-		if sel.leads(peers, i) {
-			t.Fatalf("leads part %d with an upstream peer live", i)
+// A part a peer holds is taken at once, whichever it is: within the window the rarest first,
+// ties broken by each node's own scores (so that two nodes with one view take different
+// parts); past the window, in file order.
+func TestAvailablePartsAreTakenInsteadOfWaitingOnOne(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	sel := newSelector("self", &now)
+	pending := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	a, b := liveAt("a", 10, now, 7, 3), liveAt("b", 10, now, 3)
+	if got := sel.pickPeer([]*peerState{a, b}, pending); got != 7 {
+		t.Errorf("picked part %d; want 7, which one peer holds, over 3, which two do (and over 0–2, which none holds)", got)
+	}
+	if got := sel.pickPeer([]*peerState{liveAt("a", 10, now)}, pending); got != -1 {
+		t.Errorf("picked part %d when no peer holds any", got)
+	}
+	sel.window = 4
+	if got := sel.pickPeer([]*peerState{liveAt("a", 10, now, 8, 9)}, pending); got != 8 {
+		t.Errorf("past the window picked part %d; want the first held, 8", got)
+	}
+
+	// Two nodes with the same view: over 100 windows of 8 parts that one peer holds alike, they
+	// take different first parts almost always.
+	x, y := newSelector("x", &now), newSelector("y", &now)
+	same := 0
+	for w := range 100 {
+		var win []int
+		for k := range 8 {
+			win = append(win, 8*w+k)
+		}
+		peers := []*peerState{liveAt("h", 800, now, win...)}
+		if x.pickPeer(peers, win) == y.pickPeer(peers, win) {
+			same++
 		}
 	}
-	up.refused(0, refusedUnreachable, now)
-	if sel.hasUpstream(peers) || !anyLead(sel, peers, parts) {
-		t.Errorf("upstream live %v, leads a part %v, once the upstream is unreachable; want false, true", sel.hasUpstream(peers), anyLead(sel, peers, parts))
+	if same > 30 {
+		t.Errorf("two nodes with one view took the same first part in %d of 100 windows", same)
 	}
 }
 
-func anyLead(sel selector, peers []*peerState, parts int) bool {
-	for i := range parts {
-		if sel.leads(peers, i) {
-			return true
+// group builds, for each of names, the selector and its view of the others, all live at now.
+func group(names []string, parts int, now *time.Time) (map[string]selector, map[string][]*peerState) {
+	sels, views := map[string]selector{}, map[string][]*peerState{}
+	for _, self := range names {
+		sels[self] = newSelector(self, now)
+		for _, o := range names {
+			if o != self {
+				views[self] = append(views[self], liveAt(o, parts, *now))
+			}
 		}
 	}
-	return false
+	return sels, views
 }
 
-// A part is waited for past Wait while the peer it is to come from is busy: the group's owner
-// of the part (not another member) having gained a part within the last quiet, or reading from
-// the source and having gained one within the last stall; with an upstream, any live upstream
-// peer.
-func TestProviderBusyFollowsTheOwnersActivity(t *testing.T) {
-	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	sel := selector{self: "self", now: func() time.Time { return now }}
-	const n, quiet, stall = 16, 30 * time.Second, 2 * time.Minute
-	// a part owned by a, not by self or b
-	part := -1
-	for i := range n {
-		if rendezvous("a", i) > rendezvous("self", i) && rendezvous("a", i) > rendezvous("b", i) {
-			part = i
+// peerIn is name's state in view.
+func peerIn(view []*peerState, name string) *peerState {
+	for _, p := range view {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// A reader whose part stops moving is waited for stall, then the best-ranked of the others
+// claims the part alone, the next at twice stall; a part that moves again is not claimed.
+func TestAStalledReaderIsClaimedOnceByRank(t *testing.T) {
+	start := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	now := start
+	names := []string{"r", "a", "b", "c"}
+	sels, views := group(names, 16, &now)
+	const part = 5
+	say := func(progress int64) { // r reads part 5, at progress
+		for _, self := range names[1:] {
+			peerIn(views[self], "r").setLive(true, bitmap(16), bitmap(16, part), []int64{progress}, now)
+		}
+	}
+	claimers := func() (out []string) {
+		for _, self := range names[1:] {
+			if sels[self].pickSource(views[self], []int{part}, &pickState{}) == part {
+				out = append(out, self)
+			}
+		}
+		return out
+	}
+	say(0)
+	now = now.Add(2 * time.Second)
+	say(1 << 20) // moved
+	now = now.Add(2900 * time.Millisecond)
+	say(1 << 20) // answered, not moved
+	if got := claimers(); len(got) != 0 {
+		t.Fatalf("%v claim a part that moved %s ago", got, 2900*time.Millisecond)
+	}
+	now = now.Add(200 * time.Millisecond)
+	first := claimers()
+	if len(first) != 1 {
+		t.Fatalf("after %s without progress, %v claim the part; want exactly one", 3100*time.Millisecond, first)
+	}
+	ranked := []string{"a", "b", "c"}
+	slices.SortFunc(ranked, func(x, y string) int {
+		if rendezvous(x, part) > rendezvous(y, part) {
+			return -1
+		}
+		return 1
+	})
+	if first[0] != ranked[0] {
+		t.Errorf("%s claimed; want %s, ranked first for the part", first[0], ranked[0])
+	}
+	now = now.Add(3 * time.Second)
+	if got := claimers(); len(got) != 2 || !slices.Contains(got, ranked[1]) {
+		t.Errorf("at twice stall, %v claim; want %s and %s", got, ranked[0], ranked[1])
+	}
+	say(2 << 20) // moves again
+	if got := claimers(); len(got) != 0 {
+		t.Errorf("%v claim a part that just moved", got)
+	}
+}
+
+// An owner that reads nothing has its parts taken by the others once they have had nothing of
+// their own to read for stall, each the parts it ranks first for, with nothing read twice; a
+// node reads its own parts before another's.
+func TestAnIdleOwnersPartsAreTakenOnceTheOthersAreIdle(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	names := []string{"idle", "a", "b", "c"}
+	sels, views := group(names, 64, &now)
+	var idles []int
+	for i := range 64 {
+		if sels["idle"].owns(views["idle"], i) {
+			idles = append(idles, i)
+		}
+	}
+	if len(idles) < 4 {
+		t.Fatalf("idle owns %d of 64 parts", len(idles))
+	}
+	states := map[string]*pickState{}
+	for _, self := range names[1:] {
+		states[self] = &pickState{}
+		if i := sels[self].pickSource(views[self], idles, states[self]); i >= 0 {
+			t.Errorf("%s takes part %d of the owner's the moment it has nothing of its own", self, i)
+		}
+	}
+	now = now.Add(3 * time.Second)
+	for _, p := range views {
+		for _, ps := range p {
+			ps.setLive(true, bitmap(64), bitmap(64), nil, now)
+		}
+	}
+	taken := map[int]string{}
+	for _, self := range names[1:] {
+		i := sels[self].pickSource(views[self], idles, states[self])
+		if i < 0 {
+			t.Fatalf("%s takes none of the idle owner's parts after stall", self)
+		}
+		if was, ok := taken[i]; ok {
+			t.Errorf("%s and %s both take part %d first", was, self, i)
+		}
+		taken[i] = self
+	}
+	mine := -1
+	for i := range 64 {
+		if sels["a"].owns(views["a"], i) {
+			mine = i
 			break
 		}
 	}
-	if part < 0 {
-		t.Fatal("a owns none of 16 parts")
+	if got := sels["a"].pickSource(views["a"], append(slices.Clone(idles), mine), states["a"]); got != mine {
+		t.Errorf("a picks part %d; want its own part %d first", got, mine)
 	}
-	a, b := &peerState{Peer: Peer{Name: "a"}}, &peerState{Peer: Peer{Name: "b"}}
-	peers := []*peerState{a, b}
-	a.setLive(true, make([]byte, 2), make([]byte, 2), now)
-	b.setLive(true, make([]byte, 2), []byte{0xff, 0xff}, now)
-	if !sel.providerBusy(peers, part, quiet, stall) {
-		t.Error("an owner that just answered is not busy")
+}
+
+// With an upstream peer live, a part no peer holds or reads is read from the source only after
+// it was wanted for wait.
+func TestWithAnUpstreamOnlyTheLastResortReadsTheSource(t *testing.T) {
+	start := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	now := start
+	sel := newSelector("self", &now)
+	up := liveAt("u", 16, now, 0, 1)
+	up.Upstream = true
+	peers := []*peerState{up, liveAt("g", 16, now)}
+	wanted := &pickState{}
+	if got := sel.pickSource(peers, []int{0, 2}, wanted); got != -1 {
+		t.Errorf("picked part %d to read with an upstream live", got)
 	}
-	now = now.Add(quiet)
-	if sel.providerBusy(peers, part, quiet, stall) {
-		t.Error("an owner idle for quiet is busy (because another member reads?)")
+	now = now.Add(10 * time.Second)
+	up.setLive(true, bitmap(16, 0, 1), bitmap(16), nil, now)
+	if got := sel.pickSource(peers, []int{2}, wanted); got != -1 {
+		t.Errorf("picked part %d before wait", got)
 	}
-	a.setLive(true, make([]byte, 2), []byte{0, 1}, now) // reads part 8, after quiet without a gain
-	if !sel.providerBusy(peers, part, quiet, stall) {
-		t.Error("an owner reading from the source is not busy")
+	now = now.Add(20 * time.Second)
+	up.setLive(true, bitmap(16, 0, 1), bitmap(16), nil, now)
+	if got := sel.pickSource(peers, []int{0, 2}, wanted); got != 2 {
+		t.Errorf("after wait picked %d; want part 2, which no peer holds (not 0, which the upstream does)", got)
 	}
-	now = now.Add(stall - quiet - time.Second)
-	if !sel.providerBusy(peers, part, quiet, stall) {
-		t.Error("an owner reading from the source, its last gain under stall ago, is not busy")
+	up.refused(0, refusedUnreachable, now)
+	if sel.hasUpstream(peers) || !sel.owns(peers, 2) && !sel.owns(peers, 3) {
+		t.Error("with the upstream unreachable, this node owns neither of two parts in a group of two")
 	}
-	now = now.Add(2 * time.Second)
-	if sel.providerBusy(peers, part, quiet, stall) {
-		t.Error("an owner that says it reads but gained nothing for stall is busy")
+}
+
+// A part's progress counts as moving when its count changes, and when it starts being read;
+// the same count answered again does not move it.
+func TestProgressMovesAPartOnlyWhenItChanges(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	p := &peerState{Peer: Peer{Name: "p"}}
+	p.setLive(true, bitmap(16), bitmap(16, 2, 9), []int64{10, 20}, now)
+	t0 := now
+	now = now.Add(time.Second)
+	p.setLive(true, bitmap(16), bitmap(16, 2, 9), []int64{10, 25}, now)
+	if p.movedAt[2] != t0 || p.movedAt[9] != now {
+		t.Errorf("moved at %v and %v; want part 2 unmoved since %v, part 9 moved at %v", p.movedAt[2], p.movedAt[9], t0, now)
 	}
-	a.setLive(true, []byte{0, 1}, make([]byte, 2), now) // holds part 8 now
-	if !sel.providerBusy(peers, part, quiet, stall) {
-		t.Error("an owner that just gained a part is not busy")
-	}
-	now = now.Add(quiet)
-	a.setLive(true, []byte{0, 1}, make([]byte, 2), now) // the same again: no gain
-	if sel.providerBusy(peers, part, quiet, stall) {
-		t.Error("an owner answering the same holdings is busy")
-	}
-	a.setLive(false, nil, nil, now)
-	b.setLive(true, []byte{0, 2}, []byte{1, 0}, now) // gains part 9, reads part 0
-	if sel.providerBusy(peers, part, quiet, stall) == (rendezvous("b", part) < rendezvous("self", part)) {
-		t.Errorf("with a silent, the owner of part %d is b (busy) or self (nothing to wait for)", part)
-	}
-	up := &peerState{Peer: Peer{Name: "up", Upstream: true}}
-	up.setLive(true, make([]byte, 2), []byte{1, 0}, now)
-	if !sel.providerBusy(append(peers, up), part, quiet, stall) {
-		t.Error("an upstream peer reading from the source is not busy")
+	now = now.Add(time.Second)
+	p.setLive(true, bitmap(16, 2), bitmap(16, 9), nil, now) // a holder that does not say how far
+	if _, ok := p.movedAt[2]; ok || p.movedAt[9] != now {
+		t.Errorf("after part 2 is held and progress is not said: %v", p.movedAt)
 	}
 }

@@ -6,10 +6,11 @@
 // before the source. The protocol is plain HTTP, read-only:
 //
 //	GET /prewarm/peer/v1/<key>/have?revision=<rev>&after=<version>
-//	    200 {"revision","partSize","parts","version","held":<bitmap, base64>,"reading":<bitmap>}:
-//	    the parts it holds, and those it is reading from the source now; with after, the
-//	    answer waits (up to 15 s) until the holder is past that version (a part added, or
-//	    started or stopped being read)
+//	    200 {"revision","partSize","parts","version","held":<bitmap, base64>,"reading":<bitmap>,
+//	    "progress":[bytes read of each part in reading]}: the parts it holds, those it is reading
+//	    from the source now, and how far; with after, the answer waits (up to 15 s) until the
+//	    holder is past that version (a part added, started or stopped being read, or, at most
+//	    once a second, read further)
 //	GET /prewarm/peer/v1/<key>/parts/<i>?revision=<rev>
 //	    200 with the part's bytes and X-Prewarm-Crc32c: the CRC32C they had when written
 //
@@ -83,6 +84,10 @@ type HaveResponse struct {
 	// Reading is which parts the holder is reading from the source now (absent from holders
 	// that do not say): its peers wait on for those.
 	Reading []byte `json:"reading,omitempty"`
+	// Progress is how many bytes the holder has read of each part in Reading, in order (absent
+	// from holders that do not say): a part whose count stops moving has stalled, and another
+	// node claims it.
+	Progress []int64 `json:"progress,omitempty"`
 }
 
 // Server offers this node's parts to its peers.
@@ -229,8 +234,15 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request, plan *engine.Plan)
 		t.Stop()
 	}
 	held, reading, version := plan.Activity()
+	var progress []int64
+	for i := range 8 * len(reading) {
+		if reading[i/8]&(1<<(i%8)) != 0 {
+			progress = append(progress, plan.ReadProgress(i))
+		}
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(HaveResponse{Revision: plan.Revision, PartSize: plan.PartSize, Parts: plan.Parts(), Version: version, Held: held, Reading: reading})
+	_ = json.NewEncoder(w).Encode(HaveResponse{Revision: plan.Revision, PartSize: plan.PartSize, Parts: plan.Parts(),
+		Version: version, Held: held, Reading: reading, Progress: progress})
 }
 
 // admit takes one of who's streams, if K and the per-peer limit allow.

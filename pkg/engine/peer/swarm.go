@@ -42,18 +42,22 @@ type SwarmOptions struct {
 	Client *http.Client
 	// Token returns the credentials sent as Authorization: Bearer.
 	Token func() (string, error)
-	// Wait is how long a part waits for a peer to hold it before it is read from the source
-	// (default 30 s); past it, the part is waited for on while the peer it is to come from has
-	// gained a part within the last Wait, or is reading from the source and has gained one
-	// within the last SlowPart.
+	// Stall is how long a part may go without progress (its reader's bytes from the source, or a
+	// peer's bytes to this node) before it is taken elsewhere (default 3 s): the node ranked
+	// first after a stalled reader claims the part at Stall, the next at twice that, and so on;
+	// a peer that sends nothing for 2 × Stall is asked no more until its /have answers again.
+	Stall time.Duration
+	// Wait is the last-resort guard (default 30 s): with an upstream group, a part no peer holds
+	// or reads for Wait is read from the source.
 	Wait time.Duration
 	// SlowPart is the most time one part may take from a peer: a slower peer is dropped
-	// (default 2 min). A peer reading from the source that gains no part for SlowPart is not
-	// waited for.
+	// (default 2 min).
 	SlowPart time.Duration
-	// Streams is how many parts this node takes from peers at once (default 4): the rest of its
-	// link stays for the parts it reads from the source, which the others wait for.
+	// Streams is how many parts this node takes from peers at once (default 4).
 	Streams int
+	// Window is how many of the first parts this node still wants are taken from peers rarest
+	// first (default 64); past it, parts are taken in file order.
+	Window int
 	// JoinWait is the most time Join waits for the peers to answer, so that nodes starting
 	// together split the parts between them from the first one (default 2 s).
 	JoinWait time.Duration
@@ -73,7 +77,7 @@ type SwarmOptions struct {
 // Metrics are a node's swarm counters, shared by its Swarms.
 type Metrics struct {
 	dropped *prometheus.CounterVec
-	waits   *prometheus.CounterVec
+	claims  prometheus.Counter
 }
 
 // NewMetrics registers the prewarm_peer_* client metrics with reg (which may be nil).
@@ -81,20 +85,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prewarm_peer_dropped_total",
 			Help: "Peers a download stopped asking, by reason (mismatch, transfer, slow)."}, []string{"reason"}),
-		waits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prewarm_peer_waits_total",
-			Help: "Parts that waited for a peer, by outcome (peer, source)."}, []string{"outcome"}),
+		claims: prometheus.NewCounter(prometheus.CounterOpts{Name: "prewarm_peer_claims_total",
+			Help: "Parts this node read from the source for its group although another member owned them: the owner stalled, was idle, or had not started them while this node had nothing else to read."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.dropped, m.waits)
+		reg.MustRegister(m.dropped, m.claims)
 	}
 	return m
 }
 
-// Swarm is an engine.Swarm over HTTP: it follows what each peer holds (a long poll of its
-// /have), and asks a holder for each part, the one this Swarm has the fewest parts in flight
-// with. A part no peer holds is read from the source by one node of the group (the owner, by
-// rendezvous hashing of the part over the group's live members); the others wait for it for
-// Wait, and on while the owner is busy reading from the source or gaining parts.
+// Swarm is an engine.Swarm over HTTP: it follows what each peer holds and reads, and how far
+// (a long poll of its /have), and picks the parts this node takes: from peers, any part a live
+// peer holds, rarest first; from the source, the parts this node owns (by rendezvous hashing
+// of the part over the group's live members), then parts whose reader stalled, ranked so that
+// one backup claims each, then parts other members own but are not reading (work stealing).
 type Swarm struct {
 	opts  SwarmOptions
 	sel   selector
@@ -109,6 +113,9 @@ type Swarm struct {
 	mu      sync.Mutex
 	changed chan struct{} // closed when a peer's holdings or liveness change
 	streams chan struct{} // parts being taken from peers
+
+	pickMu sync.Mutex
+	picks  pickState // selector.pickSource's
 }
 
 // NewSwarm returns a Swarm; it starts following its peers at Join.
@@ -116,8 +123,14 @@ func NewSwarm(o SwarmOptions) *Swarm {
 	if o.Client == nil {
 		o.Client = &http.Client{}
 	}
+	if o.Stall <= 0 {
+		o.Stall = 3 * time.Second
+	}
 	if o.Wait <= 0 {
 		o.Wait = 30 * time.Second
+	}
+	if o.Window <= 0 {
+		o.Window = 64
 	}
 	if o.SlowPart <= 0 {
 		o.SlowPart = 2 * time.Minute
@@ -143,7 +156,8 @@ func NewSwarm(o SwarmOptions) *Swarm {
 	if o.Token == nil {
 		o.Token = func() (string, error) { return "", nil }
 	}
-	s := &Swarm{opts: o, sel: selector{self: o.Self, now: o.Now}, changed: make(chan struct{}), streams: make(chan struct{}, o.Streams)}
+	s := &Swarm{opts: o, sel: selector{self: o.Self, now: o.Now, stall: o.Stall, wait: o.Wait, window: o.Window},
+		changed: make(chan struct{}), streams: make(chan struct{}, o.Streams)}
 	var peers []*peerState
 	for _, p := range o.Peers {
 		if p.Name != o.Self && p.URL != "" {
@@ -278,7 +292,7 @@ func (s *Swarm) follow(p *peerState) {
 			if s.ctx.Err() != nil {
 				return
 			}
-			if p.setLive(false, nil, nil, s.opts.Now()) {
+			if p.setLive(false, nil, nil, nil, s.opts.Now()) {
 				// Its parts go to the next owner until it answers again.
 				s.opts.Log.Info("peer not answering", "peer", p.Name, "error", err.Error())
 				s.notify()
@@ -300,70 +314,56 @@ func (s *Swarm) follow(p *peerState) {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		p.setLive(true, h.Held, h.Reading, s.opts.Now())
+		p.setLive(true, h.Held, h.Reading, h.Progress, s.opts.Now())
 		s.notify()
 		version = h.Version
 		after = strconv.FormatUint(version, 10)
 	}
 }
 
-// Part asks a holder of part i for it, waiting for one when this node is not the part's owner
-// (or its group has an upstream).
+// Part asks a holder of part i for it: the one this node has the fewest parts in flight with.
+// ErrFromSource when no live peer holds it (any more): the Fetch picks again.
 func (s *Swarm) Part(ctx context.Context, i int) (engine.PeerPart, error) {
-	deadline := s.opts.Now().Add(s.opts.Wait)
-	waited := false
-	for {
-		changed := s.changes()
-		if p := s.sel.holder(s.list(), i); p != nil {
-			select {
-			case s.streams <- struct{}{}:
-			case <-ctx.Done():
-				return engine.PeerPart{}, ctx.Err()
-			}
-			pp, err := s.fetch(ctx, p, i)
-			if err == nil {
-				if waited {
-					s.opts.Metrics.waits.WithLabelValues("peer").Inc()
-				}
-				return pp, nil
-			}
-			if ctx.Err() != nil {
-				return engine.PeerPart{}, ctx.Err()
-			}
-			s.refused(p, i, err)
-			continue
+	for range len(s.list()) + 1 {
+		p := s.sel.holder(s.list(), i)
+		if p == nil {
+			break
 		}
-		if s.sel.leads(s.list(), i) {
-			return engine.PeerPart{}, engine.ErrFromSource
-		}
-		left := deadline.Sub(s.opts.Now())
-		if left <= 0 {
-			// Past Wait, the part is still waited for while the peer it is to come from is
-			// busy: gaining parts, or reading from the source (as an owner on a slow origin
-			// does for minutes) and gaining one at least every SlowPart. A peer idle for Wait,
-			// or reading without gaining for SlowPart, is not waited for.
-			if !s.sel.providerBusy(s.list(), i, s.opts.Wait, s.opts.SlowPart) {
-				s.opts.Metrics.waits.WithLabelValues("source").Inc()
-				return engine.PeerPart{}, engine.ErrFromSource
-			}
-			left = time.Second
-		}
-		waited = true
-		t := time.NewTimer(min(left, time.Second)) // busy holders come back within a second
 		select {
-		case <-changed:
-		case <-t.C:
+		case s.streams <- struct{}{}:
 		case <-ctx.Done():
-			t.Stop()
 			return engine.PeerPart{}, ctx.Err()
 		}
-		t.Stop()
+		pp, err := s.fetch(ctx, p, i)
+		if err == nil {
+			return pp, nil
+		}
+		if ctx.Err() != nil {
+			return engine.PeerPart{}, ctx.Err()
+		}
+		s.refused(p, i, err)
 	}
+	return engine.PeerPart{}, engine.ErrFromSource
 }
 
-// Leads reports whether this node owns part i with no upstream to take it from: it reads it
-// from the source for its group.
-func (s *Swarm) Leads(i int) bool { return s.sel.leads(s.list(), i) }
+// Pick chooses the part a worker of lane takes next, among pending (selector.pickPeer and
+// pickSource).
+func (s *Swarm) Pick(pending []int, lane engine.Lane) int {
+	if lane == engine.LanePeers {
+		return s.sel.pickPeer(s.list(), pending)
+	}
+	s.pickMu.Lock()
+	i := s.sel.pickSource(s.list(), pending, &s.picks)
+	s.pickMu.Unlock()
+	if i >= 0 && !s.sel.owns(s.list(), i) {
+		s.opts.Metrics.claims.Inc()
+		s.opts.Log.Debug("claiming a part", "part", i)
+	}
+	return i
+}
+
+// Changed is closed when a peer's holdings, reading or liveness change.
+func (s *Swarm) Changed() <-chan struct{} { return s.changes() }
 
 // refused handles a holder that did not send part i: busy (try others for a second), no longer
 // holding it, or unreachable (not live until its /have answers again).
@@ -389,6 +389,16 @@ func (s *Swarm) Bad(peer string, i int, err error) {
 		reason = "mismatch"
 	case errors.Is(err, errSlow):
 		reason = "slow"
+	case errors.Is(err, errStalled):
+		// Stopped sending (paused, or cut off): asked no more until its /have answers again.
+		for _, p := range s.list() {
+			if p.Name == peer {
+				p.refused(i, refusedUnreachable, s.opts.Now())
+				s.opts.Log.Info("peer stalled", "peer", peer, "part", i)
+				s.notify()
+			}
+		}
+		return
 	}
 	for _, p := range s.list() {
 		if p.Name == peer {

@@ -69,9 +69,13 @@ type StatusError struct {
 	Message string
 }
 
-// fetch asks p for part i. The body must arrive within SlowPart.
+// fetch asks p for part i. The body must arrive within SlowPart, and no 2 × Stall may pass
+// without a byte of it (errStalled: the peer is paused, or cut off).
 func (s *Swarm) fetch(ctx context.Context, p *peerState, i int) (engine.PeerPart, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.SlowPart)
+	ctx, cancelSlow := context.WithTimeout(ctx, s.opts.SlowPart)
+	ctx, cancelIdle := context.WithCancelCause(ctx)
+	idle := time.AfterFunc(2*s.opts.Stall, func() { cancelIdle(errStalled) })
+	cancel := func() { idle.Stop(); cancelIdle(nil); cancelSlow() }
 	p.inflight.Add(1)
 	resp, err := s.get(ctx, fmt.Sprintf("%s%s%s/parts/%d?revision=%s", p.URL, Prefix, s.opts.Key, i, s.plan.Revision))
 	if err == nil && resp.StatusCode != http.StatusOK {
@@ -86,24 +90,32 @@ func (s *Swarm) fetch(ctx context.Context, p *peerState, i int) (engine.PeerPart
 		}
 	}
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errStalled) {
+			err = fmt.Errorf("%s: %w", p.Name, errStalled)
+		}
 		p.inflight.Add(-1)
 		cancel()
 		<-s.streams
 		return engine.PeerPart{}, err
 	}
-	body := &partBody{ReadCloser: resp.Body, done: func() { p.inflight.Add(-1); cancel(); <-s.streams }, ctx: ctx}
+	body := &partBody{ReadCloser: resp.Body, done: func() { p.inflight.Add(-1); cancel(); <-s.streams }, ctx: ctx,
+		moved: func() { idle.Reset(2 * s.opts.Stall) }}
 	return engine.PeerPart{Body: body, CRC32C: uint32(crc), Peer: p.Name}, nil
 }
 
 // partBody is a part's response body; closing it ends the request.
 type partBody struct {
 	io.ReadCloser
-	ctx  context.Context
-	done func()
-	once sync.Once
+	ctx   context.Context
+	done  func()
+	moved func() // called with every byte that arrives
+	once  sync.Once
 }
 
-var errSlow = errors.New("the peer sent the part too slowly")
+var (
+	errSlow    = errors.New("the peer sent the part too slowly")
+	errStalled = errors.New("the peer stopped sending")
+)
 
 func (e *incompatibleError) Error() string { return e.msg }
 
@@ -111,8 +123,16 @@ func (e *StatusError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Code,
 
 func (b *partBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && errors.Is(b.ctx.Err(), context.DeadlineExceeded) {
-		err = errSlow
+	if n > 0 {
+		b.moved()
+	}
+	if err != nil {
+		switch cause := context.Cause(b.ctx); {
+		case errors.Is(cause, errStalled):
+			err = errStalled
+		case errors.Is(cause, context.DeadlineExceeded):
+			err = errSlow
+		}
 	}
 	return n, err
 }
