@@ -98,6 +98,7 @@ type Plan struct {
 	reading []atomic.Bool  // parts this node is reading from the source now
 	readAt  []atomic.Int64 // how far this node has read each of them
 	moved   atomic.Int64   // when a part being read last made the plan change (Unix ns)
+	fromUp  atomic.Bool    // this node takes its parts from an upstream group (SetFromUpstream)
 	crcs    []atomic.Uint32
 	mu      sync.Mutex
 	version uint64
@@ -217,6 +218,18 @@ func (p *Plan) readTo(i int, n int64) {
 		p.bump()
 	}
 }
+
+// SetFromUpstream says whether this node takes its parts from an upstream group, reading from the
+// source only as a last resort: its peers then count on it for no part (a change for the long
+// polls).
+func (p *Plan) SetFromUpstream(on bool) {
+	if p.fromUp.Swap(on) != on {
+		p.bump()
+	}
+}
+
+// FromUpstream is what SetFromUpstream said last.
+func (p *Plan) FromUpstream() bool { return p.fromUp.Load() }
 
 // ReadProgress is how many bytes of part i this node has read from the source, while it reads it.
 func (p *Plan) ReadProgress(i int) int64 {

@@ -743,7 +743,7 @@ type copyReq struct {
 	// done and fetched as they land (a peer's count once the whole part is checked).
 	fromSource bool
 	// track, when ≥ 0, is the plan's part these bytes are, from base on: how far it is read is
-	// recorded in the plan, for the peers waiting for it.
+	// recorded in the plan as the bytes arrive, for the peers waiting for it.
 	track int
 	base  int64
 }
@@ -762,7 +762,29 @@ func (r *run) copyRange(ctx context.Context, req copyReq) (copied, error) {
 		return copied{sums: req.sums}, err
 	}
 	defer body.Close()
+	if req.track >= 0 {
+		// Every read from the network moves the part for the peers, not each chunk: a chunk
+		// can be the whole part, and take longer than a peer waits for a part to move.
+		return r.copyBody(ctx, &progressReader{r: body, plan: r.plan, part: req.track, at: req.off - req.base}, req)
+	}
 	return r.copyBody(ctx, body, req)
+}
+
+// progressReader records in the plan how far a part being read from the source is.
+type progressReader struct {
+	r    io.Reader
+	plan *Plan
+	part int
+	at   int64
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.at += int64(n)
+		p.plan.readTo(p.part, p.at)
+	}
+	return n, err
 }
 
 // copyBody is copyRange's loop over a body already open.
@@ -798,9 +820,6 @@ func (r *run) copyBody(ctx context.Context, body io.Reader, req copyReq) (copied
 				r.done.Add(int64(got))
 				r.fetched.Add(int64(got))
 				r.e.metrics.bytes.Add(float64(got))
-				if req.track >= 0 {
-					r.plan.readTo(req.track, at+int64(got)-req.base)
-				}
 			}
 		}
 		if rerr != nil {

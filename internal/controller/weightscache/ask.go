@@ -42,6 +42,7 @@ func (r *Reconciler) asks(s *state) ([]change, map[string]refusal, error) {
 	held := slices.DeleteFunc(slices.Clone(p.targets), func(n *corev1.Node) bool { _, no := p.quota.refused[n.Name]; return no })
 	var peers map[string][]prewarmv1alpha1.CachePeer
 	if !r.Config.Peers.Disabled {
+		f.newer = r.Requests.latest
 		peers = assignPeers(f, held, p.peerAddrs, r.Config.Peers.GroupSize)
 	}
 	now := r.Now()

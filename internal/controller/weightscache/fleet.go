@@ -23,6 +23,9 @@ type fleet struct {
 	// named are the NodeCaches that name the cache: ask for it, report on it or demand it.
 	named  []*prewarmv1alpha1.NodeCache
 	byNode map[string]*prewarmv1alpha1.NodeCache
+	// newer, when set, is the writer's request for a node that the informer does not show yet
+	// (Requests.latest).
+	newer func(node, uid string, gen int64) (*prewarmv1alpha1.CacheRequest, bool)
 }
 
 // readFleet reads the nodes m's placement may select (through the instance-type index when it
@@ -91,6 +94,21 @@ func (f *fleet) nodeCache(node string) *prewarmv1alpha1.NodeCache { return f.byN
 // request is node's request for the cache, or nil.
 func (f *fleet) request(node string) *prewarmv1alpha1.CacheRequest {
 	return requestFor(f.byNode[node], f.uid)
+}
+
+// latest is node's request for the cache as the writer has it (fleet.newer), or as the informer
+// shows it.
+func (f *fleet) latest(node string) *prewarmv1alpha1.CacheRequest {
+	if f.newer != nil {
+		var gen int64
+		if nc := f.byNode[node]; nc != nil {
+			gen = nc.Generation
+		}
+		if e, ok := f.newer(node, f.uid, gen); ok {
+			return e
+		}
+	}
+	return f.request(node)
 }
 
 // report is node's agent's report on the cache, or nil.

@@ -55,7 +55,7 @@ func assignPeers(f *fleet, targets []*corev1.Node, addr map[string]string, group
 	out := make(map[string][]prewarmv1alpha1.CachePeer, len(members))
 	var fresh, settled []string
 	for _, name := range members {
-		asked := f.request(name)
+		asked := f.latest(name)
 		current := asked != nil && peersCurrent(asked.Peers, addr)
 		switch {
 		case current && len(asked.Peers) > 0:
@@ -94,7 +94,7 @@ func assignPeers(f *fleet, targets []*corev1.Node, addr map[string]string, group
 	// together), the first group of fresh members, which reads the source for it.
 	firstGroup := fresh[:min(len(fresh), groupSize)]
 	for _, name := range silent {
-		if asked := f.request(name); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
+		if asked := f.latest(name); asked != nil && len(asked.Peers) > 0 && peersCurrent(asked.Peers, addr) {
 			out[name] = asked.Peers
 			continue
 		}

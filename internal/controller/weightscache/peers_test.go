@@ -246,3 +246,62 @@ func reportedAddrs(targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.No
 	}
 	return out
 }
+
+// A fleet starting together is assigned its peers once, even when the next reconcile comes while
+// the writes have reached only some nodes: through the writer's memory (fleet.newer) the others
+// count as asked too, and are not regrouped under the first ones as their upstream (where the
+// first ones, still downloading, would have to serve them every part).
+func TestAReconcileBetweenTheWritesKeepsTheAssignment(t *testing.T) {
+	const uid = "cache-1"
+	nodes, byNode := fleetOf(8)
+	addrs := reportedAddrs(nodes, byNode)
+	first := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
+	// The informer shows the first five writes; the writer still has the last three.
+	for _, n := range nodes[:5] {
+		byNode[n.Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: first[n.Name]}}
+	}
+	pending := func(node, _ string, _ int64) (*prewarmv1alpha1.CacheRequest, bool) {
+		if slices.ContainsFunc(nodes[5:], func(n *corev1.Node) bool { return n.Name == node }) {
+			return &prewarmv1alpha1.CacheRequest{UID: uid, Peers: first[node]}, true
+		}
+		return nil, false
+	}
+	if again := assignPeers(&fleet{uid: uid, byNode: byNode, newer: pending}, nodes, addrs, 16); !equalPeers(again, first) {
+		t.Errorf("with the writer's pending requests, the second assignment differs:\n%v\nwant\n%v", again, first)
+	}
+	// Without them the last three would be regrouped under the first five: what the writer's
+	// memory prevents.
+	regrouped := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
+	if !slices.ContainsFunc(regrouped[nodes[7].Name], func(p prewarmv1alpha1.CachePeer) bool { return p.Upstream }) {
+		t.Errorf("without the writer's memory, %s has no upstream: %v (the case this guards against is gone?)", nodes[7].Name, regrouped[nodes[7].Name])
+	}
+}
+
+// The writer's memory: a change not written yet, then being written, then written but not yet
+// shown by the informer, is what latest says; once the informer shows the write's generation,
+// the informer is read again.
+func TestRequestsRememberWhatTheInformerDoesNotShowYet(t *testing.T) {
+	q := &Requests{}
+	e := &prewarmv1alpha1.CacheRequest{UID: "c"}
+	if _, ok := q.latest("n", "c", 0); ok {
+		t.Fatal("latest knows a request never put")
+	}
+	q.init()
+	q.pending["n"] = &nodeChanges{caches: map[string]*prewarmv1alpha1.CacheRequest{"c": e}}
+	if got, ok := q.latest("n", "c", 0); !ok || got != e {
+		t.Errorf("pending: latest = %v, %v", got, ok)
+	}
+	q.writing["n"], q.pending["n"] = q.pending["n"], nil
+	if got, ok := q.latest("n", "c", 0); !ok || got != e {
+		t.Errorf("being written: latest = %v, %v", got, ok)
+	}
+	delete(q.writing, "n")
+	q.written["n"] = writtenAs{generation: 4}
+	q.sent["n"] = map[string]*prewarmv1alpha1.CacheRequest{"c": e}
+	if got, ok := q.latest("n", "c", 3); !ok || got != e {
+		t.Errorf("written at generation 4, informer at 3: latest = %v, %v", got, ok)
+	}
+	if _, ok := q.latest("n", "c", 4); ok {
+		t.Error("the informer shows the write: latest still answers")
+	}
+}

@@ -61,6 +61,10 @@ type Requests struct {
 	pending map[string]*nodeChanges
 	// written is the generation each node's NodeCache had after this process's last write to it.
 	written map[string]writtenAs
+	// writing are the changes a worker is writing now, by node; sent, by node and cache, the
+	// requests of the last writes (nil: withdrawn), which the informer may not show yet.
+	writing map[string]*nodeChanges
+	sent    map[string]map[string]*prewarmv1alpha1.CacheRequest
 	// left are the requests the writes left out of their nodes' lists, by cache and node: the
 	// cache's reconciles report them, and do not ask again for that request, for leftOutFor.
 	left  map[string]map[string]leftOut
@@ -130,6 +134,8 @@ func (q *Requests) init() {
 	q.once.Do(func() {
 		q.pending = map[string]*nodeChanges{}
 		q.written = map[string]writtenAs{}
+		q.writing = map[string]*nodeChanges{}
+		q.sent = map[string]map[string]*prewarmv1alpha1.CacheRequest{}
 		q.left = map[string]map[string]leftOut{}
 		q.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 2*time.Minute),
@@ -248,7 +254,15 @@ func (q *Requests) next(ctx context.Context) bool {
 	q.mu.Lock()
 	b, last := q.pending[node], q.written[node]
 	delete(q.pending, node)
+	if b != nil {
+		q.writing[node] = b
+	}
 	q.mu.Unlock()
+	defer func() {
+		q.mu.Lock()
+		delete(q.writing, node)
+		q.mu.Unlock()
+	}()
 	if b == nil {
 		q.queue.Forget(node)
 		return true
@@ -280,9 +294,44 @@ func (q *Requests) next(ctx context.Context) bool {
 	if written.generation != 0 {
 		q.mu.Lock()
 		q.written[node] = written
+		if q.sent[node] == nil {
+			q.sent[node] = map[string]*prewarmv1alpha1.CacheRequest{}
+		}
+		for uid, e := range b.caches {
+			if _, out := left[uid]; !out {
+				q.sent[node][uid] = e
+			}
+		}
 		q.mu.Unlock()
 	}
 	return true
+}
+
+// latest is node's request for cache uid as this process will have it, or has just written it,
+// when the informer, showing node's NodeCache at generation gen, does not show it yet (known):
+// a change not written yet, being written, or written after gen. Two reconciles in a row then
+// see one assignment of peers, not the first one's writes half.
+func (q *Requests) latest(node, uid string, gen int64) (_ *prewarmv1alpha1.CacheRequest, known bool) {
+	if q == nil {
+		return nil, false
+	}
+	q.init()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, b := range []*nodeChanges{q.pending[node], q.writing[node]} {
+		if b == nil {
+			continue
+		}
+		if e, ok := b.caches[uid]; ok {
+			return e, true
+		}
+	}
+	if gen >= q.written[node].generation {
+		delete(q.sent, node) // the informer has caught up
+		return nil, false
+	}
+	e, ok := q.sent[node][uid]
+	return e, ok
 }
 
 // tell remembers the requests a write left out of node's list and has their caches reconciled,

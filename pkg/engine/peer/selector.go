@@ -27,6 +27,7 @@ type peerState struct {
 	progress map[int]int64     // bytes read of each part it reads, as it said last
 	movedAt  map[int]time.Time // when each part it reads last moved (by this node's clock)
 	answered time.Time         // its last answer to /have
+	fromUp   bool              // it takes its parts from an upstream group: it owns none
 	live     bool              // answers /have for the revision
 	dropped  string
 	busyTill time.Time
@@ -78,11 +79,15 @@ func (p *peerState) droppedFor() string {
 	return p.dropped
 }
 
+// busyFor is how long a holder that answered 429 is not asked: about the time it takes to send a
+// part to one of the peers it serves, so that the next free stream is taken soon after.
+const busyFor = 250 * time.Millisecond
+
 // refusal is why a holder did not send a part.
 type refusal int
 
 const (
-	// refusedBusy: it sends too many parts at once (429); others are asked for a second.
+	// refusedBusy: it sends too many parts at once (429); others are asked for busyFor.
 	refusedBusy refusal = iota
 	// refusedGone: it no longer holds the part (404).
 	refusedGone
@@ -97,7 +102,7 @@ func (p *peerState) refused(i int, why refusal, now time.Time) {
 	defer p.mu.Unlock()
 	switch why {
 	case refusedBusy:
-		p.busyTill = now.Add(time.Second)
+		p.busyTill = now.Add(busyFor)
 	case refusedGone:
 		if i/8 < len(p.held) { // a copy: snapshots share the bitmap
 			p.held = slices.Clone(p.held)
@@ -122,6 +127,7 @@ type view struct {
 	// stalled: it reads parts from the source and none has moved for stall (paused, cut off,
 	// or its source stuck). It owns nothing: its parts go to the next of the group.
 	stalled bool
+	fromUp  bool // it takes its parts from an upstream group: it owns nothing either
 }
 
 // snapshot is the peers as of now.
@@ -130,7 +136,7 @@ func snapshot(peers []*peerState, now time.Time) []view {
 	for k, p := range peers {
 		p.mu.Lock()
 		out[k] = view{name: p.Name, hash: nameHash(p.Name), upstream: p.Upstream, live: p.isLive(now),
-			busy: !now.After(p.busyTill), held: p.held, movedAt: p.movedAt, inflight: p.inflight.Load()}
+			busy: !now.After(p.busyTill), held: p.held, movedAt: p.movedAt, inflight: p.inflight.Load(), fromUp: p.fromUp}
 		p.mu.Unlock()
 	}
 	return out
@@ -257,13 +263,13 @@ func (sel selector) readers(vs []view, i int, now time.Time) (fresh bool, moved 
 }
 
 // rank is this node's place, from 0, among the live members of its group (not upstream, not
-// stalled, not in skip) in the order of their rendezvous scores for part i: 0 owns the part, 1
+// stalled, not taking their parts from an upstream of their own, not in skip) in the order of their rendezvous scores for part i: 0 owns the part, 1
 // is its first backup, and so on. owner is the view that owns it (-1: this node).
 func rank(vs []view, self uint64, i int, skip []int) (r, owner int) {
 	mine, owner := score(self, i), -1
 	for k := range vs {
 		v := &vs[k]
-		if !v.live || v.upstream || v.stalled || slices.Contains(skip, k) || score(v.hash, i) <= mine {
+		if !v.live || v.upstream || v.stalled || v.fromUp || slices.Contains(skip, k) || score(v.hash, i) <= mine {
 			continue
 		}
 		r++

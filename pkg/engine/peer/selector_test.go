@@ -331,3 +331,28 @@ func TestProgressMovesAPartOnlyWhenItChanges(t *testing.T) {
 		t.Errorf("after part 2 is held and progress is not said: %v", p.movedAt)
 	}
 }
+
+// A peer that takes its parts from an upstream group of its own (its /have says so) owns no part
+// of this node's group: a node that lists it as a member but is not listed by it in turn (views
+// that differ) reads its parts itself rather than waiting for them.
+func TestAPeerTakingFromItsOwnUpstreamOwnsNothing(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	sel := newSelector("self", &now)
+	other := liveAt("other", 64, now)
+	peers := []*peerState{other}
+	mine := 0
+	for i := range 64 {
+		if sel.owns(peers, i) {
+			mine++
+		}
+	}
+	if mine == 0 || mine == 64 {
+		t.Fatalf("self owns %d of 64 parts beside one member", mine)
+	}
+	other.fromUp = true
+	for i := range 64 {
+		if !sel.owns(peers, i) {
+			t.Fatalf("self does not own part %d though its only member takes from an upstream", i)
+		}
+	}
+}

@@ -88,6 +88,9 @@ type HaveResponse struct {
 	// from holders that do not say): a part whose count stops moving has stalled, and another
 	// node claims it.
 	Progress []int64 `json:"progress,omitempty"`
+	// FromUpstream says the holder takes its parts from an upstream group and reads the source
+	// only as a last resort: its peers count on it for no part (it owns none).
+	FromUpstream bool `json:"fromUpstream,omitempty"`
 }
 
 // Server offers this node's parts to its peers.
@@ -242,7 +245,7 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request, plan *engine.Plan)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(HaveResponse{Revision: plan.Revision, PartSize: plan.PartSize, Parts: plan.Parts(),
-		Version: version, Held: held, Reading: reading, Progress: progress})
+		Version: version, Held: held, Reading: reading, Progress: progress, FromUpstream: plan.FromUpstream()})
 }
 
 // admit takes one of who's streams, if K and the per-peer limit allow.

@@ -244,7 +244,9 @@ func (s *Swarm) Join(ctx context.Context, plan *engine.Plan) {
 	deadline := time.NewTimer(s.opts.JoinWait)
 	defer deadline.Stop()
 	defer func() {
-		s.opts.Log.Info("sharing parts", "peers", len(s.list()), "live", s.sel.live(s.list()), "parts", plan.Parts())
+		s.plan.SetFromUpstream(s.sel.hasUpstream(s.list()))
+		s.opts.Log.Info("sharing parts", "peers", len(s.list()), "live", s.sel.live(s.list()), "parts", plan.Parts(),
+			"fromUpstream", s.plan.FromUpstream())
 	}()
 	for {
 		changed := s.changes()
@@ -315,6 +317,9 @@ func (s *Swarm) follow(p *peerState) {
 		}
 		backoff = 100 * time.Millisecond
 		p.setLive(true, h.Held, h.Reading, h.Progress, s.opts.Now())
+		p.mu.Lock()
+		p.fromUp = h.FromUpstream
+		p.mu.Unlock()
 		s.notify()
 		version = h.Version
 		after = strconv.FormatUint(version, 10)
@@ -352,6 +357,8 @@ func (s *Swarm) Pick(pending []int, lane engine.Lane) int {
 	if lane == engine.LanePeers {
 		return s.sel.pickPeer(s.list(), pending)
 	}
+	// The peers count on this node for parts only while it has no upstream.
+	s.plan.SetFromUpstream(s.sel.hasUpstream(s.list()))
 	s.pickMu.Lock()
 	i := s.sel.pickSource(s.list(), pending, &s.picks)
 	s.pickMu.Unlock()
