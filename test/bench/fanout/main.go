@@ -14,12 +14,14 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,6 +66,8 @@ type options struct {
 	baseline    bool
 	noDigest    bool
 	trace       bool
+	pause       time.Duration // the stalled-owner run's pause (0: not run)
+	pauseAt     time.Duration // when, from the cache's creation
 	out, dir    string
 }
 
@@ -80,6 +84,8 @@ func main() {
 	flag.BoolVar(&o.noDigest, "no-digest", true, "also run the largest N for the model uploaded in parts (no file has a digest: each node reads it from the origin)")
 	slowRate := flag.String("slow-rate", "2.5M", "also run 1 and the largest N with every link and the origin at this rate, slow enough that the machine's CPUs are not the limit (0: not run)")
 	flag.BoolVar(&o.trace, "trace", false, "log the origin's rate every second")
+	flag.DurationVar(&o.pause, "pause", time.Minute, "also run the largest N with one agent stopped (SIGSTOP) this long mid-download, as a stalled owner (0: not run)")
+	flag.DurationVar(&o.pauseAt, "pause-at", 5*time.Second, "when the stalled-owner run stops the agent, from the cache's creation")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report to write into (its bench-fanout section; empty: print only)")
 	flag.StringVar(&o.dir, "dir", "", "work folder for logs and disks (default: a temporary one, removed)")
 	flag.Parse()
@@ -149,14 +155,17 @@ type bench struct {
 
 type result struct {
 	nodes      int
+	paused     string // the node whose agent was stopped for options.pause, if any
 	peers      bool
 	noDigest   bool            // the model without digests (noDigestPrefix)
 	rate       int64           // each link's rate and the origin's, bytes per second
 	times      []time.Duration // each node's time to Ready, sorted
 	originSent int64           // bytes the origin sent (bodies, listings included)
 	status     inferencev1.ModelDataCacheConfigStatus
-	uses       []nodeUse  // each node's CPU, waits and links over the run, by time to Ready
-	machine    machineUse // the whole machine's CPU over the run
+	uses       []nodeUse // each node's CPU, waits and links over the run, by time to Ready
+	// othersReady is, with a paused node, when the last of the others was Ready.
+	othersReady time.Duration
+	machine     machineUse // the whole machine's CPU over the run
 }
 
 func run(o options) error {
@@ -175,29 +184,32 @@ func run(o options) error {
 	}
 	var results []result
 	type runSpec struct {
-		n               int
-		peers, noDigest bool
-		rate            int64
+		n                      int
+		peers, noDigest, pause bool
+		rate                   int64
 	}
 	var runs []runSpec
 	largest := slices.Max(o.nodes)
 	for _, n := range o.nodes {
-		runs = append(runs, runSpec{n, true, false, o.nodeRate})
+		runs = append(runs, runSpec{n: n, peers: true, rate: o.nodeRate})
+	}
+	if o.pause > 0 && largest > 1 {
+		runs = append(runs, runSpec{n: largest, peers: true, pause: true, rate: o.nodeRate})
 	}
 	if o.baseline {
-		runs = append(runs, runSpec{largest, false, false, o.nodeRate})
+		runs = append(runs, runSpec{n: largest, rate: o.nodeRate})
 	}
 	if o.noDigest {
-		runs = append(runs, runSpec{largest, true, true, o.nodeRate})
+		runs = append(runs, runSpec{n: largest, peers: true, noDigest: true, rate: o.nodeRate})
 	}
 	if o.slowRate > 0 {
-		runs = append(runs, runSpec{1, true, false, o.slowRate}, runSpec{largest, true, false, o.slowRate})
+		runs = append(runs, runSpec{n: 1, peers: true, rate: o.slowRate}, runSpec{n: largest, peers: true, rate: o.slowRate})
 	}
 	for i, r := range runs {
 		if err := b.shape(r.rate); err != nil {
 			return err
 		}
-		res, err := b.runOnce(i, r.n, r.peers, r.noDigest)
+		res, err := b.runOnce(i, r.n, r.peers, r.noDigest, r.pause)
 		if err != nil {
 			return fmt.Errorf("%d nodes: %w", r.n, err)
 		}
@@ -350,8 +362,9 @@ func (b *bench) shape(rate int64) error {
 // their cache too, and download two models at once).
 func instanceType(run int) string { return fmt.Sprintf("ml.fanout-run%d.48xlarge", run) }
 
-// runOnce warms n nodes and measures it.
-func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
+// runOnce warms n nodes and measures it; with pause, the first node's agent is stopped for
+// options.pause from options.pauseAt on.
+func (b *bench) runOnce(k, n int, peers, noDigest, pause bool) (result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	c := b.cluster.Client
@@ -469,6 +482,10 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 	if err := c.Create(ctx, iec); err != nil {
 		return result{}, err
 	}
+	if pause {
+		resume := stopFor(ctx, agents[0], b.o.pauseAt, b.o.pause)
+		defer resume()
+	}
 	ready := map[string]time.Duration{}
 	var uid string
 	err := until(ctx, func() (bool, string) {
@@ -502,6 +519,10 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 		return result{}, err
 	}
 	res := result{nodes: n, peers: peers, noDigest: noDigest, rate: b.rate, originSent: b.origin.Served.Load() - sentBefore}
+	if pause {
+		res.paused = nodes[0]
+		res.othersReady = slices.Max(slices.Collect(maps.Values(deleted(ready, nodes[0]))))
+	}
 	for _, d := range ready {
 		res.times = append(res.times, d)
 	}
@@ -527,6 +548,44 @@ func (b *bench) runOnce(k, n int, peers, noDigest bool) (result, error) {
 	})
 	res.status = m.Status
 	return res, nil
+}
+
+// stopFor stops agent (SIGSTOP: it neither reads, serves nor answers, its connections left open,
+// as a node that hangs) at after, and lets it go on (SIGCONT) pause later, or when resume is
+// called.
+func stopFor(ctx context.Context, agent *testutil.Process, after, pause time.Duration) (resume func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-time.After(after):
+		case <-ctx.Done():
+			return
+		}
+		if err := syscall.Kill(agent.Pid(), syscall.SIGSTOP); err != nil {
+			log.Printf("stopping %s: %v", agent.Name, err)
+			return
+		}
+		log.Printf("%s stopped for %s", agent.Name, pause)
+		select {
+		case <-time.After(pause):
+		case <-ctx.Done():
+		}
+		_ = syscall.Kill(agent.Pid(), syscall.SIGCONT)
+		log.Printf("%s goes on", agent.Name)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// deleted is m without key.
+func deleted[K comparable, V any](m map[K]V, key K) map[K]V {
+	out := maps.Clone(m)
+	delete(out, key)
+	return out
 }
 
 // until polls cond every 100 ms until it holds or ctx ends.

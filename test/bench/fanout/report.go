@@ -68,6 +68,9 @@ func (r report) markdown() string {
 		}
 	}
 	for _, res := range r.results {
+		if res.paused != "" {
+			continue
+		}
 		t := res.times[len(res.times)-1]
 		ratio := "–"
 		if one := t1[res.rate]; one > 0 {
@@ -78,8 +81,9 @@ func (r report) markdown() string {
 			secs(quantile(res.times, 0.5)), secs(quantile(res.times, 0.95)), float64(res.originSent)/m,
 			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m, 100*res.machine.busy, 100*res.machine.softirq)
 	}
+	r.stalled(&b)
 	for _, res := range r.results {
-		if res.nodes < 2 || !res.peers || res.noDigest {
+		if res.nodes < 2 || !res.peers || res.noDigest || res.paused != "" {
 			continue
 		}
 		if res.nodes != slices.Max(o.nodes) {
@@ -104,6 +108,35 @@ func (r report) markdown() string {
 	b.WriteString("\nWhat limits T(N), and what was tried: [Fan-out: what limits T(N)](#fan-out-what-limits-tn), below.\n")
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
 	return b.String()
+}
+
+// stalled writes the stalled-owner run's paragraph: the other nodes' time against the same run
+// without a stop, and the origin's bytes, each against its goal.
+func (r report) stalled(b *strings.Builder) {
+	for _, res := range r.results {
+		if res.paused == "" {
+			continue
+		}
+		var plain time.Duration
+		for _, o := range r.results {
+			if o.paused == "" && o.peers && !o.noDigest && o.nodes == res.nodes && o.rate == res.rate {
+				plain = o.times[len(o.times)-1]
+			}
+		}
+		ratio := res.othersReady.Seconds() / plain.Seconds()
+		origin := float64(res.originSent) / float64(r.o.modelBytes)
+		fmt.Fprintf(b, "\nA stalled owner: %d nodes sharing, links at %s/s, with %s's agent stopped (SIGSTOP: it neither reads, serves nor answers, its connections left open) for %s from %s after the cache's creation. "+
+			"The other %d nodes were Ready at %s, %.2f× the same run without a stop (%s; goal ≤ 1.3×: %s); the stopped node at %s; the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
+			res.nodes, engine.HumanBytes(res.rate), res.paused, r.o.pause, r.o.pauseAt, res.nodes-1, secs(res.othersReady), ratio, secs(plain), met(ratio <= 1.3),
+			secs(res.times[len(res.times)-1]), origin, met(origin <= 1.1))
+	}
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "not met"
 }
 
 // write replaces the report's section of the file at path (or appends it).
