@@ -20,7 +20,8 @@ import (
 type nodeSample struct {
 	cpu, peerWait float64 // seconds
 	peerBytes     float64
-	rx, tx        int64 // bytes the node received and sent
+	claims, busy  float64 // parts claimed from another owner; peers refused with 429
+	rx, tx        int64   // bytes the node received and sent
 }
 
 // nodeUse is a node's share of one run: the difference of two samples over the run's time.
@@ -30,6 +31,7 @@ type nodeUse struct {
 	cpu          float64 // agent CPU seconds
 	peerWait     float64 // seconds, summed over the workers
 	peerBytes    float64
+	claims, busy float64 // parts claimed from another owner; 429s the node's server answered
 	rxUse, txUse float64 // the link's use in each direction over T(N), 0 to 1
 }
 
@@ -118,6 +120,16 @@ func sampleNode(ctx context.Context, metricsURL, hostLink string) (nodeSample, e
 	if s.peerBytes, err = counter("prewarm_engine_peer_bytes_total"); err != nil {
 		return s, err
 	}
+	if s.claims, err = counter("prewarm_peer_claims_total"); err != nil {
+		return s, err
+	}
+	for _, m := range fams["prewarm_peer_refused_total"].GetMetric() { // absent until a first refusal
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "reason" && l.GetValue() == "busy" {
+				s.busy = m.GetCounter().GetValue()
+			}
+		}
+	}
 	// The host end's transmit is what the node receives, and the other way round.
 	if s.rx, err = linkCounter(hostLink, "tx_bytes"); err != nil {
 		return s, err
@@ -139,5 +151,6 @@ func linkCounter(link, name string) (int64, error) {
 func (s nodeSample) use(before nodeSample, t time.Duration, rate int64) nodeUse {
 	link := float64(rate) * t.Seconds()
 	return nodeUse{cpu: s.cpu - before.cpu, peerWait: s.peerWait - before.peerWait, peerBytes: s.peerBytes - before.peerBytes,
+		claims: s.claims - before.claims, busy: s.busy - before.busy,
 		rxUse: float64(s.rx-before.rx) / link, txUse: float64(s.tx-before.tx) / link}
 }

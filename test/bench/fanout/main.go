@@ -68,6 +68,7 @@ type options struct {
 	trace       bool
 	pause       time.Duration // the stalled-owner run's pause (0: not run)
 	pauseAt     time.Duration // when, from the cache's creation
+	slowOwner   int64         // the slow-owner run's divisor of the first node's link (0: not run)
 	out, dir    string
 }
 
@@ -86,6 +87,7 @@ func main() {
 	flag.BoolVar(&o.trace, "trace", false, "log the origin's rate every second")
 	flag.DurationVar(&o.pause, "pause", time.Minute, "also run the largest N with one agent stopped (SIGSTOP) this long mid-download, as a stalled owner (0: not run)")
 	flag.DurationVar(&o.pauseAt, "pause-at", 5*time.Second, "when the stalled-owner run stops the agent, from the cache's creation")
+	flag.Int64Var(&o.slowOwner, "slow-owner", 4, "also run the largest N with the first node's link this many times slower than the others', as a slow owner (0: not run)")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report to write into (its bench-fanout section; empty: print only)")
 	flag.StringVar(&o.dir, "dir", "", "work folder for logs and disks (default: a temporary one, removed)")
 	flag.Parse()
@@ -156,6 +158,7 @@ type bench struct {
 type result struct {
 	nodes      int
 	paused     string // the node whose agent was stopped for options.pause, if any
+	slow       string // the node whose link was options.slowOwner times slower, if any
 	peers      bool
 	noDigest   bool            // the model without digests (noDigestPrefix)
 	rate       int64           // each link's rate and the origin's, bytes per second
@@ -184,9 +187,9 @@ func run(o options) error {
 	}
 	var results []result
 	type runSpec struct {
-		n                      int
-		peers, noDigest, pause bool
-		rate                   int64
+		n                            int
+		peers, noDigest, pause, slow bool
+		rate                         int64
 	}
 	var runs []runSpec
 	largest := slices.Max(o.nodes)
@@ -195,6 +198,9 @@ func run(o options) error {
 	}
 	if o.pause > 0 && largest > 1 {
 		runs = append(runs, runSpec{n: largest, peers: true, pause: true, rate: o.nodeRate})
+	}
+	if o.slowOwner > 1 && largest > 1 {
+		runs = append(runs, runSpec{n: largest, peers: true, slow: true, rate: o.nodeRate})
 	}
 	if o.baseline {
 		runs = append(runs, runSpec{n: largest, rate: o.nodeRate})
@@ -209,9 +215,26 @@ func run(o options) error {
 		if err := b.shape(r.rate); err != nil {
 			return err
 		}
+		if r.slow {
+			if err := b.net.setLinkRate(0, fmt.Sprintf("%dbit", 8*r.rate/o.slowOwner)); err != nil {
+				return err
+			}
+		}
 		res, err := b.runOnce(i, r.n, r.peers, r.noDigest, r.pause)
 		if err != nil {
 			return fmt.Errorf("%d nodes: %w", r.n, err)
+		}
+		if r.slow {
+			res.slow = res.uses[slices.IndexFunc(res.uses, func(u nodeUse) bool { return strings.HasSuffix(u.name, "-node0") })].name
+			res.othersReady = 0
+			for _, u := range res.uses {
+				if u.name != res.slow {
+					res.othersReady = max(res.othersReady, u.ready)
+				}
+			}
+			if err := b.net.setLinkRate(0, fmt.Sprintf("%dbit", 8*r.rate)); err != nil {
+				return err
+			}
 		}
 		log.Printf("%d nodes, sharing %v: T = %s, origin sent %.2f× the model", r.n, r.peers, res.times[len(res.times)-1].Round(10*time.Millisecond),
 			float64(res.originSent)/float64(o.modelBytes))

@@ -48,6 +48,14 @@ func (n *network) setRate(rate string) error {
 	return nil
 }
 
+// setLinkRate sets node i's link alone to rate (a tc rate), both ends.
+func (n *network) setLinkRate(i int, rate string) error {
+	change := []string{"tc", "qdisc", "change", "dev", "", "root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms"}
+	host, node := slices.Clone(change), slices.Clone(change)
+	host[4], node[4] = n.hostLink(i), fmt.Sprintf("pwn%s%d", n.id, i)
+	return sh(host, append([]string{"ip", "netns", "exec", n.nodes[i]}, node...))
+}
+
 // newNetwork makes count namespaces shaped to rate (a tc rate: 100mbit).
 func newNetwork(count int, rate string) (*network, error) {
 	n := &network{id: fmt.Sprintf("%04x", rand.IntN(1<<16)), rate: rate}

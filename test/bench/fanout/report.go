@@ -68,7 +68,7 @@ func (r report) markdown() string {
 		}
 	}
 	for _, res := range r.results {
-		if res.paused != "" {
+		if res.paused != "" || res.slow != "" {
 			continue
 		}
 		t := res.times[len(res.times)-1]
@@ -83,7 +83,7 @@ func (r report) markdown() string {
 	}
 	r.stalled(&b)
 	for _, res := range r.results {
-		if res.nodes < 2 || !res.peers || res.noDigest || res.paused != "" {
+		if res.nodes < 2 || !res.peers || res.noDigest || res.paused != "" || res.slow != "" {
 			continue
 		}
 		if res.nodes != slices.Max(o.nodes) {
@@ -92,17 +92,18 @@ func (r report) markdown() string {
 		t := res.times[len(res.times)-1]
 		fmt.Fprintf(&b, "\nWhere each node's time goes: %d nodes sharing, links at %s/s, T(N) %s. "+
 			"Agent CPU is the agent process's CPU time over the run (of T(N)). The links' use is the bytes through the node's veth in each direction over T(N) at the link's rate. "+
-			"Waited on peers is the time the download workers spent waiting for a peer to hold and start sending a part (`prewarm_engine_peer_wait_seconds_total`, summed over workers), also per part taken from peers.\n\n",
+			"Waited on peers is the time the download workers spent waiting for a peer to hold and start sending a part (`prewarm_engine_peer_wait_seconds_total`, summed over workers), also per part taken from peers. "+
+			"Claimed is the parts the node read from the source although another member owned them (`prewarm_peer_claims_total`: stalled, idle, or behind at the tail); 429s are the requests its server refused as busy.\n\n",
 			res.nodes, engine.HumanBytes(res.rate), secs(t))
-		b.WriteString("| node | Ready | agent CPU | downlink use | uplink use | from peers / model | waited on peers | per part from peers |\n")
-		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| node | Ready | agent CPU | downlink use | uplink use | from peers / model | waited on peers | per part from peers | claimed | 429s |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, u := range res.uses {
 			perPart := "–"
 			if parts := u.peerBytes / float64(o.partBytes); parts > 0 {
 				perPart = fmt.Sprintf("%.0f ms", 1000*u.peerWait/parts)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.1f s (%.0f %%) | %.0f %% | %.0f %% | %.2f | %.1f s | %s |\n", u.name, secs(u.ready), u.cpu, 100*u.cpu/t.Seconds(),
-				100*u.rxUse, 100*u.txUse, u.peerBytes/float64(o.modelBytes), u.peerWait, perPart)
+			fmt.Fprintf(&b, "| %s | %s | %.1f s (%.0f %%) | %.0f %% | %.0f %% | %.2f | %.1f s | %s | %.0f | %.0f |\n", u.name, secs(u.ready), u.cpu, 100*u.cpu/t.Seconds(),
+				100*u.rxUse, 100*u.txUse, u.peerBytes/float64(o.modelBytes), u.peerWait, perPart, u.claims, u.busy)
 		}
 	}
 	b.WriteString("\nWhat limits T(N), and what was tried: [Fan-out: what limits T(N)](#fan-out-what-limits-tn), below.\n")
@@ -114,17 +115,24 @@ func (r report) markdown() string {
 // without a stop, and the origin's bytes, each against its goal.
 func (r report) stalled(b *strings.Builder) {
 	for _, res := range r.results {
-		if res.paused == "" {
+		if res.paused == "" && res.slow == "" {
 			continue
 		}
 		var plain time.Duration
 		for _, o := range r.results {
-			if o.paused == "" && o.peers && !o.noDigest && o.nodes == res.nodes && o.rate == res.rate {
+			if o.paused == "" && o.slow == "" && o.peers && !o.noDigest && o.nodes == res.nodes && o.rate == res.rate {
 				plain = o.times[len(o.times)-1]
 			}
 		}
 		ratio := res.othersReady.Seconds() / plain.Seconds()
 		origin := float64(res.originSent) / float64(r.o.modelBytes)
+		if res.slow != "" {
+			fmt.Fprintf(b, "\nA slow owner: %d nodes sharing, links at %s/s but %s's at a %dth of that. "+
+				"The other %d nodes were Ready at %s, %.2f× the same run with every link alike (%s); the slow node at %s; the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
+				res.nodes, engine.HumanBytes(res.rate), res.slow, r.o.slowOwner, res.nodes-1, secs(res.othersReady), ratio, secs(plain),
+				secs(res.times[len(res.times)-1]), origin, met(origin <= 1.1))
+			continue
+		}
 		fmt.Fprintf(b, "\nA stalled owner: %d nodes sharing, links at %s/s, with %s's agent stopped (SIGSTOP: it neither reads, serves nor answers, its connections left open) for %s from %s after the cache's creation. "+
 			"The other %d nodes were Ready at %s, %.2f× the same run without a stop (%s; goal ≤ 1.3×: %s); the stopped node at %s; the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
 			res.nodes, engine.HumanBytes(res.rate), res.paused, r.o.pause, r.o.pauseAt, res.nodes-1, secs(res.othersReady), ratio, secs(plain), met(ratio <= 1.3),
