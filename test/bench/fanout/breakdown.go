@@ -106,8 +106,8 @@ func sampleNode(ctx context.Context, metricsURL, hostLink string) (nodeSample, e
 		switch {
 		case ok && len(f.GetMetric()) > 0:
 			return f.GetMetric()[0].GetCounter().GetValue(), nil
-		case strings.HasPrefix(name, "prewarm_engine_"):
-			return 0, nil // registered when the agent's first download starts
+		case strings.HasPrefix(name, "prewarm_engine_"), strings.HasPrefix(name, "prewarm_peer_"):
+			return 0, nil // registered when the agent's first download starts, or with sharing on
 		}
 		return 0, fmt.Errorf("%s: no %s", metricsURL, name)
 	}
