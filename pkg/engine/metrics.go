@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "prewarm_engine_peer_failures_total", Help: "Parts from peers that did not arrive whole or did not match their checksum.",
 		})),
 		peerWait: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "prewarm_engine_peer_wait_seconds_total", Help: "Seconds workers waited for a peer to hold and start sending a part (summed over workers).",
+			Name: "prewarm_engine_peer_wait_seconds_total", Help: "Seconds workers waited for a peer to hold and start sending a part (summed over workers; a worker with no part a peer holds waits here too).",
 		})),
 		directBytes: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_direct_written_bytes_total", Help: "Bytes written with direct I/O (O_DIRECT), past the page cache.",

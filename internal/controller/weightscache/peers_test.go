@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -291,15 +292,18 @@ func TestRequestsRememberWhatTheInformerDoesNotShowYet(t *testing.T) {
 	if got, ok := q.latest("n", "c", 0); !ok || got != e {
 		t.Errorf("pending: latest = %v, %v", got, ok)
 	}
-	q.writing["n"], q.pending["n"] = q.pending["n"], nil
+	q.writing["n"], q.pending["n"] = q.pending["n"].caches, nil
 	if got, ok := q.latest("n", "c", 0); !ok || got != e {
 		t.Errorf("being written: latest = %v, %v", got, ok)
 	}
 	delete(q.writing, "n")
 	q.written["n"] = writtenAs{generation: 4}
-	q.sent["n"] = map[string]*prewarmv1alpha1.CacheRequest{"c": e}
+	q.sent["n"] = sentAs{at: time.Now(), caches: map[string]*prewarmv1alpha1.CacheRequest{"c": e, "gone": nil}}
 	if got, ok := q.latest("n", "c", 3); !ok || got != e {
 		t.Errorf("written at generation 4, informer at 3: latest = %v, %v", got, ok)
+	}
+	if got, ok := q.latest("n", "gone", 3); !ok || got != nil {
+		t.Errorf("a withdrawal written, informer behind: latest = %v, %v; want nil, true (not asked)", got, ok)
 	}
 	if _, ok := q.latest("n", "c", 4); ok {
 		t.Error("the informer shows the write: latest still answers")

@@ -61,10 +61,12 @@ type Requests struct {
 	pending map[string]*nodeChanges
 	// written is the generation each node's NodeCache had after this process's last write to it.
 	written map[string]writtenAs
-	// writing are the changes a worker is writing now, by node; sent, by node and cache, the
-	// requests of the last writes (nil: withdrawn), which the informer may not show yet.
-	writing map[string]*nodeChanges
-	sent    map[string]map[string]*prewarmv1alpha1.CacheRequest
+	// writing are the changes a worker is writing now, by node (a copy: the worker changes its
+	// own); sent, by node, the requests of the last writes (nil: withdrawn), which the informer
+	// may not show yet.
+	writing map[string]map[string]*prewarmv1alpha1.CacheRequest
+	sent    map[string]sentAs
+	pruned  time.Time // when sent was last swept of entries the informer must show by now
 	// left are the requests the writes left out of their nodes' lists, by cache and node: the
 	// cache's reconciles report them, and do not ask again for that request, for leftOutFor.
 	left  map[string]map[string]leftOut
@@ -124,6 +126,16 @@ type nodeChanges struct {
 	caches  map[string]*prewarmv1alpha1.CacheRequest
 }
 
+// sentAs is what this process last wrote to a node, by cache, and when.
+type sentAs struct {
+	at     time.Time
+	caches map[string]*prewarmv1alpha1.CacheRequest
+}
+
+// sentFor is how long a write is remembered for a node whose informer view is not asked about
+// (Requests.latest): an informer shows a write within seconds.
+const sentFor = time.Minute
+
 // writtenAs is a NodeCache as this process last wrote it.
 type writtenAs struct {
 	uid        apitypes.UID
@@ -134,8 +146,8 @@ func (q *Requests) init() {
 	q.once.Do(func() {
 		q.pending = map[string]*nodeChanges{}
 		q.written = map[string]writtenAs{}
-		q.writing = map[string]*nodeChanges{}
-		q.sent = map[string]map[string]*prewarmv1alpha1.CacheRequest{}
+		q.writing = map[string]map[string]*prewarmv1alpha1.CacheRequest{}
+		q.sent = map[string]sentAs{}
 		q.left = map[string]map[string]leftOut{}
 		q.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 2*time.Minute),
@@ -255,7 +267,7 @@ func (q *Requests) next(ctx context.Context) bool {
 	b, last := q.pending[node], q.written[node]
 	delete(q.pending, node)
 	if b != nil {
-		q.writing[node] = b
+		q.writing[node] = maps.Clone(b.caches)
 	}
 	q.mu.Unlock()
 	defer func() {
@@ -294,13 +306,21 @@ func (q *Requests) next(ctx context.Context) bool {
 	if written.generation != 0 {
 		q.mu.Lock()
 		q.written[node] = written
-		if q.sent[node] == nil {
-			q.sent[node] = map[string]*prewarmv1alpha1.CacheRequest{}
+		now := time.Now()
+		s := q.sent[node]
+		if s.caches == nil || now.Sub(s.at) >= sentFor {
+			s.caches = map[string]*prewarmv1alpha1.CacheRequest{}
 		}
+		s.at = now
 		for uid, e := range b.caches {
 			if _, out := left[uid]; !out {
-				q.sent[node][uid] = e
+				s.caches[uid] = e
 			}
+		}
+		q.sent[node] = s
+		if now.Sub(q.pruned) >= sentFor {
+			q.pruned = now
+			maps.DeleteFunc(q.sent, func(_ string, s sentAs) bool { return now.Sub(s.at) >= sentFor })
 		}
 		q.mu.Unlock()
 	}
@@ -318,19 +338,19 @@ func (q *Requests) latest(node, uid string, gen int64) (_ *prewarmv1alpha1.Cache
 	q.init()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, b := range []*nodeChanges{q.pending[node], q.writing[node]} {
-		if b == nil {
-			continue
-		}
+	if b := q.pending[node]; b != nil {
 		if e, ok := b.caches[uid]; ok {
 			return e, true
 		}
+	}
+	if e, ok := q.writing[node][uid]; ok {
+		return e, true
 	}
 	if gen >= q.written[node].generation {
 		delete(q.sent, node) // the informer has caught up
 		return nil, false
 	}
-	e, ok := q.sent[node][uid]
+	e, ok := q.sent[node].caches[uid]
 	return e, ok
 }
 

@@ -29,13 +29,14 @@ type peerState struct {
 	answered time.Time         // its last answer to /have
 	fromUp   bool              // it takes its parts from an upstream group: it owns none
 	live     bool              // answers /have for the revision
+	noAsk    bool              // did not send a part: not asked for one until it answers /have again
 	dropped  string
 	busyTill time.Time
 }
 
 // setLive records whether p answers and, when it does, what it holds and reads at now, and how
 // far it has read each part it reads (progress: one entry per part in reading, in order; nil
-// from a peer that does not say, whose parts then count as moving only when they start).
+// from a peer that does not say, whose parts then count as moving with every answer).
 func (p *peerState) setLive(live bool, held, reading []byte, progress []int64, now time.Time) (changed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -44,7 +45,7 @@ func (p *peerState) setLive(live bool, held, reading []byte, progress []int64, n
 	if !live {
 		return changed
 	}
-	p.answered = now
+	p.answered, p.noAsk = now, false
 	p.held, p.reading = held, reading
 	prog, moved := map[int]int64{}, map[int]time.Time{}
 	k := 0
@@ -58,7 +59,9 @@ func (p *peerState) setLive(live bool, held, reading []byte, progress []int64, n
 		}
 		k++
 		prog[i] = at
-		if was, ok := p.progress[i]; ok && was == at {
+		// A holder that does not say how far it is (an older agent) is taken to be moving while
+		// it answers: its long poll answers at least every 15 s.
+		if was, ok := p.progress[i]; ok && was == at && at >= 0 {
 			moved[i] = p.movedAt[i]
 		} else {
 			moved[i] = now
@@ -91,8 +94,8 @@ const (
 	refusedBusy refusal = iota
 	// refusedGone: it no longer holds the part (404).
 	refusedGone
-	// refusedUnreachable: it did not answer, or stopped sending; not live until its /have
-	// answers again.
+	// refusedUnreachable: it did not answer, or stopped sending; not asked for parts until its
+	// /have answers again (what it reads and owns still counts: its /have says).
 	refusedUnreachable
 )
 
@@ -109,7 +112,7 @@ func (p *peerState) refused(i int, why refusal, now time.Time) {
 			p.held[i/8] &^= 1 << (i % 8)
 		}
 	default:
-		p.live = false
+		p.noAsk = true
 	}
 }
 
@@ -120,7 +123,8 @@ type view struct {
 	hash     uint64 // of the name, for rendezvous scores
 	upstream bool
 	live     bool
-	busy     bool              // refused a part with 429 within the last second
+	busy     bool              // refused a part with 429 within busyFor
+	noAsk    bool              // did not send a part, and has not answered /have since
 	held     []byte            // replaced whole, never written in place
 	movedAt  map[int]time.Time // likewise
 	inflight int32
@@ -136,7 +140,7 @@ func snapshot(peers []*peerState, now time.Time) []view {
 	for k, p := range peers {
 		p.mu.Lock()
 		out[k] = view{name: p.Name, hash: nameHash(p.Name), upstream: p.Upstream, live: p.isLive(now),
-			busy: !now.After(p.busyTill), held: p.held, movedAt: p.movedAt, inflight: p.inflight.Load(), fromUp: p.fromUp}
+			busy: !now.After(p.busyTill), noAsk: p.noAsk, held: p.held, movedAt: p.movedAt, inflight: p.inflight.Load(), fromUp: p.fromUp}
 		p.mu.Unlock()
 	}
 	return out
@@ -156,10 +160,14 @@ func markStalled(vs []view, now time.Time, stall time.Duration) {
 	}
 }
 
-// holds reports whether v may be asked for part i.
-func (v *view) holds(i int) bool {
-	return v.live && !v.busy && i/8 < len(v.held) && v.held[i/8]&(1<<(i%8)) != 0
+// has reports whether v, live and sending, says it holds part i (whether or not it may be asked
+// this moment: a busy holder still has it).
+func (v *view) has(i int) bool {
+	return v.live && !v.noAsk && i/8 < len(v.held) && v.held[i/8]&(1<<(i%8)) != 0
 }
+
+// holds reports whether v may be asked for part i now.
+func (v *view) holds(i int) bool { return v.has(i) && !v.busy }
 
 // selector decides, from what the peers are known to hold and read, which part this node takes
 // next and from whom. It does no I/O (the transport and the membership feed the peers' states)
@@ -305,7 +313,8 @@ func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState)
 	owned := -1
 	for _, i := range pending {
 		fresh, moved, stalled := sel.readers(vs, i, now)
-		if fresh || holders(vs, i) > 0 {
+		// A holder busy for the moment still holds the part: it is not read again.
+		if fresh || slices.ContainsFunc(vs, func(v view) bool { return v.has(i) }) {
 			delete(quiet, i)
 			continue
 		}

@@ -72,6 +72,13 @@ func TestSelectorPicksFromStateAndClock(t *testing.T) {
 	if got := sel.holder(peers, 3); got != nil {
 		t.Errorf("holder after one no longer holds part 3 and the other went silent = %s", got.Name)
 	}
+	if sel.live(peers) != 2 {
+		t.Errorf("live %d; want 2: a peer that did not send a part is not asked, but what it reads still counts", sel.live(peers))
+	}
+	if other.setLive(true, bitmap(16, 3), bitmap(16), nil, now); sel.holder(peers, 3) != other {
+		t.Errorf("a peer that answers its /have again is not asked again")
+	}
+	other.setLive(false, nil, nil, nil, now) // its /have stopped answering
 	if sel.live(peers) != 1 || sel.allLive(peers) {
 		t.Errorf("live %d, allLive %v; want 1, false", sel.live(peers), sel.allLive(peers))
 	}
@@ -307,9 +314,16 @@ func TestWithAnUpstreamOnlyTheLastResortReadsTheSource(t *testing.T) {
 	if got := sel.pickSource(peers, []int{0, 2}, wanted); got != 2 {
 		t.Errorf("after wait picked %d; want part 2, which no peer holds (not 0, which the upstream does)", got)
 	}
-	up.refused(0, refusedUnreachable, now)
-	if sel.hasUpstream(peers) || !sel.owns(peers, 2) && !sel.owns(peers, 3) {
-		t.Error("with the upstream unreachable, this node owns neither of two parts in a group of two")
+	up.setLive(false, nil, nil, nil, now) // its /have stopped answering
+	peers[1].setLive(true, bitmap(16), bitmap(16), nil, now)
+	owned := 0
+	for i := range 16 {
+		if sel.owns(peers, i) {
+			owned++
+		}
+	}
+	if sel.hasUpstream(peers) || owned == 0 || owned == 16 {
+		t.Errorf("with the upstream silent, upstream live %v and this node owns %d of 16 parts in a group of two", sel.hasUpstream(peers), owned)
 	}
 }
 
@@ -354,5 +368,46 @@ func TestAPeerTakingFromItsOwnUpstreamOwnsNothing(t *testing.T) {
 		if !sel.owns(peers, i) {
 			t.Fatalf("self does not own part %d though its only member takes from an upstream", i)
 		}
+	}
+}
+
+// A holder that answered 429 still holds the part: for the moment it is not asked, but the part
+// is not read from the source either, even by its owner. A holder that stopped sending is not
+// counted on until its /have answers again, while what it reads still counts.
+func TestABusyHolderStillHoldsItsPart(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	sel := newSelector("self", &now)
+	mine := -1
+	for i := range 64 {
+		if rendezvous("self", i) > rendezvous("h", i) {
+			mine = i
+			break
+		}
+	}
+	h := liveAt("h", 64, now, mine)
+	peers := []*peerState{h}
+	h.refused(mine, refusedBusy, now)
+	if got := sel.pickPeer(peers, []int{mine}); got != -1 {
+		t.Errorf("part %d taken from a holder that just answered 429", got)
+	}
+	if got := sel.pickSource(peers, []int{mine}, &pickState{}); got != -1 {
+		t.Errorf("this node reads its part %d from the source while a busy peer holds it", got)
+	}
+	h.refused(mine, refusedUnreachable, now)
+	if got := sel.pickSource(peers, []int{mine}, &pickState{}); got != mine {
+		t.Errorf("picked %d; want this node's part %d, its only holder having stopped sending", got, mine)
+	}
+	other := -1
+	for i := range 64 {
+		if rendezvous("h", i) > rendezvous("self", i) {
+			other = i
+			break
+		}
+	}
+	h.mu.Lock()
+	h.reading, h.movedAt = bitmap(64, other), map[int]time.Time{other: now}
+	h.mu.Unlock()
+	if got := sel.pickSource(peers, []int{other}, &pickState{}); got != -1 {
+		t.Errorf("picked part %d that a peer which stopped sending is still reading, moving", got)
 	}
 }

@@ -18,6 +18,8 @@ const (
 	simNodes = 4
 	// simReadTicks is one part's read from the source: 1 s.
 	simReadTicks = 10
+	// serveSlots is how many parts a node sends at once: a holder asked for more answers 429.
+	serveSlots = 2
 )
 
 type simNode struct {
@@ -38,6 +40,7 @@ type simNode struct {
 	sourced    map[int]int // part → times read from the source
 	moved      map[int]int // part → last tick its read moved
 	stallTicks map[int]int // part → longest stretch it waited on a paused reader
+	serving    int         // parts it sends now (at most serveSlots; more are refused, 429)
 }
 
 type simXfer struct {
@@ -130,11 +133,13 @@ func (s *sim) step() {
 			if x.from.up(s.tick) {
 				delete(n.taking, i)
 				x.from.inflightFor(n).inflight.Add(-1)
+				x.from.serving--
 				n.held[i] = true
 				continue
 			}
 			if x.ticks++; time.Duration(x.ticks)*tick >= 2*n.sel.stall { // errStalled
 				delete(n.taking, i)
+				x.from.serving--
 				ps := x.from.inflightFor(n)
 				ps.inflight.Add(-1)
 				ps.refused(i, refusedUnreachable, s.now)
@@ -168,14 +173,20 @@ func (s *sim) step() {
 			n.sourced[i]++
 			n.moved[i] = s.tick
 		}
-		for len(n.taking) < n.peerSlots {
+		for tries := 0; len(n.taking) < n.peerSlots && tries < 4*n.peerSlots; tries++ {
 			i := n.sel.pickPeer(n.view, n.pending())
 			if i < 0 {
 				break
 			}
 			h := n.sel.holder(n.view, i)
+			from := s.node(h.Name)
+			if from.serving >= serveSlots {
+				h.refused(i, refusedBusy, s.now) // 429: Part tries another holder, the part stays wanted
+				continue
+			}
+			from.serving++
 			h.inflight.Add(1)
-			n.taking[i] = &simXfer{from: s.node(h.Name)}
+			n.taking[i] = &simXfer{from: from}
 		}
 		if n.doneAt == 0 && !slices.Contains(n.held, false) {
 			n.doneAt = s.tick
