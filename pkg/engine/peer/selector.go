@@ -21,9 +21,10 @@ type peerState struct {
 	Peer
 	inflight atomic.Int32
 
+	hash uint64 // of its name, for rendezvous scores (0: not yet computed)
+
 	mu       sync.Mutex
 	held     []byte
-	reading  []byte
 	progress map[int]int64     // bytes read of each part it reads, as it said last
 	movedAt  map[int]time.Time // when each part it reads last moved (by this node's clock)
 	answered time.Time         // its last answer to /have
@@ -46,7 +47,7 @@ func (p *peerState) setLive(live bool, held, reading []byte, progress []int64, n
 		return changed
 	}
 	p.answered, p.noAsk = now, false
-	p.held, p.reading = held, reading
+	p.held = held
 	prog, moved := map[int]int64{}, map[int]time.Time{}
 	k := 0
 	for i := range 8 * len(reading) {
@@ -139,7 +140,10 @@ func snapshot(peers []*peerState, now time.Time) []view {
 	out := make([]view, len(peers))
 	for k, p := range peers {
 		p.mu.Lock()
-		out[k] = view{name: p.Name, hash: nameHash(p.Name), upstream: p.Upstream, live: p.isLive(now),
+		if p.hash == 0 {
+			p.hash = nameHash(p.Name)
+		}
+		out[k] = view{name: p.Name, hash: p.hash, upstream: p.Upstream, live: p.isLive(now),
 			busy: !now.After(p.busyTill), noAsk: p.noAsk, held: p.held, movedAt: p.movedAt, inflight: p.inflight.Load(), fromUp: p.fromUp}
 		p.mu.Unlock()
 	}
@@ -298,8 +302,9 @@ func rank(vs []view, self uint64, i int, skip []int) (r, owner int) {
 // of its own to read for r × stall. An owner as fast as the others has read its parts by then
 // (nothing is read twice); a slow or idle one loses its last parts, first to its first backup,
 // and the backups do not all take the same part at once. With a live upstream peer, a part is read from the source only once no peer
-// held or read it for wait. st keeps what the clock decides by.
-func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState) int {
+// held or read it for wait. st keeps what the clock decides by. how says, from the same
+// view, whether a part picked is claimed from its owner and whether an upstream peer is live.
+func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState) (part int, how sourcePick) {
 	if st.quiet == nil {
 		st.quiet = map[int]time.Time{}
 	}
@@ -307,6 +312,7 @@ func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState)
 	vs, self := snapshot(peers, now), nameHash(sel.self)
 	markStalled(vs, now, sel.stall)
 	upstream := hasUpstream(vs)
+	how.upstream = upstream
 	type stealable struct{ part, rank, owner int }
 	var steals []stealable
 	left := map[int]int{} // by owner, its parts here no one reads
@@ -327,7 +333,8 @@ func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState)
 				since = moved
 			}
 			if now.Sub(since) >= sel.wait {
-				return i
+				how.claimed = true // only after wait: no one owns it
+				return i, how
 			}
 			continue
 		}
@@ -335,7 +342,8 @@ func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState)
 		switch {
 		case len(stalled) > 0:
 			if now.Sub(moved) >= time.Duration(r+1)*sel.stall {
-				return i
+				how.claimed = true
+				return i, how
 			}
 		case r == 0:
 			if owned < 0 {
@@ -348,7 +356,7 @@ func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState)
 	}
 	if owned >= 0 {
 		st.idle = time.Time{}
-		return owned
+		return owned, how
 	}
 	if st.idle.IsZero() {
 		st.idle = now
@@ -365,9 +373,10 @@ func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState)
 		}
 	}
 	if steal < 0 {
-		return -1
+		return -1, how
 	}
-	return steals[steal].part
+	how.claimed = true
+	return steals[steal].part, how
 }
 
 // pickState is what pickSource remembers between picks.
@@ -400,6 +409,11 @@ func (sel selector) owns(peers []*peerState, i int) bool {
 	r, _ := rank(vs, nameHash(sel.self), i, nil)
 	return !hasUpstream(vs) && r == 0
 }
+
+// sourcePick is what a pickSource saw: whether the part it picked is another's (a stalled
+// part, a stolen one, or one read as a last resort beside an upstream group), and whether an
+// upstream peer is live.
+type sourcePick struct{ claimed, upstream bool }
 
 // live counts the live peers.
 func (sel selector) live(peers []*peerState) int {

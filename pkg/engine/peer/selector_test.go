@@ -200,7 +200,7 @@ func TestAStalledReaderIsClaimedOnceByRank(t *testing.T) {
 	}
 	claimers := func() (out []string) {
 		for _, self := range names[1:] {
-			if sels[self].pickSource(views[self], []int{part}, &pickState{}) == part {
+			if got, _ := sels[self].pickSource(views[self], []int{part}, &pickState{}); got == part {
 				out = append(out, self)
 			}
 		}
@@ -258,7 +258,7 @@ func TestAnIdleOwnersPartsAreTakenOnceTheOthersAreIdle(t *testing.T) {
 	states := map[string]*pickState{}
 	for _, self := range names[1:] {
 		states[self] = &pickState{}
-		if i := sels[self].pickSource(views[self], idles, states[self]); i >= 0 {
+		if i, _ := sels[self].pickSource(views[self], idles, states[self]); i >= 0 {
 			t.Errorf("%s takes part %d of the owner's the moment it has nothing of its own", self, i)
 		}
 	}
@@ -270,9 +270,12 @@ func TestAnIdleOwnersPartsAreTakenOnceTheOthersAreIdle(t *testing.T) {
 	}
 	taken := map[int]string{}
 	for _, self := range names[1:] {
-		i := sels[self].pickSource(views[self], idles, states[self])
+		i, how := sels[self].pickSource(views[self], idles, states[self])
 		if i < 0 {
 			t.Fatalf("%s takes none of the idle owner's parts after stall", self)
+		}
+		if !how.claimed {
+			t.Errorf("%s takes the idle owner's part %d as its own", self, i)
 		}
 		if was, ok := taken[i]; ok {
 			t.Errorf("%s and %s both take part %d first", was, self, i)
@@ -286,8 +289,8 @@ func TestAnIdleOwnersPartsAreTakenOnceTheOthersAreIdle(t *testing.T) {
 			break
 		}
 	}
-	if got := sels["a"].pickSource(views["a"], append(slices.Clone(idles), mine), states["a"]); got != mine {
-		t.Errorf("a picks part %d; want its own part %d first", got, mine)
+	if got, how := sels["a"].pickSource(views["a"], append(slices.Clone(idles), mine), states["a"]); got != mine || how.claimed {
+		t.Errorf("a picks part %d (claimed %v); want its own part %d first, not claimed", got, how.claimed, mine)
 	}
 }
 
@@ -301,17 +304,17 @@ func TestWithAnUpstreamOnlyTheLastResortReadsTheSource(t *testing.T) {
 	up.Upstream = true
 	peers := []*peerState{up, liveAt("g", 16, now)}
 	wanted := &pickState{}
-	if got := sel.pickSource(peers, []int{0, 2}, wanted); got != -1 {
+	if got, _ := sel.pickSource(peers, []int{0, 2}, wanted); got != -1 {
 		t.Errorf("picked part %d to read with an upstream live", got)
 	}
 	now = now.Add(10 * time.Second)
 	up.setLive(true, bitmap(16, 0, 1), bitmap(16), nil, now)
-	if got := sel.pickSource(peers, []int{2}, wanted); got != -1 {
+	if got, _ := sel.pickSource(peers, []int{2}, wanted); got != -1 {
 		t.Errorf("picked part %d before wait", got)
 	}
 	now = now.Add(20 * time.Second)
 	up.setLive(true, bitmap(16, 0, 1), bitmap(16), nil, now)
-	if got := sel.pickSource(peers, []int{0, 2}, wanted); got != 2 {
+	if got, _ := sel.pickSource(peers, []int{0, 2}, wanted); got != 2 {
 		t.Errorf("after wait picked %d; want part 2, which no peer holds (not 0, which the upstream does)", got)
 	}
 	up.setLive(false, nil, nil, nil, now) // its /have stopped answering
@@ -390,11 +393,11 @@ func TestABusyHolderStillHoldsItsPart(t *testing.T) {
 	if got := sel.pickPeer(peers, []int{mine}); got != -1 {
 		t.Errorf("part %d taken from a holder that just answered 429", got)
 	}
-	if got := sel.pickSource(peers, []int{mine}, &pickState{}); got != -1 {
+	if got, _ := sel.pickSource(peers, []int{mine}, &pickState{}); got != -1 {
 		t.Errorf("this node reads its part %d from the source while a busy peer holds it", got)
 	}
 	h.refused(mine, refusedUnreachable, now)
-	if got := sel.pickSource(peers, []int{mine}, &pickState{}); got != mine {
+	if got, _ := sel.pickSource(peers, []int{mine}, &pickState{}); got != mine {
 		t.Errorf("picked %d; want this node's part %d, its only holder having stopped sending", got, mine)
 	}
 	other := -1
@@ -405,9 +408,9 @@ func TestABusyHolderStillHoldsItsPart(t *testing.T) {
 		}
 	}
 	h.mu.Lock()
-	h.reading, h.movedAt = bitmap(64, other), map[int]time.Time{other: now}
+	h.movedAt = map[int]time.Time{other: now}
 	h.mu.Unlock()
-	if got := sel.pickSource(peers, []int{other}, &pickState{}); got != -1 {
+	if got, _ := sel.pickSource(peers, []int{other}, &pickState{}); got != -1 {
 		t.Errorf("picked part %d that a peer which stopped sending is still reading, moving", got)
 	}
 }

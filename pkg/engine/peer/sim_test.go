@@ -165,7 +165,7 @@ func (s *sim) step() {
 			continue
 		}
 		for len(n.reading) < n.srcSlots {
-			i := n.sel.pickSource(n.view, n.pending(), &n.picks)
+			i, _ := n.sel.pickSource(n.view, n.pending(), &n.picks)
 			if i < 0 {
 				break
 			}

@@ -357,12 +357,12 @@ func (s *Swarm) Pick(pending []int, lane engine.Lane) int {
 	if lane == engine.LanePeers {
 		return s.sel.pickPeer(s.list(), pending)
 	}
-	// The peers count on this node for parts only while it has no upstream.
-	s.plan.SetFromUpstream(s.sel.hasUpstream(s.list()))
 	s.pickMu.Lock()
-	i := s.sel.pickSource(s.list(), pending, &s.picks)
+	i, how := s.sel.pickSource(s.list(), pending, &s.picks)
 	s.pickMu.Unlock()
-	if i >= 0 && !s.sel.owns(s.list(), i) {
+	// The peers count on this node for parts only while it has no upstream.
+	s.plan.SetFromUpstream(how.upstream)
+	if how.claimed {
 		s.opts.Metrics.claims.Inc()
 		s.opts.Log.Debug("claiming a part", "part", i)
 	}
