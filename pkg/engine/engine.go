@@ -10,6 +10,7 @@
 package engine
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -145,6 +146,20 @@ type Request struct {
 	// CRC or a size for: a peer that lies about those is caught by nothing. For clusters whose
 	// nodes all trust each other (docs/security.md).
 	TrustPeers bool
+	// Digests, when set, vouches for parts as a reader this node trusts (a witness:
+	// package witness) read them from the source. With it, parts of the files the source gives
+	// no digest for may come from peers too: each is taken only once Digests knows it, checked
+	// against that SHA-256 as it arrives, and offered on at once. Source should then read
+	// through the same reader, so that the parts this node reads are vouched for to its peers.
+	Digests PartDigests
+}
+
+// PartDigests knows the SHA-256 of parts as a trusted reader read them from the source.
+type PartDigests interface {
+	// PartSHA256 is the SHA-256 of the n bytes at off of file, for listing revision rev, as
+	// the reader read them; false when it has not read them. It must not block: an
+	// implementation learns of new parts in the background.
+	PartSHA256(rev string, file source.File, off, n int64) ([sha256.Size]byte, bool)
 }
 
 // Result says what a Fetch did.

@@ -52,7 +52,7 @@ func (e *Engine) Fetch(ctx context.Context, req Request) (Result, error) {
 		return res, fmt.Errorf("%s: %w (remove it or choose another directory)", dest, ErrDestNotOurs)
 	}
 
-	run, err := e.prepare(dest, req.Source, listing, req.TrustPeers)
+	run, err := e.prepare(dest, req.Source, listing, req.TrustPeers, req.Digests)
 	if err != nil {
 		return res, err
 	}
@@ -130,18 +130,25 @@ type peering struct {
 	plan     *Plan
 	swarm    Swarm
 	peerable []bool
+	// vouched[i] says file i's peer parts are each checked against the SHA-256 digests vouches
+	// for (the source has no digest of the file, and peers are not trusted): such a part is
+	// as good as one read from the source once checked.
+	vouched  []bool
+	digests  PartDigests
 	tainted  []atomic.Bool
 	peerMu   sync.Mutex
 	peerOf   map[int]string
 	heldBack map[int]uint32
 }
 
-func (e *Engine) prepare(dest string, src source.Source, listing source.Listing, trustPeers bool) (*run, error) {
+func (e *Engine) prepare(dest string, src source.Source, listing source.Listing, trustPeers bool, digests PartDigests) (*run, error) {
 	r := &run{e: e, src: src, listing: listing, planID: planHash(listing.Files, listing.Revision), dir: partialDir(dest)}
 	r.peerable, r.tainted = make([]bool, len(listing.Files)), make([]atomic.Bool, len(listing.Files))
+	r.vouched, r.digests = make([]bool, len(listing.Files)), digests
 	for i, f := range listing.Files {
 		r.total += f.Size
-		r.peerable[i] = trustPeers || f.Checksums.Cryptographic()
+		r.vouched[i] = digests != nil && !trustPeers && !f.Checksums.Cryptographic()
+		r.peerable[i] = trustPeers || f.Checksums.Cryptographic() || r.vouched[i]
 	}
 	jpath := filepath.Join(r.dir, journalName)
 	st, resuming, err := readJournal(jpath, r.planID)
@@ -174,6 +181,9 @@ func (e *Engine) prepare(dest string, src source.Source, listing source.Listing,
 	}
 	r.resume = st
 	r.plan, r.peerOf, r.heldBack = newPlan(listing, e.partSize, r.dir), map[int]string{}, map[int]uint32{}
+	if digests != nil {
+		r.plan.check = r.checkable
+	}
 	for idx := range st.fromPeers {
 		r.tainted[idx].Store(true)
 	}
@@ -408,4 +418,15 @@ func CheckDest(dest string) (*Manifest, error) {
 		err = fmt.Errorf("%s: %s", damaged[0].Path, damaged[0].Problem)
 	}
 	return m, err
+}
+
+// checkable reports whether a peer's copy of part i can be checked now (Plan.Checkable): a
+// part of a vouched file once the trusted reader knows it, any other part a peer may supply.
+func (r *run) checkable(i int) bool {
+	f, off, n := r.plan.Part(i)
+	if !r.vouched[f] {
+		return true
+	}
+	_, ok := r.digests.PartSHA256(r.listing.Revision, r.listing.Files[f], off, n)
+	return ok
 }

@@ -42,7 +42,7 @@ func TestResumedPeerPartsAreNotTrusted(t *testing.T) {
 				t.Fatal(err)
 			}
 			e := New(WithPartSize(size), WithFreeSpace(func(string) (int64, error) { return 1 << 40, nil }))
-			r, err := e.prepare(dest, nil, listing, tc.trustPeers)
+			r, err := e.prepare(dest, nil, listing, tc.trustPeers, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -69,14 +69,20 @@ type PeerPart struct {
 }
 
 // PeerMismatchError is a part from a peer whose bytes were not what the peer vouched for, or
-// whose file then did not match the source's checksum.
+// whose file then did not match the source's checksum, or that did not have the SHA-256 a
+// trusted reader vouches for (Request.Digests: WantSHA256 and GotSHA256 are set).
 type PeerMismatchError struct {
 	Peer      string
 	Part      int
 	Want, Got uint32
+
+	WantSHA256, GotSHA256 string
 }
 
 func (e *PeerMismatchError) Error() string {
+	if e.WantSHA256 != "" {
+		return fmt.Sprintf("part %d from %s: sha256 %s, want %s", e.Part, e.Peer, e.GotSHA256, e.WantSHA256)
+	}
 	return fmt.Sprintf("part %d from %s: crc32c %08x, want %08x", e.Part, e.Peer, e.Got, e.Want)
 }
 
@@ -95,10 +101,11 @@ type Plan struct {
 
 	dir     atomic.Pointer[string] // where the files are read from: the partial directory, then dest
 	held    []atomic.Bool
-	reading []atomic.Bool  // parts this node is reading from the source now
-	readAt  []atomic.Int64 // how far this node has read each of them
-	moved   atomic.Int64   // when a part being read last made the plan change (Unix ns)
-	fromUp  atomic.Bool    // this node takes its parts from an upstream group (SetFromUpstream)
+	reading []atomic.Bool    // parts this node is reading from the source now
+	readAt  []atomic.Int64   // how far this node has read each of them
+	moved   atomic.Int64     // when a part being read last made the plan change (Unix ns)
+	fromUp  atomic.Bool      // this node takes its parts from an upstream group (SetFromUpstream)
+	check   func(i int) bool // whether a peer's copy of part i can be checked (nil: every part's)
 	crcs    []atomic.Uint32
 	mu      sync.Mutex
 	version uint64
@@ -230,6 +237,12 @@ func (p *Plan) SetFromUpstream(on bool) {
 
 // FromUpstream is what SetFromUpstream said last.
 func (p *Plan) FromUpstream() bool { return p.fromUp.Load() }
+
+// Checkable reports whether this node can check a peer's copy of part i now, and so take it
+// from a peer: always for a file a digest of the source vouches for; for the others, once a
+// trusted reader vouches for the part (Request.Digests). A Swarm counts a peer holding a part
+// it cannot check as not holding it.
+func (p *Plan) Checkable(i int) bool { return p.check == nil || p.check(i) }
 
 // ReadProgress is how many bytes of part i this node has read from the source, while it reads it.
 func (p *Plan) ReadProgress(i int) int64 {

@@ -1,9 +1,13 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/crc32"
 	"io"
 	"math/rand/v2"
@@ -232,9 +236,9 @@ func (p *pipeline) work(ctx context.Context, parts <-chan part) error {
 // source, and hands its file to the verifiers when it was the file's last part.
 func (p *pipeline) written(ctx context.Context, pt part, got fetched) error {
 	r := p.r
-	crc, sum, fromPeer := got.sums.crc, got.sums.part, got.fromPeer
+	crc, sum, fromPeer := got.sums.crc, got.sums.part, got.fromPeer && !got.checked
 	if i, ok := r.plan.whole(pt.file, pt.off, pt.n); ok && !fromPeer {
-		r.plan.add(i, sum) // offered to peers from now on; a peer's part once its file is verified
+		r.plan.add(i, sum) // offered to peers from now on; an unchecked peer's part once its file is verified
 	}
 	rec := record{file: pt.file, off: pt.off, n: pt.n, crc: crc, hasCRC: r.inline[pt.file] != nil, part: sum, peer: fromPeer}
 	if rec.hasCRC {
@@ -272,15 +276,15 @@ func (p *pipeline) take(ctx context.Context, b *board, lane Lane) error {
 			r.e.metrics.peerWait.Add(time.Since(asked).Seconds()) // waiting for a peer to hold a part
 		}
 		if lane == LanePeers {
-			got, fromPeer, err := r.partFromPeers(ctx, pt)
+			got, err := r.partFromPeers(ctx, pt)
 			if err != nil {
 				return err
 			}
-			if !fromPeer {
+			if !got.fromPeer {
 				b.put(i)
 				continue
 			}
-			if err := p.written(ctx, pt, fetched{sums: got, fromPeer: true}); err != nil {
+			if err := p.written(ctx, pt, got); err != nil {
 				return err
 			}
 			b.done()
@@ -633,6 +637,9 @@ type sums struct {
 type fetched struct {
 	sums     sums
 	fromPeer bool
+	// checked: the peer's part had the SHA-256 a trusted reader vouches for, and is as good as
+	// one read from the source.
+	checked bool
 }
 
 // partFromSource reads one part from the source, retrying transient failures from the byte it
@@ -683,50 +690,72 @@ func (r *run) partFromSource(ctx context.Context, p part, i int) (sums, error) {
 const maxPeerTries = 3
 
 // partFromPeers asks the swarm for one part. A part that does not arrive whole, or whose bytes
-// do not have the CRC32C the peer vouches for, is reported (the peer is dropped) and asked of
-// another peer; ok is false when the part is to be read from the source.
-func (r *run) partFromPeers(ctx context.Context, p part) (got sums, ok bool, err error) {
+// do not have the CRC32C the peer vouches for, or (a vouched file's) the SHA-256 the trusted
+// reader vouches for, is reported (the peer is dropped) and asked of another peer; fromPeer is
+// false when the part is to be read from the source.
+func (r *run) partFromPeers(ctx context.Context, p part) (fetched, error) {
 	idx, whole := r.plan.whole(p.file, p.off, p.n)
 	if !whole {
-		return sums{}, false, nil // resumed from another part size: not a part peers know
+		return fetched{}, nil // resumed from another part size: not a part peers know
 	}
-	req := copyReq{h: p.handle, path: r.listing.Files[p.file].Path, off: p.off, n: p.n, kind: r.inline[p.file]}
+	f := r.listing.Files[p.file]
+	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file]}
+	var want [sha256.Size]byte
+	if r.vouched[p.file] {
+		var ok bool
+		if want, ok = r.digests.PartSHA256(r.listing.Revision, f, p.off, p.n); !ok {
+			return fetched{}, nil // nothing to check it by yet
+		}
+	}
 	for range maxPeerTries {
 		asked := time.Now()
 		pp, err := r.swarm.Part(ctx, idx)
 		r.e.metrics.peerWait.Add(time.Since(asked).Seconds())
 		switch {
 		case ctx.Err() != nil:
-			return sums{}, false, ctx.Err()
+			return fetched{}, ctx.Err()
 		case errors.Is(err, ErrFromSource):
-			return sums{}, false, nil
+			return fetched{}, nil
 		case err != nil:
 			continue
 		}
+		if r.vouched[p.file] {
+			req.sha = sha256.New()
+		}
 		c, err := r.copyBody(ctx, pp.Body, req)
 		pp.Body.Close()
+		var gotSHA []byte
+		if req.sha != nil {
+			gotSHA = req.sha.Sum(nil)
+		}
 		switch {
-		case err == nil && c.n == p.n && c.sums.part == pp.CRC32C:
+		case err == nil && c.n == p.n && c.sums.part == pp.CRC32C && (req.sha == nil || bytes.Equal(gotSHA, want[:])):
 			r.fromPeers.Add(c.n)
 			r.done.Add(c.n)
 			r.e.metrics.peerBytes.Add(float64(c.n))
+			if req.sha != nil {
+				return fetched{sums: c.sums, fromPeer: true, checked: true}, nil
+			}
 			r.tainted[p.file].Store(true)
 			r.peerMu.Lock()
 			r.peerOf[idx] = pp.Peer
 			r.heldBack[idx] = c.sums.part
 			r.peerMu.Unlock()
-			return c.sums, true, nil
+			return fetched{sums: c.sums, fromPeer: true}, nil
 		case ctx.Err() != nil:
-			return sums{}, false, ctx.Err()
-		case err == nil && c.n == p.n:
+			return fetched{}, ctx.Err()
+		case err == nil && c.n == p.n && c.sums.part != pp.CRC32C:
 			err = &PeerMismatchError{Peer: pp.Peer, Part: idx, Want: pp.CRC32C, Got: c.sums.part}
+		case err == nil && c.n == p.n:
+			err = &PeerMismatchError{Peer: pp.Peer, Part: idx, Want: pp.CRC32C, Got: c.sums.part,
+				WantSHA256: hex.EncodeToString(want[:]), GotSHA256: hex.EncodeToString(gotSHA)}
 		case err == nil:
 			err = io.ErrUnexpectedEOF
 		}
 		r.e.metrics.peerFailures.Inc()
 		r.swarm.Bad(pp.Peer, idx, err)
 	}
-	return sums{}, false, nil
+	return fetched{}, nil
 }
 
 // copyReq is one copy of a byte range into a file being written.
@@ -746,6 +775,8 @@ type copyReq struct {
 	// recorded in the plan as the bytes arrive, for the peers waiting for it.
 	track int
 	base  int64
+	// sha, when set, hashes the bytes too (a peer's part of a vouched file).
+	sha hash.Hash
 }
 
 // copied is what a copy wrote: n bytes, all good even when the copy ended in an error, and
@@ -815,6 +846,9 @@ func (r *run) copyBody(ctx context.Context, body io.Reader, req copyReq) (copied
 				out.sums.crc = req.kind.update(out.sums.crc, buf[:got])
 			}
 			out.sums.part = crc32.Update(out.sums.part, castagnoli, buf[:got])
+			if req.sha != nil {
+				req.sha.Write(buf[:got])
+			}
 			out.n += int64(got)
 			if req.fromSource {
 				r.done.Add(int64(got))

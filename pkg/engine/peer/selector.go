@@ -188,7 +188,13 @@ type selector struct {
 	// window is how many of the first wanted parts are taken from peers rarest first; past it,
 	// in file order.
 	window int
+	// checkable says whether this node can check a peer's copy of part i (engine.Plan's); a
+	// peer holding a part it cannot is taken to hold nothing. nil: every part.
+	checkable func(i int) bool
 }
+
+// canCheck reports whether a peer's copy of part i can be checked, and so taken.
+func (sel selector) canCheck(i int) bool { return sel.checkable == nil || sel.checkable(i) }
 
 // holder picks, among the live peers holding part i, the one with the fewest parts in flight
 // from this node; ties go to the highest rendezvous score, which spreads the parts.
@@ -235,6 +241,9 @@ func (sel selector) pickPeer(peers []*peerState, pending []int) int {
 	for k, i := range pending {
 		if k >= sel.window && best >= 0 {
 			break
+		}
+		if !sel.canCheck(i) {
+			continue
 		}
 		n := holders(vs, i)
 		if n == 0 {
@@ -319,8 +328,9 @@ func (sel selector) pickSource(peers []*peerState, pending []int, st *pickState)
 	owned := -1
 	for _, i := range pending {
 		fresh, moved, stalled := sel.readers(vs, i, now)
-		// A holder busy for the moment still holds the part: it is not read again.
-		if fresh || slices.ContainsFunc(vs, func(v view) bool { return v.has(i) }) {
+		// A holder busy for the moment still holds the part: it is not read again. One whose
+		// copy this node cannot check yet holds nothing for it.
+		if fresh || sel.canCheck(i) && slices.ContainsFunc(vs, func(v view) bool { return v.has(i) }) {
 			delete(quiet, i)
 			continue
 		}

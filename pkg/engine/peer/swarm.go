@@ -213,6 +213,7 @@ func (s *Swarm) refresh() {
 // lasts or until Leave.
 func (s *Swarm) Join(ctx context.Context, plan *engine.Plan) {
 	s.plan = plan
+	s.sel.checkable = plan.Checkable
 	if s.opts.Server != nil {
 		s.opts.Server.Offer(s.opts.Key, plan)
 	}

@@ -1,0 +1,285 @@
+// Package witness lets nodes share the parts of files their source gives no digest for (S3
+// objects uploaded in parts, with only a CRC; filesystem and FSx files, with none) without
+// trusting one another.
+//
+// A witness runs in prewarm's own trust domain, never on a tenant's node. Nodes read such parts
+// from the source through it: it reads each range from the source, streams it on, and records the
+// SHA-256 of the bytes it read. A node that takes a part from a peer checks it against the
+// witness's digest (engine.Request.Digests), so a node that lies about a part is caught whatever
+// CRC it keeps. Every byte a peer relays was first read from the source by the witness, so the
+// origin is still read about once for the whole fleet.
+//
+// The protocol is plain HTTP, read-only:
+//
+//	GET /prewarm/witness/v1/<model>/read?revision=<rev>&path=<path>&off=<off>&n=<n>
+//	    200 with the n bytes of path at off, read from the source now; once they are all sent,
+//	    their SHA-256 is vouched for under rev
+//	GET /prewarm/witness/v1/<model>/digests?revision=<rev>&after=<seq>
+//	    200 {"seq","parts":[{"path","off","n","sha256"}]}: what is vouched for under rev past
+//	    seq; with after, the answer waits (up to 15 s) until there is some
+//
+// Who may ask for which model is the Open function's to decide (it authenticates the request);
+// a refusal is answered 401, 403 or 404 as its error says.
+package witness
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// Prefix is the path under which a Server answers.
+const Prefix = "/prewarm/witness/v1/"
+
+// ErrUnauthenticated, returned by Open, is answered 401; ErrForbidden 403; a
+// source.ErrNotFound 404. Other errors are answered 500.
+var (
+	ErrUnauthenticated = errors.New("no valid token")
+	ErrForbidden       = errors.New("not allowed to read this model")
+)
+
+// longPoll is how long a digests request with after waits for news.
+const longPoll = 15 * time.Second
+
+// Limits on what a Server remembers: digests of at most maxRevisions model revisions (the least
+// recently asked about are forgotten first: their nodes then read the source themselves), and
+// at most maxParts parts of each (64 TiB in parts of 64 MiB).
+const (
+	maxRevisions = 256
+	maxParts     = 1 << 20
+)
+
+// Server reads ranges from their source for the nodes and vouches for what it read.
+type Server struct {
+	// Open authenticates r and returns model's source, or why not (see ErrForbidden).
+	Open func(r *http.Request, model string) (source.Source, error)
+	// Log, when set, gets a line for each range the source failed to give.
+	Log *slog.Logger
+
+	read atomic.Int64 // bytes read from sources
+
+	mu     sync.Mutex
+	tables map[string]*table // by model and revision
+	tick   uint64            // for least recently used
+}
+
+// BytesRead is how many bytes the Server has read from sources.
+func (s *Server) BytesRead() int64 { return s.read.Load() }
+
+// table is what a Server vouches for under one model revision.
+type table struct {
+	used    uint64 // Server.tick when last asked about
+	parts   []Part
+	index   map[rangeKey]int
+	changed chan struct{}
+}
+
+type rangeKey struct {
+	path   string
+	off, n int64
+}
+
+// Part is a range a witness vouches for.
+type Part struct {
+	Path   string `json:"path"`
+	Off    int64  `json:"off"`
+	N      int64  `json:"n"`
+	SHA256 string `json:"sha256"`
+}
+
+// Digests is the answer to a digests request: parts vouched for, and the sequence number past
+// which to ask next.
+type Digests struct {
+	Seq   int    `json:"seq"`
+	Parts []Part `json:"parts"`
+}
+
+// table returns the table of model at rev, creating it (and forgetting the least recently used
+// one past maxRevisions). Called with s.mu held.
+func (s *Server) table(model, rev string) *table {
+	if s.tables == nil {
+		s.tables = map[string]*table{}
+	}
+	key := model + "\x00" + rev
+	s.tick++
+	t, ok := s.tables[key]
+	if !ok {
+		if len(s.tables) >= maxRevisions {
+			oldest := ""
+			for k, o := range s.tables {
+				if oldest == "" || o.used < s.tables[oldest].used {
+					oldest = k
+				}
+			}
+			delete(s.tables, oldest)
+		}
+		t = &table{index: map[rangeKey]int{}, changed: make(chan struct{})}
+		s.tables[key] = t
+	}
+	t.used = s.tick
+	return t
+}
+
+// vouch records that the n bytes at off of path, under model's revision rev, hash to sum.
+func (s *Server) vouch(model, rev string, k rangeKey, sum []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.table(model, rev)
+	if _, ok := t.index[k]; ok || len(t.parts) >= maxParts {
+		return
+	}
+	t.index[k] = len(t.parts)
+	t.parts = append(t.parts, Part{Path: k.path, Off: k.off, N: k.n, SHA256: hex.EncodeToString(sum)})
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// since returns what is vouched for under model's rev past seq, or a channel closed when there is
+// more.
+func (s *Server) since(model, rev string, seq int) (Digests, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.table(model, rev)
+	seq = max(0, min(seq, len(t.parts)))
+	return Digests{Seq: len(t.parts), Parts: append([]Part(nil), t.parts[seq:]...)}, t.changed
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rest, ok := strings.CutPrefix(r.URL.Path, Prefix)
+	model, op, ok2 := strings.Cut(rest, "/")
+	if !ok || !ok2 || model == "" || r.Method != http.MethodGet {
+		http.NotFound(w, r)
+		return
+	}
+	q := r.URL.Query()
+	rev := q.Get("revision")
+	if rev == "" {
+		http.Error(w, "want a revision", http.StatusBadRequest)
+		return
+	}
+	switch op {
+	case "read":
+		s.serveRead(w, r, model, rev)
+	case "digests":
+		s.serveDigests(w, r, model, rev)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// open asks Open for model's source, answering a refusal; nil when refused.
+func (s *Server) open(w http.ResponseWriter, r *http.Request, model string) source.Source {
+	src, err := s.Open(r, model)
+	switch {
+	case err == nil:
+		return src
+	case errors.Is(err, ErrUnauthenticated):
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+	case errors.Is(err, ErrForbidden):
+		http.Error(w, err.Error(), http.StatusForbidden)
+	case errors.Is(err, source.ErrNotFound):
+		http.Error(w, err.Error(), http.StatusNotFound)
+	default:
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+	return nil
+}
+
+func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, model, rev string) {
+	q := r.URL.Query()
+	k := rangeKey{path: q.Get("path")}
+	var err1, err2 error
+	k.off, err1 = strconv.ParseInt(q.Get("off"), 10, 64)
+	k.n, err2 = strconv.ParseInt(q.Get("n"), 10, 64)
+	if k.path == "" || err1 != nil || err2 != nil || k.off < 0 || k.n <= 0 {
+		http.Error(w, "want path, off ≥ 0 and n > 0", http.StatusBadRequest)
+		return
+	}
+	src := s.open(w, r, model)
+	if src == nil {
+		return
+	}
+	body, err := src.OpenRange(r.Context(), k.path, k.off, k.n)
+	if err != nil {
+		status := http.StatusBadGateway
+		if errors.Is(err, source.ErrNotFound) {
+			status = http.StatusNotFound
+		}
+		http.Error(w, err.Error(), status)
+		return
+	}
+	defer body.Close()
+	w.Header().Set("Content-Length", strconv.FormatInt(k.n, 10))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	h := sha256.New()
+	got, err := io.Copy(io.MultiWriter(w, h), &counting{r: io.LimitReader(body, k.n), n: &s.read})
+	if err != nil || got != k.n {
+		if s.Log != nil {
+			s.Log.Warn("a range was not read whole", "model", model, "path", k.path, "off", k.off, "n", k.n, "read", got, "err", err)
+		}
+		return // the answer ends short: the node reads the rest again
+	}
+	s.vouch(model, rev, k, h.Sum(nil))
+}
+
+// counting adds what it reads to n.
+type counting struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c *counting) Read(b []byte) (int, error) {
+	k, err := c.r.Read(b)
+	c.n.Add(int64(k))
+	return k, err
+}
+
+func (s *Server) serveDigests(w http.ResponseWriter, r *http.Request, model, rev string) {
+	after := -1
+	if a := r.URL.Query().Get("after"); a != "" {
+		var err error
+		if after, err = strconv.Atoi(a); err != nil || after < 0 {
+			http.Error(w, "want after ≥ 0", http.StatusBadRequest)
+			return
+		}
+	}
+	if s.open(w, r, model) == nil {
+		return
+	}
+	d, changed := s.since(model, rev, max(after, 0))
+	if after >= 0 && len(d.Parts) == 0 && d.Seq == after { // (less: it forgot; say so at once)
+		t := time.NewTimer(longPoll)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-r.Context().Done():
+		}
+		t.Stop()
+		d, _ = s.since(model, rev, after)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(d)
+}
+
+// sumOf is a SHA-256 digest as the protocol writes it.
+func sumOf(s string) ([sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
+	raw, err := hex.DecodeString(s)
+	if err != nil || len(raw) != sha256.Size {
+		return sum, fmt.Errorf("not a SHA-256: %q", s)
+	}
+	copy(sum[:], raw)
+	return sum, nil
+}

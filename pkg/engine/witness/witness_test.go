@@ -1,0 +1,181 @@
+package witness
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prewarm/prewarm/pkg/engine/source"
+)
+
+// bytesSource is one file in memory; cut, when set, ends every read after that many bytes.
+type bytesSource struct {
+	data []byte
+	cut  int64
+}
+
+func (b *bytesSource) List(context.Context) (source.Listing, error) {
+	return source.Listing{Files: []source.File{{Path: "f", Size: int64(len(b.data))}}}, nil
+}
+
+func (b *bytesSource) OpenRange(_ context.Context, path string, off, n int64) (io.ReadCloser, error) {
+	if path != "f" {
+		return nil, &source.NotFoundError{Err: errors.New("no such file")}
+	}
+	if b.cut > 0 {
+		n = min(n, b.cut)
+	}
+	return io.NopCloser(bytes.NewReader(b.data[off : off+n])), nil
+}
+
+func (b *bytesSource) String() string { return "mem://f" }
+
+func open(src source.Source) func(*http.Request, string) (source.Source, error) {
+	return func(*http.Request, string) (source.Source, error) { return src, nil }
+}
+
+// serve starts a witness of src, and a client of it that has listed src.
+func serve(t *testing.T, src *bytesSource) (*Server, *Client, source.Listing, string) {
+	t.Helper()
+	s := &Server{Open: open(src)}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	c := NewClient(ClientOptions{URL: srv.URL, Model: "m", Origin: src})
+	l, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c, l, source.ContentRevision(l.Files)
+}
+
+// learnAll runs the client until it has learnt what the witness vouches for now.
+func learnAll(t *testing.T, s *Server, c *Client, rev string) {
+	t.Helper()
+	want, _ := s.since("m", rev, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for {
+		c.mu.Lock()
+		seq := c.seq
+		c.mu.Unlock()
+		if seq >= want.Seq && c.knownRev == rev {
+			return
+		}
+		d, err := c.digests(ctx, rev, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		if c.knownRev != rev {
+			c.known, c.knownRev, c.seq = map[rangeKey][sha256.Size]byte{}, rev, 0
+		}
+		c.mu.Unlock()
+		c.learn(rev, seq, d)
+	}
+}
+
+// A range read whole is vouched for with the SHA-256 of its bytes; a range the source ended
+// early is not; a client learns the first and knows nothing of the second.
+func TestOnlyARangeReadWholeIsVouchedFor(t *testing.T) {
+	data := bytes.Repeat([]byte("weights!"), 1<<12)
+	src := &bytesSource{data: data}
+	s, c, l, rev := serve(t, src)
+	read := func(off, n int64) []byte {
+		body, err := c.OpenRange(context.Background(), "f", off, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer body.Close()
+		got, _ := io.ReadAll(body)
+		return got
+	}
+	if got := read(100, 1000); !bytes.Equal(got, data[100:1100]) {
+		t.Fatal("the witness sent other bytes than the source holds")
+	}
+	src.cut = 10
+	if got := read(2000, 1000); len(got) != 10 {
+		t.Fatalf("a cut read gave %d bytes, want the 10 the source gave", len(got))
+	}
+	learnAll(t, s, c, rev)
+	f := l.Files[0]
+	sum, ok := c.PartSHA256(rev, f, 100, 1000)
+	if !ok || sum != sha256.Sum256(data[100:1100]) {
+		t.Errorf("range 100+1000: vouched %v with %x; want the SHA-256 of its bytes", ok, sum)
+	}
+	if _, ok := c.PartSHA256(rev, f, 2000, 1000); ok {
+		t.Error("a range the source cut short is vouched for")
+	}
+	if _, ok := c.PartSHA256("another revision", f, 100, 1000); ok {
+		t.Error("a range is vouched for under a revision it was not read for")
+	}
+	if got := s.BytesRead(); got != 1010 {
+		t.Errorf("the witness counts %d bytes read, want 1010", got)
+	}
+}
+
+// A client whose witness restarted (and forgot) learns what it vouches for again from the start.
+func TestAClientLearnsAgainFromAWitnessThatForgot(t *testing.T) {
+	data := bytes.Repeat([]byte{7}, 4096)
+	s, c, l, rev := serve(t, &bytesSource{data: data})
+	for off := int64(0); off < 4096; off += 1024 {
+		body, err := c.OpenRange(context.Background(), "f", off, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, body)
+		body.Close()
+	}
+	learnAll(t, s, c, rev)
+	s.mu.Lock()
+	s.tables = nil // a restart
+	s.mu.Unlock()
+	s.vouch("m", rev, rangeKey{"f", 0, 512}, make([]byte, sha256.Size))
+	d, err := c.digests(context.Background(), rev, c.seq) // past what it holds: answered at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.learn(rev, c.seq, d)
+	if c.seq != 0 {
+		t.Fatalf("after the witness forgot, the client asks past %d, not from the start", c.seq)
+	}
+	learnAll(t, s, c, rev)
+	if _, ok := c.PartSHA256(rev, l.Files[0], 0, 512); !ok {
+		t.Error("what the witness vouched for after its restart is not learnt")
+	}
+}
+
+// Bad requests are refused before the source is read.
+func TestAWitnessRefusesBadRequests(t *testing.T) {
+	src := &bytesSource{data: make([]byte, 100)}
+	s := &Server{Open: open(src)}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	for _, q := range []string{
+		"m/read?path=f&off=0&n=10",                 // no revision
+		"m/read?revision=r&path=f&off=-1&n=10",     // negative offset
+		"m/read?revision=r&path=f&off=0&n=0",       // nothing to read
+		"m/read?revision=r&off=0&n=10",             // no path
+		"m/digests?revision=r&after=-2",            // a negative sequence
+		"m/digests?revision=r&after=x",             // not a number
+		"m/elsewhere?revision=r",                   // no such operation
+		"/read?revision=r&path=f&off=0&n=10",       // no model
+		"m/read?revision=r&path=g&off=0&n=10&x=no", // no such file: the source says so
+	} {
+		resp, err := http.Get(srv.URL + Prefix + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode < 400 || resp.StatusCode >= 500 {
+			t.Errorf("%s: %s, want a 4xx", q, resp.Status)
+		}
+	}
+	if got := s.BytesRead(); got != 0 {
+		t.Errorf("the witness read %d bytes for bad requests", got)
+	}
+}
