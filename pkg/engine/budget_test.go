@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -67,5 +69,75 @@ func TestBudgetCapsConcurrencyAndPausesOnSlowDown(t *testing.T) {
 	// Eight workers for two slots, and a pause of a second: reads waited for the budget.
 	if budget.Waited() <= 0 {
 		t.Errorf("the budget says no read waited for it")
+	}
+}
+
+// sourceOnly is a Swarm with no peers: its source workers read the parts in file order, and it
+// keeps the plan for the test to watch.
+type sourceOnly struct {
+	joined chan *engine.Plan
+}
+
+func (s *sourceOnly) Join(_ context.Context, p *engine.Plan) { s.joined <- p }
+func (s *sourceOnly) Pick(pending []int, lane engine.Lane) int {
+	if lane == engine.LanePeers || len(pending) == 0 {
+		return -1
+	}
+	return pending[0]
+}
+func (s *sourceOnly) Changed() <-chan struct{} { return nil }
+func (s *sourceOnly) Part(context.Context, int) (engine.PeerPart, error) {
+	return engine.PeerPart{}, engine.ErrFromSource
+}
+func (s *sourceOnly) Bad(string, int, error) {}
+func (s *sourceOnly) Leave()                 {}
+
+// A part read for the peers that waits on the origin (a pause after SlowDown) says so: its
+// progress reads -1, which peers count as moving, and the plan keeps changing meanwhile so
+// that they hear it; they do not claim it and ask the origin for more while it asks for less.
+func TestAPartWaitingOnTheOriginIsNotStalled(t *testing.T) {
+	files := map[string][]byte{"model.safetensors": make([]byte, 256<<10)}
+	mem := newMemSource(files)
+	sum := sha256.Sum256(files["model.safetensors"])
+	mem.sums["model.safetensors"] = source.Checksums{SHA256: hex.EncodeToString(sum[:])} // shared with peers
+	var refused atomic.Int64
+	mem.fault = func(string, int64, int64) (int64, error) {
+		if refused.Add(1) == 1 {
+			return -1, &source.StatusError{StatusCode: http.StatusServiceUnavailable, Code: "SlowDown", Message: "slow down", RetryAfter: "3"}
+		}
+		return 0, nil
+	}
+	sw := &sourceOnly{joined: make(chan *engine.Plan, 1)}
+	e := testEngine(engine.WithConcurrency(2), engine.WithBudget(engine.NewBudget(0, 0)))
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Fetch(context.Background(), engine.Request{Source: mem, Dest: filepath.Join(t.TempDir(), "model"), Swarm: sw})
+		done <- err
+	}()
+	plan := <-sw.joined
+	var version uint64
+	changes, sawWaiting := 0, false
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sawWaiting {
+				t.Fatalf("the part never said it waits on the origin during a 3 s pause (%d changes)", changes)
+			}
+			// Over a 3 s pause the plan changes about every half second (6), not just for the
+			// read's start, refusal and end.
+			if changes < 4 {
+				t.Errorf("the plan changed %d times over the pause; peers would not hear the part waits", changes)
+			}
+			return
+		case <-plan.Changed(version):
+			_, _, version = plan.Activity()
+			changes++
+			if plan.ReadProgress(0) == -1 {
+				sawWaiting = true
+			}
+		}
 	}
 }

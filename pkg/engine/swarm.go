@@ -103,6 +103,8 @@ type Plan struct {
 	held    []atomic.Bool
 	reading []atomic.Bool    // parts this node is reading from the source now
 	readAt  []atomic.Int64   // how far this node has read each of them
+	waiting []atomic.Bool    // of them, those whose read waits on the origin, not the network
+	waits   atomic.Int32     // how many wait
 	moved   atomic.Int64     // when a part being read last made the plan change (Unix ns)
 	fromUp  atomic.Bool      // this node takes its parts from an upstream group (SetFromUpstream)
 	check   func(i int) bool // whether a peer's copy of part i can be checked (nil: every part's)
@@ -121,6 +123,7 @@ func newPlan(listing source.Listing, partSize int64, dir string) *Plan {
 	p.held = make([]atomic.Bool, p.Parts())
 	p.reading = make([]atomic.Bool, p.Parts())
 	p.readAt = make([]atomic.Int64, p.Parts())
+	p.waiting = make([]atomic.Bool, p.Parts())
 	p.crcs = make([]atomic.Uint32, p.Parts())
 	p.dir.Store(&dir)
 	return p
@@ -226,6 +229,34 @@ func (p *Plan) readTo(i int, n int64) {
 	}
 }
 
+// setWaiting marks part i, being read from the source, as waiting on the origin or no longer:
+// for its budget (a pause after 429 or 503, a cap on rate or reads in flight) or a retry's
+// backoff. Such a read is not stalled, and reading the part elsewhere would only ask more of an
+// origin that asks for less: ReadProgress says -1, which peers count as moving, and the plan
+// changes every progressEvery while any part waits, so that they hear it.
+func (p *Plan) setWaiting(i int, on bool) {
+	if p.waiting[i].Swap(on) == on {
+		return
+	}
+	if !on {
+		p.waits.Add(-1)
+		return
+	}
+	if p.waits.Add(1) > 1 {
+		return
+	}
+	go func() {
+		t := time.NewTicker(time.Duration(progressEvery))
+		defer t.Stop()
+		for range t.C {
+			if p.waits.Load() == 0 {
+				return
+			}
+			p.bump()
+		}
+	}()
+}
+
 // SetFromUpstream says whether this node takes its parts from an upstream group, reading from the
 // source only as a last resort: its peers then count on it for no part (a change for the long
 // polls).
@@ -244,10 +275,14 @@ func (p *Plan) FromUpstream() bool { return p.fromUp.Load() }
 // it cannot check as not holding it.
 func (p *Plan) Checkable(i int) bool { return p.check == nil || p.check(i) }
 
-// ReadProgress is how many bytes of part i this node has read from the source, while it reads it.
+// ReadProgress is how many bytes of part i this node has read from the source, while it reads
+// it; -1 while the read waits on the origin (setWaiting).
 func (p *Plan) ReadProgress(i int) int64 {
 	if i < 0 || i >= len(p.readAt) {
 		return 0
+	}
+	if p.waiting[i].Load() {
+		return -1
 	}
 	return p.readAt[i].Load()
 }

@@ -652,13 +652,16 @@ func (r *run) partFromSource(ctx context.Context, p part, i int) (sums, error) {
 	end := p.off + p.n
 	var lastErr error
 	for attempt := 0; attempt < e.maxAttempts; attempt++ {
+		waited := r.waitOnOrigin(i)
 		if attempt > 0 {
 			e.metrics.retries.Inc()
 			if err := sleep(ctx, e.backoff(attempt)); err != nil {
+				waited()
 				return sums{}, err
 			}
 		}
 		release, err := e.budget.acquire(ctx)
+		waited()
 		if err != nil {
 			return sums{}, err
 		}
@@ -827,15 +830,8 @@ func (r *run) copyBody(ctx context.Context, body io.Reader, req copyReq) (copied
 	for out.n < req.n {
 		at := req.off + out.n
 		want := writeLen(at, min(int64(len(buf)), req.n-out.n))
-		if lim := r.e.limiter; lim != nil {
-			if err := lim.WaitN(ctx, int(want)); err != nil {
-				return out, err
-			}
-		}
-		if req.fromSource {
-			if err := r.e.budget.wait(ctx, int(want)); err != nil {
-				return out, err
-			}
+		if err := r.paced(ctx, req, int(want)); err != nil {
+			return out, err
 		}
 		got, rerr := io.ReadFull(body, buf[:want])
 		if got > 0 {
@@ -864,6 +860,36 @@ func (r *run) copyBody(ctx context.Context, body io.Reader, req copyReq) (copied
 		}
 	}
 	return out, nil
+}
+
+// paced waits for n bytes of the engine's rate limit and, for the source, of the origin's
+// budget; a part read for the peers meanwhile says it waits on the origin (Plan.setWaiting).
+func (r *run) paced(ctx context.Context, req copyReq, n int) error {
+	if r.e.limiter == nil && (!req.fromSource || r.e.budget == nil || r.e.budget.limiter == nil) {
+		return nil
+	}
+	if req.fromSource {
+		defer r.waitOnOrigin(req.track)()
+	}
+	if lim := r.e.limiter; lim != nil {
+		if err := lim.WaitN(ctx, n); err != nil {
+			return err
+		}
+	}
+	if req.fromSource {
+		return r.e.budget.wait(ctx, n)
+	}
+	return nil
+}
+
+// waitOnOrigin marks part i (when ≥ 0: a part read for the peers) as waiting on the origin, until
+// the function it returns is called.
+func (r *run) waitOnOrigin(i int) func() {
+	if i < 0 {
+		return func() {}
+	}
+	r.plan.setWaiting(i, true)
+	return func() { r.plan.setWaiting(i, false) }
 }
 
 func (e *Engine) backoff(attempt int) time.Duration {

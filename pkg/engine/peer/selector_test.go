@@ -185,6 +185,35 @@ func peerIn(view []*peerState, name string) *peerState {
 	return nil
 }
 
+// A reader that says its part waits on the origin (progress -1: a pause after SlowDown, its
+// budget) is not claimed however long it waits, as long as it answers; once it stops
+// answering, it is.
+func TestAReaderWaitingOnTheOriginIsNotClaimed(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	names := []string{"r", "a", "b"}
+	sels, views := group(names, 16, &now)
+	const part = 3
+	for k := range 60 { // 30 s of answers every half second, all waiting
+		for _, self := range names[1:] {
+			peerIn(views[self], "r").setLive(true, bitmap(16), bitmap(16, part), []int64{-1}, now)
+			if got, _ := sels[self].pickSource(views[self], []int{part}, &pickState{}); got == part {
+				t.Fatalf("%s claims a part waiting on the origin after %s", self, time.Duration(k)*time.Second/2)
+			}
+		}
+		now = now.Add(time.Second / 2)
+	}
+	now = now.Add(10 * time.Second) // r stops answering
+	claimed := 0
+	for _, self := range names[1:] {
+		if got, _ := sels[self].pickSource(views[self], []int{part}, &pickState{}); got == part {
+			claimed++
+		}
+	}
+	if claimed == 0 {
+		t.Error("no one claims the part of a reader that stopped answering")
+	}
+}
+
 // A reader whose part stops moving is waited for stall, then the best-ranked of the others
 // claims the part alone, the next at twice stall; a part that moves again is not claimed.
 func TestAStalledReaderIsClaimedOnceByRank(t *testing.T) {

@@ -8,7 +8,7 @@
 //	GET /prewarm/peer/v1/<key>/have?revision=<rev>&after=<version>
 //	    200 {"revision","partSize","parts","version","held":<bitmap, base64>,"reading":<bitmap>,
 //	    "progress":[bytes read of each part in reading]}: the parts it holds, those it is reading
-//	    from the source now, and how far; with after, the answer waits (up to 15 s) until the
+//	    from the source now, and how far (-1: the read waits on the origin); with after, the answer waits (up to 15 s) until the
 //	    holder is past that version (a part added, started or stopped being read, or, at most
 //	    once a second, read further)
 //	GET /prewarm/peer/v1/<key>/parts/<i>?revision=<rev>
@@ -86,7 +86,7 @@ type HaveResponse struct {
 	Reading []byte `json:"reading,omitempty"`
 	// Progress is how many bytes the holder has read of each part in Reading, in order (absent
 	// from holders that do not say): a part whose count stops moving has stalled, and another
-	// node claims it.
+	// node claims it. -1 says the read waits on the origin (its budget): moving, not stalled.
 	Progress []int64 `json:"progress,omitempty"`
 	// FromUpstream says the holder takes its parts from an upstream group and reads the source
 	// only as a last resort: its peers count on it for no part (it owns none).
