@@ -128,12 +128,14 @@ func TestImageCacheEndToEnd(t *testing.T) {
 	t.Run("the seed gets an image cache named in the seed's style; the Deployment does not wait for it", func(t *testing.T) {
 		dep := &appsv1.Deployment{}
 		// The Deployment waits for the weights cache (not the image's): its nodes download the
-		// model first, which on a loaded machine has taken over a minute (a part waiting out
-		// the peer wait, 30 s, twice).
-		e.eventually(3*time.Minute, "Deployment created", func() (bool, string) {
+		// model first, together (4 s on a quiet machine; a minute leaves room for a loaded
+		// one, not for a part waiting on a silent owner, as the 30 s peer wait once did).
+		began := time.Now()
+		e.eventually(time.Minute, "Deployment created", func() (bool, string) {
 			err := c.Get(ctx, types.NamespacedName{Namespace: "default", Name: "example-model"}, dep)
 			return err == nil, fmt.Sprint(err)
 		})
+		t.Logf("the Deployment appeared after %s", time.Since(began).Round(time.Second))
 		caches := e.imageCaches()
 		if len(caches) != 1 || !seedCacheName.MatchString(caches[0].Name) {
 			t.Fatalf("image caches %v, want one named like iic-vllm-openai-ml-g5-24xlarge-0123456789abcdef", caches)

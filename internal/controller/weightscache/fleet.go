@@ -25,7 +25,7 @@ type fleet struct {
 	byNode map[string]*prewarmv1alpha1.NodeCache
 	// newer, when set, is the writer's request for a node that the informer does not show yet
 	// (Requests.latest).
-	newer func(node, uid string, gen int64) (*prewarmv1alpha1.CacheRequest, bool)
+	newer func(node, uid string, gen int64, ncUID types.UID) (*prewarmv1alpha1.CacheRequest, bool)
 }
 
 // readFleet reads the nodes m's placement may select (through the instance-type index when it
@@ -101,10 +101,11 @@ func (f *fleet) request(node string) *prewarmv1alpha1.CacheRequest {
 func (f *fleet) latest(node string) *prewarmv1alpha1.CacheRequest {
 	if f.newer != nil {
 		var gen int64
+		var ncUID types.UID
 		if nc := f.byNode[node]; nc != nil {
-			gen = nc.Generation
+			gen, ncUID = nc.Generation, nc.UID
 		}
-		if e, ok := f.newer(node, f.uid, gen); ok {
+		if e, ok := f.newer(node, f.uid, gen, ncUID); ok {
 			return e
 		}
 	}

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
@@ -261,7 +262,7 @@ func TestAReconcileBetweenTheWritesKeepsTheAssignment(t *testing.T) {
 	for _, n := range nodes[:5] {
 		byNode[n.Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: first[n.Name]}}
 	}
-	pending := func(node, _ string, _ int64) (*prewarmv1alpha1.CacheRequest, bool) {
+	pending := func(node, _ string, _ int64, _ types.UID) (*prewarmv1alpha1.CacheRequest, bool) {
 		if slices.ContainsFunc(nodes[5:], func(n *corev1.Node) bool { return n.Name == node }) {
 			return &prewarmv1alpha1.CacheRequest{UID: uid, Peers: first[node]}, true
 		}
@@ -284,28 +285,35 @@ func TestAReconcileBetweenTheWritesKeepsTheAssignment(t *testing.T) {
 func TestRequestsRememberWhatTheInformerDoesNotShowYet(t *testing.T) {
 	q := &Requests{}
 	e := &prewarmv1alpha1.CacheRequest{UID: "c"}
-	if _, ok := q.latest("n", "c", 0); ok {
+	if _, ok := q.latest("n", "c", 0, "nc"); ok {
 		t.Fatal("latest knows a request never put")
 	}
 	q.init()
 	q.pending["n"] = &nodeChanges{caches: map[string]*prewarmv1alpha1.CacheRequest{"c": e}}
-	if got, ok := q.latest("n", "c", 0); !ok || got != e {
+	if got, ok := q.latest("n", "c", 0, "nc"); !ok || got != e {
 		t.Errorf("pending: latest = %v, %v", got, ok)
 	}
 	q.writing["n"], q.pending["n"] = q.pending["n"].caches, nil
-	if got, ok := q.latest("n", "c", 0); !ok || got != e {
+	if got, ok := q.latest("n", "c", 0, "nc"); !ok || got != e {
 		t.Errorf("being written: latest = %v, %v", got, ok)
 	}
 	delete(q.writing, "n")
-	q.written["n"] = writtenAs{generation: 4}
+	q.written["n"] = writtenAs{uid: "nc", generation: 4}
 	q.sent["n"] = sentAs{at: time.Now(), caches: map[string]*prewarmv1alpha1.CacheRequest{"c": e, "gone": nil}}
-	if got, ok := q.latest("n", "c", 3); !ok || got != e {
+	if got, ok := q.latest("n", "c", 3, "nc"); !ok || got != e {
 		t.Errorf("written at generation 4, informer at 3: latest = %v, %v", got, ok)
 	}
-	if got, ok := q.latest("n", "gone", 3); !ok || got != nil {
+	if got, ok := q.latest("n", "gone", 3, "nc"); !ok || got != nil {
 		t.Errorf("a withdrawal written, informer behind: latest = %v, %v; want nil, true (not asked)", got, ok)
 	}
-	if _, ok := q.latest("n", "c", 4); ok {
+	if _, ok := q.latest("n", "c", 4, "nc"); ok {
 		t.Error("the informer shows the write: latest still answers")
+	}
+	q.sent["n"] = sentAs{at: time.Now(), caches: map[string]*prewarmv1alpha1.CacheRequest{"c": e}}
+	if got, ok := q.latest("n", "c", 0, ""); !ok || got != e {
+		t.Errorf("written, the informer shows no NodeCache yet: latest = %v, %v", got, ok)
+	}
+	if _, ok := q.latest("n", "c", 1, "nc-again"); ok {
+		t.Error("the informer shows a NodeCache made again (another UID, generation 1): latest still answers for the old one")
 	}
 }

@@ -330,8 +330,9 @@ func (q *Requests) next(ctx context.Context) bool {
 // latest is node's request for cache uid as this process will have it, or has just written it,
 // when the informer, showing node's NodeCache at generation gen, does not show it yet (known):
 // a change not written yet, being written, or written after gen. Two reconciles in a row then
-// see one assignment of peers, not the first one's writes half.
-func (q *Requests) latest(node, uid string, gen int64) (_ *prewarmv1alpha1.CacheRequest, known bool) {
+// see one assignment of peers, not the first one's writes half. An informer that shows another
+// NodeCache than the one written (ncUID: deleted and made again) has caught up with it.
+func (q *Requests) latest(node, uid string, gen int64, ncUID apitypes.UID) (_ *prewarmv1alpha1.CacheRequest, known bool) {
 	if q == nil {
 		return nil, false
 	}
@@ -346,7 +347,7 @@ func (q *Requests) latest(node, uid string, gen int64) (_ *prewarmv1alpha1.Cache
 	if e, ok := q.writing[node][uid]; ok {
 		return e, true
 	}
-	if gen >= q.written[node].generation {
+	if w := q.written[node]; gen >= w.generation || ncUID != "" && ncUID != w.uid {
 		delete(q.sent, node) // the informer has caught up
 		return nil, false
 	}
