@@ -173,7 +173,7 @@ bench-scaleout: testbin ## On six real kubelet nodes with KEDA and Prometheus: t
 BENCH_SCALE_FLAGS ?=
 
 .PHONY: bench-fanout
-bench-fanout: testbin ## N = 1, 2, 4, 8 nodes as network namespaces (tbf-shaped links, a capped origin) sharing one model, 8 with one agent stopped for 60 s mid-download, 8 with one node's link 4× slower, then 1 and 8 on links slow enough that the CPUs are not the limit; writes the fan-out section of docs/benchmarks.md. Root.
+bench-fanout: testbin ## N = 1, 2, 4, 8 nodes as network namespaces (tbf-shaped links, a capped origin) sharing one model, 8 with one agent stopped for 60 s mid-download, 8 with one node's link 4× slower, 8 made targets one by one 2 s apart, then 1 and 8 on links slow enough that the CPUs are not the limit; writes the fan-out section of docs/benchmarks.md. Root.
 	go run ./test/bench/fanout $(BENCH_FANOUT_FLAGS)
 
 .PHONY: bench-capacity

@@ -27,7 +27,9 @@ const DefaultPeerGroup = 16
 //     node of the group and taken from it by the rest;
 //   - the first group's upstream is up to groupSize of the members that already had peers,
 //     Ready ones first (none: it reads the source); group g's is group (g−1)/2, a binary tree
-//     whose root alone reads the source.
+//     whose root alone reads the source;
+//   - except that new targets joining members still downloading, all of whom fit in one group
+//     with them, are grouped with them (a scale-out of a few nodes at a time).
 //
 // addr is the peer address of each target whose agent serves peers, as checked (peerAddrsOf). A
 // target without one is no one's peer; it takes its parts from the members that already had a
@@ -70,6 +72,15 @@ func assignPeers(f *fleet, targets []*corev1.Node, addr map[string]string, group
 		default:
 			fresh = append(fresh, name)
 		}
+	}
+	// A node that joins a swarm still downloading, small enough for one group with it, joins
+	// that group instead of taking its parts from it: the members then take parts from it too
+	// (a newcomer downstream of them could not give them any, and their uplinks would carry
+	// every newcomer's parts as well as each other's). The members are asked again, at most a
+	// group's worth of writes per join; a Ready member stays settled, upstream of the group.
+	if growing := slices.DeleteFunc(slices.Clone(settled), ready); len(fresh) > 0 && len(growing) > 0 && len(growing)+len(fresh) <= groupSize {
+		fresh = append(fresh, growing...)
+		settled = slices.DeleteFunc(settled, func(name string) bool { return !ready(name) })
 	}
 	slices.SortFunc(fresh, func(a, b string) int { return cmp.Compare(score(uid, a), score(uid, b)) })
 	// Upstreams are settled members, Ready ones first, then by a hash salted with who asks, so

@@ -252,18 +252,19 @@ func reportedAddrs(targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.No
 // A fleet starting together is assigned its peers once, even when the next reconcile comes while
 // the writes have reached only some nodes: through the writer's memory (fleet.newer) the others
 // count as asked too, and are not regrouped under the first ones as their upstream (where the
-// first ones, still downloading, would have to serve them every part).
+// first ones, still downloading, would have to serve them every part). (A fleet that fits in one
+// group would be grouped whole again: this takes one of 20 nodes in groups of 16.)
 func TestAReconcileBetweenTheWritesKeepsTheAssignment(t *testing.T) {
 	const uid = "cache-1"
-	nodes, byNode := fleetOf(8)
+	nodes, byNode := fleetOf(20)
 	addrs := reportedAddrs(nodes, byNode)
 	first := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
-	// The informer shows the first five writes; the writer still has the last three.
-	for _, n := range nodes[:5] {
+	// The informer shows the first 13 writes; the writer still has the last 7.
+	for _, n := range nodes[:13] {
 		byNode[n.Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: first[n.Name]}}
 	}
 	pending := func(node, _ string, _ int64, _ types.UID) (*prewarmv1alpha1.CacheRequest, bool) {
-		if slices.ContainsFunc(nodes[5:], func(n *corev1.Node) bool { return n.Name == node }) {
+		if slices.ContainsFunc(nodes[13:], func(n *corev1.Node) bool { return n.Name == node }) {
 			return &prewarmv1alpha1.CacheRequest{UID: uid, Peers: first[node]}, true
 		}
 		return nil, false
@@ -271,11 +272,60 @@ func TestAReconcileBetweenTheWritesKeepsTheAssignment(t *testing.T) {
 	if again := assignPeers(&fleet{uid: uid, byNode: byNode, newer: pending}, nodes, addrs, 16); !equalPeers(again, first) {
 		t.Errorf("with the writer's pending requests, the second assignment differs:\n%v\nwant\n%v", again, first)
 	}
-	// Without them the last three would be regrouped under the first five: what the writer's
-	// memory prevents.
-	regrouped := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
-	if !slices.ContainsFunc(regrouped[nodes[7].Name], func(p prewarmv1alpha1.CachePeer) bool { return p.Upstream }) {
-		t.Errorf("without the writer's memory, %s has no upstream: %v (the case this guards against is gone?)", nodes[7].Name, regrouped[nodes[7].Name])
+	upstream := func(ps []prewarmv1alpha1.CachePeer) bool {
+		return slices.ContainsFunc(ps, func(p prewarmv1alpha1.CachePeer) bool { return p.Upstream })
+	}
+	// Without them a pending node of the first group would be regrouped under the others: what
+	// the writer's memory prevents.
+	victim := slices.IndexFunc(nodes[13:], func(n *corev1.Node) bool { return !upstream(first[n.Name]) })
+	if victim < 0 {
+		t.Fatal("no node of the first group is among the pending ones: the test shows nothing")
+	}
+	name := nodes[13+victim].Name
+	if regrouped := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16); !upstream(regrouped[name]) {
+		t.Errorf("without the writer's memory, %s has no upstream: %v (the case this guards against is gone?)", name, regrouped[name])
+	}
+}
+
+// A node that joins a swarm still downloading, all of it fitting in one group with the
+// newcomer, becomes one more member of that group: its members list it (they can take parts
+// from it), and it lists them, none as upstream. A Ready member stays its upstream.
+func TestANodeJoiningASmallSwarmStillDownloadingJoinsItsGroup(t *testing.T) {
+	const uid = "cache-1"
+	nodes, byNode := fleetOf(4)
+	addrs := reportedAddrs(nodes, byNode)
+	three := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes[:3], addrs, 16)
+	for _, n := range nodes[:3] {
+		byNode[n.Name].Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: three[n.Name]}}
+	}
+	four := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
+	for _, n := range nodes {
+		ps := four[n.Name]
+		if len(ps) != 3 || slices.ContainsFunc(ps, func(p prewarmv1alpha1.CachePeer) bool { return p.Upstream }) {
+			t.Errorf("%s's peers %v, want the other three, none upstream", n.Name, ps)
+		}
+	}
+	// One of the three is Ready: it is the group's upstream, not asked again.
+	done := nodes[0].Name
+	byNode[done].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}}}
+	withReady := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
+	if !slices.Equal(withReady[done], three[done]) {
+		t.Errorf("the Ready node was asked again: %v, was %v", withReady[done], three[done])
+	}
+	for _, n := range nodes[1:] {
+		ps := withReady[n.Name]
+		var up, member int
+		for _, p := range ps {
+			switch {
+			case p.Node == done && p.Upstream:
+				up++
+			case p.Node != done && !p.Upstream:
+				member++
+			}
+		}
+		if up != 1 || member != 2 || len(ps) != 3 {
+			t.Errorf("%s's peers %v, want the Ready node upstream and the other two members", n.Name, ps)
+		}
 	}
 }
 

@@ -24,11 +24,13 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
@@ -69,6 +71,7 @@ type options struct {
 	pause       time.Duration // the stalled-owner run's pause (0: not run)
 	pauseAt     time.Duration // when, from the cache's creation
 	slowOwner   int64         // the slow-owner run's divisor of the first node's link (0: not run)
+	stagger     time.Duration // the staggered run's gap between nodes joining (0: not run)
 	out, dir    string
 }
 
@@ -88,6 +91,7 @@ func main() {
 	flag.DurationVar(&o.pause, "pause", time.Minute, "also run the largest N with one agent stopped (SIGSTOP) this long mid-download, as a stalled owner (0: not run)")
 	flag.DurationVar(&o.pauseAt, "pause-at", 5*time.Second, "when the stalled-owner run stops the agent, from the cache's creation")
 	flag.Int64Var(&o.slowOwner, "slow-owner", 4, "also run the largest N with the first node's link this many times slower than the others', as a slow owner (0: not run)")
+	flag.DurationVar(&o.stagger, "stagger", 2*time.Second, "also run the largest N with node k made a target k times this after the cache's creation (its instance-type label set then), a scale-out one node at a time (0: not run)")
 	flag.StringVar(&o.out, "out", "docs/benchmarks.md", "report to write into (its bench-fanout section; empty: print only)")
 	flag.StringVar(&o.dir, "dir", "", "work folder for logs and disks (default: a temporary one, removed)")
 	flag.Parse()
@@ -168,7 +172,9 @@ type result struct {
 	uses       []nodeUse // each node's CPU, waits and links over the run, by time to Ready
 	// othersReady is, with a paused node, when the last of the others was Ready.
 	othersReady time.Duration
-	machine     machineUse // the whole machine's CPU over the run
+	// joined is, in a staggered run, when each node was made a target (nil otherwise).
+	joined  map[string]time.Duration
+	machine machineUse // the whole machine's CPU over the run
 }
 
 func run(o options) error {
@@ -186,11 +192,6 @@ func run(o options) error {
 		return err
 	}
 	var results []result
-	type runSpec struct {
-		n                            int
-		peers, noDigest, pause, slow bool
-		rate                         int64
-	}
 	var runs []runSpec
 	largest := slices.Max(o.nodes)
 	for _, n := range o.nodes {
@@ -201,6 +202,9 @@ func run(o options) error {
 	}
 	if o.slowOwner > 1 && largest > 1 {
 		runs = append(runs, runSpec{n: largest, peers: true, slow: true, rate: o.nodeRate})
+	}
+	if o.stagger > 0 && largest > 1 {
+		runs = append(runs, runSpec{n: largest, peers: true, stagger: true, rate: o.nodeRate})
 	}
 	if o.baseline {
 		runs = append(runs, runSpec{n: largest, rate: o.nodeRate})
@@ -220,7 +224,7 @@ func run(o options) error {
 				return err
 			}
 		}
-		res, err := b.runOnce(i, r.n, r.peers, r.noDigest, r.pause)
+		res, err := b.runOnce(i, r)
 		if err != nil {
 			return fmt.Errorf("%d nodes: %w", r.n, err)
 		}
@@ -385,9 +389,22 @@ func (b *bench) shape(rate int64) error {
 // their cache too, and download two models at once).
 func instanceType(run int) string { return fmt.Sprintf("ml.fanout-run%d.48xlarge", run) }
 
-// runOnce warms n nodes and measures it; with pause, the first node's agent is stopped for
-// options.pause from options.pauseAt on.
-func (b *bench) runOnce(k, n int, peers, noDigest, pause bool) (result, error) {
+// runSpec is one run: n nodes, sharing or not, the model with digests or without, a stalled
+// owner, a slow owner or nodes joining one by one, at a link rate.
+type runSpec struct {
+	n                                     int
+	peers, noDigest, pause, slow, stagger bool
+	rate                                  int64
+}
+
+// lateType is the instance type of a staggered run's nodes until they are made targets.
+const lateType = "ml.fanout-late.48xlarge"
+
+// runOnce warms r.n nodes and measures it; with pause, the first node's agent is stopped for
+// options.pause from options.pauseAt on; with stagger, node i is made a target i ×
+// options.stagger after the cache's creation.
+func (b *bench) runOnce(k int, r runSpec) (result, error) {
+	n, peers, noDigest, pause := r.n, r.peers, r.noDigest, r.pause
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	c := b.cluster.Client
@@ -407,7 +424,11 @@ func (b *bench) runOnce(k, n int, peers, noDigest, pause bool) (result, error) {
 	for i := range n {
 		name := fmt.Sprintf("run%d-node%d", k, i)
 		nodes = append(nodes, name)
-		if _, err := b.cluster.AddNode(ctx, name, testutil.NodeOptions{InstanceType: itype, GPUs: 8, InternalIP: b.net.nodeIP(i)}); err != nil {
+		typ := itype
+		if r.stagger && i > 0 {
+			typ = lateType
+		}
+		if _, err := b.cluster.AddNode(ctx, name, testutil.NodeOptions{InstanceType: typ, GPUs: 8, InternalIP: b.net.nodeIP(i)}); err != nil {
 			return result{}, err
 		}
 		disk := filepath.Join(b.dir, "nodes", name)
@@ -509,6 +530,10 @@ func (b *bench) runOnce(k, n int, peers, noDigest, pause bool) (result, error) {
 		resume := stopFor(ctx, agents[0], b.o.pauseAt, b.o.pause)
 		defer resume()
 	}
+	var joined *joining
+	if r.stagger {
+		joined = b.join(ctx, start, nodes, itype)
+	}
 	ready := map[string]time.Duration{}
 	var uid string
 	err := until(ctx, func() (bool, string) {
@@ -542,6 +567,9 @@ func (b *bench) runOnce(k, n int, peers, noDigest, pause bool) (result, error) {
 		return result{}, err
 	}
 	res := result{nodes: n, peers: peers, noDigest: noDigest, rate: b.rate, originSent: b.origin.Served.Load() - sentBefore}
+	if r.stagger {
+		res.joined = joined.wait()
+	}
 	if pause {
 		res.paused = nodes[0]
 		res.othersReady = slices.Max(slices.Collect(maps.Values(deleted(ready, nodes[0]))))
@@ -571,6 +599,40 @@ func (b *bench) runOnce(k, n int, peers, noDigest, pause bool) (result, error) {
 	})
 	res.status = m.Status
 	return res, nil
+}
+
+// joining is when a staggered run's nodes were made targets; wait returns it once all were.
+type joining struct {
+	done chan struct{}
+	at   map[string]time.Duration
+}
+
+func (j *joining) wait() map[string]time.Duration { <-j.done; return j.at }
+
+// join makes nodes[i] (i ≥ 1) a target of the cache at i × options.stagger after start, by
+// setting its instance-type label to itype, and records when each was.
+func (b *bench) join(ctx context.Context, start time.Time, nodes []string, itype string) *joining {
+	j := &joining{done: make(chan struct{}), at: map[string]time.Duration{nodes[0]: 0}}
+	go func() {
+		defer close(j.done)
+		for i, name := range nodes[1:] {
+			t := time.NewTimer(time.Until(start.Add(time.Duration(i+1) * b.o.stagger)))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, inferencev1.InstanceTypeLabel, itype)
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			if err := b.cluster.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+				log.Printf("making %s a target: %v", name, err)
+				continue
+			}
+			j.at[name] = time.Since(start)
+		}
+	}()
+	return j
 }
 
 // stopFor stops agent (SIGSTOP: it neither reads, serves nor answers, its connections left open,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -47,8 +48,8 @@ func (r report) markdown() string {
 	o := r.o
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Fan-out: N nodes warming one model together\n\n", beginMarker)
-	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --slow-rate %d --part-size %s --concurrency %d`), %s, on this machine (%d CPUs, %s).\n\n",
-		testutil.JoinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.slowRate, o.partSize, o.concurrency,
+	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --slow-rate %d --part-size %s --concurrency %d --stagger %s`), %s, on this machine (%d CPUs, %s).\n\n",
+		testutil.JoinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.slowRate, o.partSize, o.concurrency, o.stagger,
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH)
 	fmt.Fprintf(&b, "A model of %s in %d files. Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
 		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
@@ -68,7 +69,7 @@ func (r report) markdown() string {
 		}
 	}
 	for _, res := range r.results {
-		if res.paused != "" || res.slow != "" {
+		if res.paused != "" || res.slow != "" || res.joined != nil {
 			continue
 		}
 		t := res.times[len(res.times)-1]
@@ -82,8 +83,9 @@ func (r report) markdown() string {
 			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m, 100*res.machine.busy, 100*res.machine.softirq)
 	}
 	r.stalled(&b)
+	r.staggered(&b, t1)
 	for _, res := range r.results {
-		if res.nodes < 2 || !res.peers || res.noDigest || res.paused != "" || res.slow != "" {
+		if res.nodes < 2 || !res.peers || res.noDigest || res.paused != "" || res.slow != "" || res.joined != nil {
 			continue
 		}
 		if res.nodes != slices.Max(o.nodes) {
@@ -136,6 +138,31 @@ func (r report) stalled(b *strings.Builder) {
 		fmt.Fprintf(b, "\nA stalled owner: %d nodes sharing, links at %s/s, with %s's agent stopped (SIGSTOP: it neither reads, serves nor answers, its connections left open) for %s from %s after the cache's creation. "+
 			"The other %d nodes were Ready at %s, %.2f× the same run without a stop (%s; goal ≤ 1.3×: %s); the stopped node at %s; the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
 			res.nodes, engine.HumanBytes(res.rate), res.paused, r.o.pause, r.o.pauseAt, res.nodes-1, secs(res.othersReady), ratio, secs(plain), met(ratio <= 1.3),
+			secs(res.times[len(res.times)-1]), origin, met(origin <= 1.1))
+	}
+}
+
+// staggered writes the staggered run's paragraph: each node's time from being made a target to
+// Ready against one node alone, and the origin's bytes against its goal.
+func (r report) staggered(b *strings.Builder, t1 map[int64]time.Duration) {
+	for _, res := range r.results {
+		if res.joined == nil {
+			continue
+		}
+		var took []time.Duration
+		for _, u := range res.uses {
+			took = append(took, u.ready-res.joined[u.name])
+		}
+		slices.Sort(took)
+		last := slices.Max(slices.Collect(maps.Values(res.joined)))
+		origin := float64(res.originSent) / float64(r.o.modelBytes)
+		alone := "–"
+		if one := t1[res.rate]; one > 0 {
+			alone = fmt.Sprintf("%s; the slowest %.2f× that", secs(one), took[len(took)-1].Seconds()/one.Seconds())
+		}
+		fmt.Fprintf(b, "\nStaggered starts: %d nodes sharing, links at %s/s, node k made a target k × %s after the cache's creation (its instance-type label set then; the last at %s), a scale-out one node at a time. "+
+			"From being made a target to Ready the nodes took %s at the median and %s at most (one node alone: %s); the last was Ready at %s; the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
+			res.nodes, engine.HumanBytes(res.rate), r.o.stagger, secs(last), secs(quantile(took, 0.5)), secs(took[len(took)-1]), alone,
 			secs(res.times[len(res.times)-1]), origin, met(origin <= 1.1))
 	}
 }
