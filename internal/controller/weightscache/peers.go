@@ -28,8 +28,8 @@ const DefaultPeerGroup = 16
 //   - the first group's upstream is up to groupSize of the members that already had peers,
 //     Ready ones first (none: it reads the source); group g's is group (g−1)/2, a binary tree
 //     whose root alone reads the source;
-//   - except that new targets joining members still downloading, all of whom fit in one group
-//     with them, are grouped with them (a scale-out of a few nodes at a time).
+//   - except that members still downloading that fit in one group are one group: a node that
+//     joins them is grouped with them (a scale-out of a few nodes at a time).
 //
 // addr is the peer address of each target whose agent serves peers, as checked (peerAddrsOf). A
 // target without one is no one's peer; it takes its parts from the members that already had a
@@ -73,13 +73,14 @@ func assignPeers(f *fleet, targets []*corev1.Node, addr map[string]string, group
 			fresh = append(fresh, name)
 		}
 	}
-	// A node that joins a swarm still downloading, small enough for one group with it, joins
-	// that group instead of taking its parts from it: the members then take parts from it too
-	// (a newcomer downstream of them could not give them any, and their uplinks would carry
-	// every newcomer's parts as well as each other's). The members are asked again, at most a
-	// group's worth of writes per join; a Ready member stays settled, upstream of the group.
-	if growing := slices.DeleteFunc(slices.Clone(settled), ready); len(fresh) > 0 && len(growing) > 0 && len(growing)+len(fresh) <= groupSize {
-		fresh = append(fresh, growing...)
+	// Members still downloading that fit in one group are one group: a node that joins them (a
+	// newcomer, or a node that was no one's peer until its address was borne out) joins their
+	// group instead of taking its parts from it as its upstream, so that the members take parts
+	// from it too (downstream of them it could give them none, and their uplinks would carry its
+	// parts as well as each other's). That asks them again, at most a group's worth of writes per
+	// join; a Ready member stays settled, upstream of the group.
+	if growing := slices.DeleteFunc(slices.Clone(members), ready); len(growing) > 1 && len(growing) <= groupSize && !oneGroup(f, growing, addr, ready) {
+		fresh = growing
 		settled = slices.DeleteFunc(settled, func(name string) bool { return !ready(name) })
 	}
 	slices.SortFunc(fresh, func(a, b string) int { return cmp.Compare(score(uid, a), score(uid, b)) })
@@ -124,6 +125,32 @@ func assignPeers(f *fleet, targets []*corev1.Node, addr map[string]string, group
 	}
 	groupFresh(fresh, groupSize, addr, upstreamFor, out)
 	return out
+}
+
+// oneGroup reports whether names are one group now: each lists the others as its peers, none
+// upstream, at their current addresses; other peers it lists are upstream or Ready (a member of
+// the group that finished: it keeps the group as it is).
+func oneGroup(f *fleet, names []string, addr map[string]string, ready func(string) bool) bool {
+	for _, name := range names {
+		asked := f.latest(name)
+		if asked == nil || !peersCurrent(asked.Peers, addr) {
+			return false
+		}
+		n := 0
+		for _, p := range asked.Peers {
+			switch {
+			case p.Upstream:
+			case slices.Contains(names, p.Node):
+				n++
+			case !ready(p.Node):
+				return false
+			}
+		}
+		if n != len(names)-1 {
+			return false
+		}
+	}
+	return true
 }
 
 // groupFresh cuts the fresh members (ordered) into groups, each listing the rest of its group

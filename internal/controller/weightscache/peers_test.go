@@ -27,10 +27,10 @@ func fleetOf(n int) ([]*corev1.Node, map[string]*prewarmv1alpha1.NodeCache) {
 	return nodes, byNode
 }
 
-// ask records the assignment as the nodes' requests, as the reconciler's writes would.
-func ask(uid string, byNode map[string]*prewarmv1alpha1.NodeCache, peers map[string][]prewarmv1alpha1.CachePeer) {
+// ask records the assignment as the nodes' requests for cache-1, as the reconciler's writes would.
+func ask(byNode map[string]*prewarmv1alpha1.NodeCache, peers map[string][]prewarmv1alpha1.CachePeer) {
 	for name, nc := range byNode {
-		nc.Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: uid, Peers: peers[name]}}
+		nc.Spec.Caches = []prewarmv1alpha1.CacheRequest{{UID: "cache-1", Peers: peers[name]}}
 	}
 }
 
@@ -91,7 +91,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	}
 
 	// Written, nothing changes: the next reconcile asks for the same peers (no writes).
-	ask(uid, byNode, peers)
+	ask(byNode, peers)
 	if again := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, reportedAddrs(nodes, byNode), group); !equalPeers(again, peers) {
 		t.Error("a second assignment with nothing changed differs from the first")
 	}
@@ -122,7 +122,7 @@ func TestPeersFormGroupsInATreeWithBoundedRewrites(t *testing.T) {
 	for _, nc := range byNode {
 		nc.Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}}}
 	}
-	ask(uid, byNode, after)
+	ask(byNode, after)
 	more, moreByNode := fleetOf(11)
 	newcomer := more[10]
 	byNode[newcomer.Name] = moreByNode[newcomer.Name]
@@ -247,6 +247,46 @@ func reportedAddrs(targets []*corev1.Node, byNode map[string]*prewarmv1alpha1.No
 		}
 	}
 	return out
+}
+
+// A group whose members finish one by one is not asked again: a member that is Ready is still
+// one of the group for the others.
+func TestAGroupIsNotAskedAgainAsItsMembersFinish(t *testing.T) {
+	const uid = "cache-1"
+	nodes, byNode := fleetOf(5)
+	addrs := reportedAddrs(nodes, byNode)
+	first := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16)
+	ask(byNode, first)
+	for k, n := range nodes[:4] {
+		byNode[n.Name].Status.Caches = []prewarmv1alpha1.CacheStatus{{UID: uid, CopyStatus: inferencev1.CopyStatus{State: inferencev1.CacheReady}}}
+		if again := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, addrs, 16); !equalPeers(again, first) {
+			t.Fatalf("with %d of 5 Ready, the group was asked again:\n%v\nwas\n%v", k+1, again, first)
+		}
+	}
+}
+
+// A node that was no one's peer when its swarm formed (its address not borne out yet), and so
+// took its parts from the swarm as its upstream, joins the group once its address is: the
+// others then take parts from it too.
+func TestANodeSilentWhenTheSwarmFormedJoinsItsGroupOnceItReports(t *testing.T) {
+	const uid = "cache-1"
+	nodes, byNode := fleetOf(5)
+	silent := nodes[4].Name
+	address := byNode[silent].Status.PeerAddress
+	byNode[silent].Status.PeerAddress = ""
+	first := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, reportedAddrs(nodes, byNode), 16)
+	ask(byNode, first)
+	if slices.ContainsFunc(first[silent], func(p prewarmv1alpha1.CachePeer) bool { return !p.Upstream }) {
+		t.Fatalf("the silent node's peers %v, want its swarm upstream", first[silent])
+	}
+	byNode[silent].Status.PeerAddress = address
+	joined := assignPeers(&fleet{uid: uid, byNode: byNode}, nodes, reportedAddrs(nodes, byNode), 16)
+	for _, n := range nodes {
+		ps := joined[n.Name]
+		if len(ps) != 4 || slices.ContainsFunc(ps, func(p prewarmv1alpha1.CachePeer) bool { return p.Upstream }) {
+			t.Errorf("once it reports, %s's peers are %v; want the other four, none upstream", n.Name, ps)
+		}
+	}
 }
 
 // A fleet starting together is assigned its peers once, even when the next reconcile comes while

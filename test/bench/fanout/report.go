@@ -122,7 +122,7 @@ func (r report) stalled(b *strings.Builder) {
 		}
 		var plain time.Duration
 		for _, o := range r.results {
-			if o.paused == "" && o.slow == "" && o.peers && !o.noDigest && o.nodes == res.nodes && o.rate == res.rate {
+			if o.paused == "" && o.slow == "" && o.joined == nil && o.peers && !o.noDigest && o.nodes == res.nodes && o.rate == res.rate {
 				plain = o.times[len(o.times)-1]
 			}
 		}
