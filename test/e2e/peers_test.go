@@ -79,7 +79,8 @@ func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 	// swarm's links, whichever way each was listed. (Usually each lists the three others; a node
 	// whose peer address the controller could not yet bear out when the swarm formed, its
 	// informer behind the harness's address patch, is no one's peer at first and takes its
-	// parts from the others as their upstream, and a swarm once formed is not rewritten.)
+	// parts from the others as their upstream, until the controller bears it out and groups it
+	// with them, if they are still downloading.)
 	e.eventually(30*time.Second, "the four nodes are one swarm", func() (bool, string) {
 		links := map[string][]string{}
 		addrs := map[string]string{}
