@@ -69,6 +69,19 @@ func (b *Budget) count(start time.Time) {
 	b.mu.Unlock()
 }
 
+// mayWait reports whether acquire may have to wait: for a slot, or for the end of a pause.
+func (b *Budget) mayWait() bool {
+	if b == nil {
+		return false
+	}
+	if b.slots != nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return time.Now().Before(b.pauseUntil)
+}
+
 // acquire waits for a slot and for the end of any pause.
 func (b *Budget) acquire(ctx context.Context) (func(), error) {
 	if b == nil {

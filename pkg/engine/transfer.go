@@ -652,7 +652,11 @@ func (r *run) partFromSource(ctx context.Context, p part, i int) (sums, error) {
 	end := p.off + p.n
 	var lastErr error
 	for attempt := 0; attempt < e.maxAttempts; attempt++ {
-		waited := r.waitOnOrigin(i)
+		// Marked only when there may be a wait: most reads have none, and this is every part's path.
+		waited := func() {}
+		if attempt > 0 || e.budget.mayWait() {
+			waited = r.waitOnOrigin(i)
+		}
 		if attempt > 0 {
 			e.metrics.retries.Inc()
 			if err := sleep(ctx, e.backoff(attempt)); err != nil {

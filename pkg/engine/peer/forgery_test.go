@@ -140,7 +140,7 @@ func TestALyingPeerCannotForgeAFileWithoutADigest(t *testing.T) {
 				seed(t, a, m)
 				m.served.Store(0)
 				b := newNode(t, "b", peer.ServerOptions{}, nil)
-				sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}}, nil)
+				sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}})
 				res, err := newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest, Swarm: sw, TrustPeers: trust})
 				digest := tc.sums(orig).Cryptographic()
 				switch {
@@ -188,7 +188,7 @@ func TestPeerPartsAreOfferedOnlyOnceTheirFileIsVerified(t *testing.T) {
 	a := newNode(t, "a", peer.ServerOptions{}, nil)
 	seed(t, a, m)
 	b := newNode(t, "b", peer.ServerOptions{}, nil)
-	sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}}, nil)
+	sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}})
 	watch := &watchingSwarm{Swarm: sw, t: t}
 	res, err := newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest, Swarm: watch})
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/peer"
 	"github.com/prewarm/prewarm/pkg/engine/source"
+	"github.com/prewarm/prewarm/pkg/engine/witness"
 )
 
 const partSize = 64 << 10
@@ -129,9 +130,9 @@ func newNode(t *testing.T, name string, o peer.ServerOptions, wrap func(http.Han
 	return n
 }
 
-func (n *node) swarm(peers []peer.Peer, m *peer.Metrics) *peer.Swarm {
+func (n *node) swarm(peers []peer.Peer) *peer.Swarm {
 	return peer.NewSwarm(peer.SwarmOptions{Self: n.name, Key: "cache-uid", Peers: peers, Server: n.server,
-		Token: func() (string, error) { return goodToken + ":" + n.name, nil }, Wait: 20 * time.Second, Metrics: m})
+		Token: func() (string, error) { return goodToken + ":" + n.name, nil }, Wait: 20 * time.Second})
 }
 
 func newEngine() *engine.Engine {
@@ -154,7 +155,7 @@ func checkDest(t *testing.T, m *memSource, dest string) {
 // seed fetches the model on n alone and returns what it read from the source.
 func seed(t *testing.T, n *node, m *memSource) {
 	t.Helper()
-	sw := n.swarm(nil, nil)
+	sw := n.swarm(nil)
 	if _, err := newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: n.dest, Swarm: sw}); err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func TestNodesStartingTogetherReadTheSourceAboutOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: n.dest, Swarm: n.swarm(peers, nil)})
+			results[i], errs[i] = newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: n.dest, Swarm: n.swarm(peers)})
 		}()
 	}
 	wg.Wait()
@@ -248,17 +249,7 @@ func TestAFlippedByteFromAPeerIsCaughtAndThePartFetchedAgain(t *testing.T) {
 	a.server.Offer("cache-uid", plan)
 
 	m.served.Store(0)
-	b := newNode(t, "b", peer.ServerOptions{}, nil)
-	metrics := peer.NewMetrics(nil)
-	sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}}, metrics)
-	res, err := newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest, Swarm: sw})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkDest(t, m, b.dest)
-	if got := sw.Dropped()["a"]; got != "mismatch" {
-		t.Errorf("peer a dropped for %q, want mismatch", got)
-	}
+	res := fetchPastALiar(t, m, a, engine.Request{Source: m})
 	if res.Fetched == 0 || res.FromPeers == 0 {
 		t.Errorf("fetched %d from the source and %d from a: want the parts before the bad one from a, and the rest from the source", res.Fetched, res.FromPeers)
 	}
@@ -284,21 +275,32 @@ func lie(h http.Handler) http.Handler {
 	})
 }
 
+// fetchPastALiar fetches m on a new node b with req, whose peer is a (its upstream), which lies
+// about some part: b publishes the model as m holds it, and drops a for the mismatch.
+func fetchPastALiar(t *testing.T, m *memSource, a *node, req engine.Request) engine.Result {
+	t.Helper()
+	b := newNode(t, "b", peer.ServerOptions{}, nil)
+	req.Dest, req.Swarm = b.dest, b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}})
+	if c, ok := req.Source.(*witness.Client); ok {
+		startLearning(t, c)
+	}
+	res, err := newEngine().Fetch(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkDest(t, m, b.dest)
+	if got := req.Swarm.(*peer.Swarm).Dropped()["a"]; got != "mismatch" {
+		t.Errorf("peer a dropped for %q, want mismatch", got)
+	}
+	return res
+}
+
 func TestAPeerVouchingForWrongBytesIsCaughtByTheSourcesChecksum(t *testing.T) {
 	m := newModel(t, 1<<20+5)
 	a := newNode(t, "a", peer.ServerOptions{}, lie)
 	seed(t, a, m)
 	m.served.Store(0)
-	b := newNode(t, "b", peer.ServerOptions{}, nil)
-	sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}}, nil)
-	res, err := newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest, Swarm: sw})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkDest(t, m, b.dest)
-	if got := sw.Dropped()["a"]; got != "mismatch" {
-		t.Errorf("peer a dropped for %q, want mismatch", got)
-	}
+	res := fetchPastALiar(t, m, a, engine.Request{Source: m})
 	if res.FromPeers == 0 {
 		t.Error("nothing was taken from the lying peer: the test shows nothing")
 	}
@@ -343,7 +345,7 @@ func TestAPeerKilledMidTransferCostsTimeNotData(t *testing.T) {
 	seed(t, c, m)
 	m.served.Store(0)
 	b := newNode(t, "b", peer.ServerOptions{}, nil)
-	sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}, {Name: "c", URL: c.http.URL, Upstream: true}}, nil)
+	sw := b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}, {Name: "c", URL: c.http.URL, Upstream: true}})
 	res, err := newEngine().Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest, Swarm: sw})
 	if err != nil {
 		t.Fatal(err)
@@ -547,7 +549,7 @@ func TestTimeWaitingOnPeersIsCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	e := engine.New(engine.WithPartSize(partSize), engine.WithConcurrency(2), engine.WithRegisterer(reg))
 	res, err := e.Fetch(context.Background(), engine.Request{Source: m, Dest: b.dest,
-		Swarm: b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}}, nil)})
+		Swarm: b.swarm([]peer.Peer{{Name: "a", URL: a.http.URL, Upstream: true}})})
 	if err != nil {
 		t.Fatal(err)
 	}
