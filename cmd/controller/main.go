@@ -12,11 +12,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -42,8 +45,11 @@ import (
 	"github.com/prewarm/prewarm/internal/controller/registration"
 	"github.com/prewarm/prewarm/internal/controller/serving"
 	"github.com/prewarm/prewarm/internal/controller/weightscache"
+	"github.com/prewarm/prewarm/internal/controller/witness"
 	"github.com/prewarm/prewarm/internal/jumpstart"
 	"github.com/prewarm/prewarm/internal/scheme"
+	"github.com/prewarm/prewarm/internal/tokenreview"
+	enginewitness "github.com/prewarm/prewarm/pkg/engine/witness"
 )
 
 func main() {
@@ -69,6 +75,8 @@ type options struct {
 	verbosity     int
 	showVersion   bool
 	catalogName   string
+	witnessAddr   string
+	agentSA       string
 	// operatorNamespace overrides the configuration's.
 	operatorNamespace string
 }
@@ -87,6 +95,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.probeAddr, "health-probe-bind-address", ":8081", "address of the /healthz and /readyz endpoints (0 turns it off)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader, so that only one replica reconciles at a time")
 	fs.StringVar(&o.leaderElectNS, "leader-election-namespace", "", "namespace of the leader election Lease (default: the operator namespace, where prewarm's Role grants it)")
+	fs.StringVar(&o.witnessAddr, "witness-bind-address", "", "serve the agents' witness at this address (the chart sets :<peers.witness.port>; empty: none; peers.witness.disabled turns it off too)")
+	fs.StringVar(&o.agentSA, "agent-service-account", "prewarm-agent", "the agents' service account, in the operator namespace: the witness serves only its tokens")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -232,8 +242,12 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 	if err := mgr.Add(requests); err != nil {
 		return err
 	}
-	if err := (&weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics, Labels: labels,
-		Requests: requests, Sizer: weightscache.SourceSizer{Config: cfg.OperatorConfiguration}}).SetupWithManager(mgr); err != nil {
+	caches := &weightscache.Reconciler{Client: mgr.GetClient(), APIReader: userObjects, Config: cfg, Recorder: recorder, Metrics: metrics, Labels: labels,
+		Requests: requests, Sizer: weightscache.SourceSizer{Config: cfg.OperatorConfiguration}}
+	if err := caches.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := setupWitness(mgr, o, caches); err != nil {
 		return err
 	}
 	if err := (&weightscache.OrphanCollector{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Requests: requests}).SetupWithManager(mgr); err != nil {
@@ -270,4 +284,39 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, o *options) error {
 		return err
 	}
 	return (&imagecache.Reconciler{Client: mgr.GetClient(), Config: cfg, Metrics: metrics, Labels: labels}).SetupWithManager(mgr)
+}
+
+// setupWitness serves the agents' witness (internal/controller/witness), unless it is off.
+func setupWitness(mgr ctrl.Manager, o *options, caches *weightscache.Reconciler) error {
+	w := o.cfg.Peers.Witness
+	addr := o.witnessAddr
+	if !o.cfg.Peers.Witnessed() || addr == "" || addr == "0" {
+		return nil
+	}
+	reviewer := &tokenreview.Reviewer{Client: mgr.GetClient(), Audience: w.Audience,
+		ServiceAccount: "system:serviceaccount:" + o.cfg.OperatorNamespace + ":" + o.agentSA}
+	served := &enginewitness.Server{Open: witness.Open(reviewer, caches.WitnessSource)}
+	if err := ctrlmetrics.Registry.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "prewarm_witness_source_bytes_total",
+		Help: "Bytes the witness read from sources for the agents (the parts of S3 files without a SHA-256).",
+	}, func() float64 { return float64(served.BytesRead()) })); err != nil {
+		return err
+	}
+	if err := mgr.Add(&witness.Server{Addr: addr, Witness: served}); err != nil {
+		return err
+	}
+	podIP := os.Getenv("POD_IP")
+	if podIP == "" {
+		ctrl.Log.WithName("witness").Info("POD_IP is not set: this replica serves the witness but does not publish itself as the prewarm-witness Service's endpoint")
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--witness-bind-address: %w", err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n == 0 {
+		return fmt.Errorf("--witness-bind-address %s: want a port the Service can name", addr)
+	}
+	return mgr.Add(&witness.Publisher{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Namespace: o.cfg.OperatorNamespace, PodIP: podIP, Port: n})
 }

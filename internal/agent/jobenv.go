@@ -31,7 +31,7 @@ func (a *Agent) jobEnv() *cachejob.Env {
 		},
 	}
 	if p := o.Peers; p != nil {
-		e.TrustPeers = p.TrustPeers
+		e.TrustPeers, e.Witness = p.TrustPeers, p.Witness
 		if p.Server != nil {
 			e.Swarm = &peer.SwarmOptions{Self: o.NodeName, Server: p.Server, Client: p.Client, Token: p.Token,
 				Wait: p.Wait, Stall: p.Stall, SlowPart: p.SlowPart, Streams: p.Streams, Metrics: p.Metrics}

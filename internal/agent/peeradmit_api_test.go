@@ -15,6 +15,7 @@ import (
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/agent"
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/tokenreview"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/peer"
 )
@@ -64,7 +65,7 @@ func TestPeerServerCostsTheAPIServerBoundedReads(t *testing.T) {
 		tokens[node] = tok
 	}
 	counted := &countingClient{Client: api.Client}
-	reviewer := &agent.TokenReviewer{Client: counted, Audience: testutil.PeerAudience,
+	reviewer := &tokenreview.Reviewer{Client: counted, Audience: testutil.PeerAudience,
 		ServiceAccount: "system:serviceaccount:" + testutil.PeerNamespace + ":" + testutil.PeerServiceAccount}
 	targets := &agent.TargetCheck{Reader: counted}
 	server := peer.NewServer(peer.ServerOptions{Authorize: reviewer.Authorize, Admit: targets.Admit})

@@ -9,9 +9,13 @@ import (
 	"time"
 
 	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/peer"
 )
+
+// The peer server reviews the tokens other agents present (tokenreview.Reviewer).
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 
 // Peers is how an agent shares the parts of its caches with other agents.
 type Peers struct {
@@ -29,6 +33,9 @@ type Peers struct {
 	Streams               int
 	// TrustPeers is engine.Request's: files without a source digest come from peers too.
 	TrustPeers bool
+	// Witness, when set, is the controller's witness: the parts of S3 files without a digest
+	// of their own are read through it, and taken from peers checked against its digests.
+	Witness *cachejob.Witness
 	// Metrics count dropped peers and waits.
 	Metrics *peer.Metrics
 }

@@ -106,6 +106,9 @@ const (
 	DefaultPeerStreams   = 4
 	DefaultPeerAudience  = "prewarm-peer"
 	DefaultPeerTrust     = TrustSourceDigests
+	// DefaultWitnessPort and DefaultWitnessAudience are Peers.Witness's defaults.
+	DefaultWitnessPort     = 8444
+	DefaultWitnessAudience = "prewarm-witness"
 )
 
 // Default is the configuration when no file is given.
@@ -218,6 +221,12 @@ func (p *Peers) defaults() {
 	}
 	if p.Trust == "" {
 		p.Trust = DefaultPeerTrust
+	}
+	if p.Witness.Port == 0 {
+		p.Witness.Port = DefaultWitnessPort
+	}
+	if p.Witness.Audience == "" {
+		p.Witness.Audience = DefaultWitnessAudience
 	}
 }
 

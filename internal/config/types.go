@@ -254,7 +254,29 @@ type Peers struct {
 	// every file, trusting every node not to lie about those with only a CRC or a size
 	// (docs/security.md).
 	Trust string `json:"trust,omitempty"`
+	// Witness is the controller's witness: with Trust SourceDigests, the agents read the parts
+	// of S3 files that have no SHA-256 of their own (uploaded in parts, with only a CRC)
+	// through it, so that such files are shared too, checked against the digests it computed
+	// (docs/security.md).
+	Witness Witness `json:"witness,omitempty"`
 }
+
+// Witness configures the controller's witness (Peers.Witness).
+type Witness struct {
+	// Disabled turns it off: every node reads the S3 files without a SHA-256 from the source.
+	Disabled bool `json:"disabled,omitempty"`
+	// Port is where the controller serves it, behind the prewarm-witness Service
+	// ([DefaultWitnessPort]): the chart passes it to the controller (--witness-bind-address)
+	// and the agents (--witness-url).
+	Port int `json:"port,omitempty"`
+	// Audience is the audience of the service account tokens agents present to it
+	// ([DefaultWitnessAudience]).
+	Audience string `json:"audience,omitempty"`
+}
+
+// WitnessService names the Service, in the operator namespace, the agents reach the controller's
+// witness by.
+const WitnessService = "prewarm-witness"
 
 // Peer trust levels (Peers.Trust).
 const (
@@ -264,6 +286,10 @@ const (
 
 // TrustsAllNodes says whether parts without a source digest may come from peers.
 func (p Peers) TrustsAllNodes() bool { return p.Trust == TrustAllNodes }
+
+// Witnessed says whether the agents read the S3 files without a digest through the controller's
+// witness.
+func (p Peers) Witnessed() bool { return !p.Disabled && !p.Witness.Disabled && !p.TrustsAllNodes() }
 
 // Budget is what one node may ask of an origin.
 type Budget struct {

@@ -94,6 +94,9 @@ func (o OperatorConfiguration) validateSharing() field.ErrorList {
 	if p.Port < 1 || p.Port > 65535 {
 		errs = append(errs, field.Invalid(peers.Child("port"), p.Port, "want a TCP port"))
 	}
+	if w := p.Witness.Port; w < 1 || w > 65535 {
+		errs = append(errs, field.Invalid(peers.Child("witness", "port"), w, "want a TCP port"))
+	}
 	if p.Trust != TrustSourceDigests && p.Trust != TrustAllNodes {
 		errs = append(errs, field.NotSupported(peers.Child("trust"), p.Trust, []string{TrustSourceDigests, TrustAllNodes}))
 	}

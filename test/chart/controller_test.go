@@ -2,6 +2,8 @@ package chart
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -142,6 +145,7 @@ func TestControllerRunsOnTheChartsRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"--kubeconfig=" + kubeconfig, "--metrics-bind-address=0", "--health-probe-bind-address=0"}
+	witnessArg := false
 	for _, u := range objs {
 		switch {
 		case u.GetKind() == "ConfigMap" && u.GetName() == "prewarm-config":
@@ -156,14 +160,20 @@ func TestControllerRunsOnTheChartsRBAC(t *testing.T) {
 				if strings.HasPrefix(a, "--config=") {
 					a = "--config=" + filepath.Join(dir, "config.yaml")
 				}
+				if strings.HasPrefix(a, "--witness-bind-address=") {
+					witnessArg = true
+					a = "--witness-bind-address=" + freeLoopback(t) // the chart's port, on loopback, free
+				}
 				args = append(args, a)
 			}
 		}
 	}
-	if !slices.Contains(args, "--leader-elect") {
-		t.Fatalf("the rendered controller does not elect a leader: %v", args)
+	if !slices.Contains(args, "--leader-elect") || !witnessArg {
+		t.Fatalf("the rendered controller does not elect a leader, or serves no witness: %v", args)
 	}
-	proc, err := testutil.StartProcess(dir, "controller", bin, args...)
+	// As the chart's downward API gives it: the leader publishes it as the witness's endpoint
+	// (a pod's address: the API server refuses a loopback one there).
+	proc, err := testutil.StartProcessEnv(dir, "controller", bin, []string{"POD_IP=10.1.2.3"}, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,6 +209,17 @@ func TestControllerRunsOnTheChartsRBAC(t *testing.T) {
 		}
 		if l.Spec.HolderIdentity == nil || l.Spec.AcquireTime == nil || l.Spec.RenewTime == nil || !l.Spec.RenewTime.After(l.Spec.AcquireTime.Time) {
 			return errString("not renewed since it was acquired")
+		}
+		return nil
+	})
+
+	running("the leader to publish itself as the witness's endpoint in the release namespace", func() error {
+		s := &discoveryv1.EndpointSlice{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "prewarm-witness"}, s); err != nil {
+			return err
+		}
+		if len(s.Endpoints) != 1 || len(s.Endpoints[0].Addresses) != 1 || s.Endpoints[0].Addresses[0] != "10.1.2.3" {
+			return fmt.Errorf("endpoints %+v", s.Endpoints)
 		}
 		return nil
 	})
@@ -298,4 +319,15 @@ func writeKubeconfig(path string, cfg *rest.Config) error {
 	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "controller"}
 	kc.CurrentContext = "test"
 	return clientcmd.WriteToFile(*kc, path)
+}
+
+// freeLoopback is a loopback address whose port was free a moment ago.
+func freeLoopback(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }

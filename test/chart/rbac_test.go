@@ -19,7 +19,7 @@ const controllerSA = "prewarm-controller"
 // there alone (a Role): its leader election Lease; the agents' Leases, watched to tell which
 // agents are alive; the image caches' DaemonSets and their pods; the pull secrets it copies and
 // the tokens it seals; the JumpStart catalog; the dry-run pod that asks how the API server
-// admits pods. Each is "group resource verb name" (name * for any).
+// admits pods; the witness's endpoint. Each is "group resource verb name" (name * for any).
 var controllerRoleRights = []string{
 	" configmaps list *",
 	" configmaps watch *",
@@ -42,6 +42,10 @@ var controllerRoleRights = []string{
 	"coordination.k8s.io leases list *",
 	"coordination.k8s.io leases update prewarm-controller.prewarm.io",
 	"coordination.k8s.io leases watch *",
+	"discovery.k8s.io endpointslices create *",
+	"discovery.k8s.io endpointslices delete prewarm-witness",
+	"discovery.k8s.io endpointslices get prewarm-witness",
+	"discovery.k8s.io endpointslices update prewarm-witness",
 }
 
 // notClusterWide are rights the controller must not hold in every namespace (or on every object

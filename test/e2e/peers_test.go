@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
+	inferencev1 "github.com/prewarm/prewarm/api/v1"
+	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
@@ -26,42 +31,10 @@ import (
 func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 	e := newEnv(t, testutil.ClusterOptions{})
 	ctx := e.ctx
-	// 20 MB/s per ranged read: slow enough that the four nodes download together.
-	counted, err := shaper.Start(s3srv.Endpoint, shaper.Options{BytesPerSecond: 20 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = counted.Close() })
 	nodes := []string{"fan-a", "fan-b", "fan-c", "fan-d"}
-	for _, n := range nodes {
-		e.addNode(n, "ml.g5.24xlarge", counted.URL)
-	}
-	metricsAddr := freeAddr(t)
-	e.startController("--kubeconfig="+e.cluster.KubeconfigPath, "--leader-elect=false", "--metrics-bind-address="+metricsAddr,
-		"--health-probe-bind-address=0", "--config="+e.config(counted.URL), "--gate-timeout=3m", "--agent-image=prewarm/agent:e2e")
-	// Every agent reports where it serves its parts before the cache exists: the controller
-	// puts the four in one group at once.
-	e.eventually(60*time.Second, "the agents report their peer addresses", func() (bool, string) {
-		for _, n := range nodes {
-			nc := &prewarmv1alpha1.NodeCache{}
-			if err := e.c.Get(ctx, types.NamespacedName{Name: n}, nc); err != nil || nc.Status.PeerAddress == "" {
-				return false, n + " has no peer address yet"
-			}
-		}
-		return true, ""
-	})
-	before := counted.Served.Load()
-	iec := builders.MakeInferenceEndpointConfig("default", "fanout").Location(prefix).Obj()
-	iec.Spec.ModelCacheConfig.ImageCache = nil
-	if err := e.c.Create(ctx, iec); err != nil {
-		t.Fatal(err)
-	}
-	m := e.waitCacheIn("default", "fanout-cache", int32(len(nodes)))
+	w := e.warmTogether(nodes, "fanout", prefix, nil)
+	m, served, metricsAddr := w.cache, w.served, w.metricsAddr
 	uid := string(m.UID)
-	for _, n := range nodes {
-		assertTree(t, e.cacheDir(n, uid), model)
-	}
-	served := counted.Served.Load() - before
 	t.Logf("S3 sent %d bytes (%.2f× the model) to %d nodes; the cache's status: %d from the source, %d from peers",
 		served, float64(served)/float64(total), len(nodes), m.Status.OriginBytes, m.Status.PeerBytes)
 	if float64(served) > 1.5*float64(total) {
@@ -184,21 +157,181 @@ func TestNodesWarmingTogetherReadTheSourceAboutOnce(t *testing.T) {
 			{"the agent's token of a node the cache does not ask", bystander, http.StatusForbidden},
 			{"the agent's token of a node the cache asks", target, http.StatusOK},
 		} {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-			if tc.token != "" {
-				req.Header.Set("Authorization", "Bearer "+tc.token)
+			code, header := getAs(t, ctx, url, tc.token)
+			if code != tc.want {
+				t.Errorf("%s: HTTP %d, want %d", tc.what, code, tc.want)
 			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != tc.want {
-				t.Errorf("%s: HTTP %d, want %d", tc.what, resp.StatusCode, tc.want)
-			}
-			if tc.want != http.StatusOK && resp.Header.Get(peer.CRCHeader) != "" {
+			if tc.want != http.StatusOK && header.Get(peer.CRCHeader) != "" {
 				t.Errorf("%s: a refused request got a part", tc.what)
 			}
 		}
 	})
+}
+
+// Three nodes warming a model whose safetensors were uploaded in parts (S3 keeps only a CRC of
+// each: no digest of the source's own that a peer's bytes could be checked against), with the
+// controller's witness as the chart runs it: the nodes read those files through the witness,
+// which records each part's SHA-256, and take parts from each other checked against it. S3 sends
+// about one model in all (without the witness, each node reads such files whole: 3×), every
+// node holds the model whole and verified, and the witness answers only the agents of the
+// cache's nodes, with their token for it.
+func TestNodesShareFilesWithoutADigestThroughTheWitness(t *testing.T) {
+	e := newEnv(t, testutil.ClusterOptions{})
+	ctx := e.ctx
+	const inParts = "models/example-model-in-parts"
+	multipart := int64(0)
+	for p, data := range model {
+		var err error
+		if strings.HasSuffix(p, ".safetensors") {
+			err = s3srv.PutMultipart(ctx, bucket, inParts+"/"+p, data, 5<<20)
+			multipart += int64(len(data))
+		} else {
+			err = s3srv.PutBytes(ctx, bucket, inParts+"/"+p, data) // an MD5 ETag: a digest
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	witnessAddr := freeAddr(t)
+	witnessToken := func(node string) string {
+		tok, err := testutil.NodePeerToken(ctx, e.c, node, config.DefaultWitnessAudience)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	nodes := []string{"wit-a", "wit-b", "wit-c"}
+	w := e.warmTogether(nodes, "witnessed", inParts, func(n string) []string {
+		file := filepath.Join(e.logDir, "witness-token-"+n)
+		if err := os.WriteFile(file, []byte(witnessToken(n)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return []string{"--witness-url=http://" + witnessAddr, "--witness-token-file=" + file}
+	}, "--witness-bind-address="+witnessAddr)
+	m, served, metricsAddr := w.cache, w.served, w.metricsAddr
+	uid := string(m.UID)
+	witnessed := metricValue(t, "http://"+metricsAddr+"/metrics", "prewarm_witness_source_bytes_total")
+	t.Logf("S3 sent %d bytes (%.2f× the model) to %d nodes; the witness read %.0f of the %d bytes uploaded in parts; the cache's status: %d from the source, %d from peers",
+		served, float64(served)/float64(total), len(nodes), witnessed, multipart, m.Status.OriginBytes, m.Status.PeerBytes)
+	if float64(served) > 1.5*float64(total) {
+		t.Errorf("S3 sent %.2f× the model to %d nodes; want about 1× (each would read the files uploaded in parts whole without the witness)", float64(served)/float64(total), len(nodes))
+	}
+	// The files without a digest were read through the witness, once or nearly.
+	if witnessed < float64(multipart) || witnessed > 1.5*float64(multipart) {
+		t.Errorf("the witness read %.0f bytes; want about the %d of the files uploaded in parts", witnessed, multipart)
+	}
+	if got := m.Status.OriginBytes + m.Status.PeerBytes; got < int64(len(nodes))*total || m.Status.PeerBytes < multipart {
+		t.Errorf("origin + peer bytes %d (peers %d), want at least %d, with at least the %d bytes uploaded in parts from peers", got, m.Status.PeerBytes, int64(len(nodes))*total, multipart)
+	}
+
+	t.Run("the witness answers only the agents of the cache's nodes, with their token for it", func(t *testing.T) {
+		if _, err := e.cluster.AddNode(ctx, "wit-bystander", testutil.NodeOptions{InstanceType: "ml.c5.xlarge"}); err != nil {
+			t.Fatal(err)
+		}
+		peerToken, err := testutil.NodePeerToken(ctx, e.c, nodes[1], testutil.PeerAudience)
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := "http://" + witnessAddr + "/prewarm/witness/v1/" + uid + "/digests?revision=" + m.Status.ResolvedRevision
+		for _, tc := range []struct {
+			what, token string
+			want        int
+		}{
+			{"no token", "", http.StatusUnauthorized},
+			{"a target's token for its peers (a peer could replay it)", peerToken, http.StatusUnauthorized},
+			{"the witness token of a node the cache does not ask", witnessToken("wit-bystander"), http.StatusForbidden},
+			{"a target's witness token", witnessToken(nodes[1]), http.StatusOK},
+		} {
+			if code, _ := getAs(t, ctx, url, tc.token); code != tc.want {
+				t.Errorf("%s: HTTP %d, want %d", tc.what, code, tc.want)
+			}
+		}
+	})
+}
+
+// metricValue is the value of the series named name (without labels) at url.
+func metricValue(t *testing.T, url, name string) float64 {
+	t.Helper()
+	body, err := httpGet(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("%s has no %s", url, name)
+	return 0
+}
+
+// warmed is what warmTogether saw.
+type warmed struct {
+	cache       *inferencev1.ModelDataCacheConfig
+	served      int64  // bytes S3 sent from the cache's creation until every node was Ready
+	metricsAddr string // the controller's metrics
+}
+
+// warmTogether starts nodes (their agents with agentArgs(node), when set) reading S3 through a
+// proxy that counts what it sends, at 20 MB/s per ranged read (slow enough that they download
+// together), and the controller with ctlArgs; once every agent reports its peer address (the
+// controller then groups them at once), it makes endpoint name for the model at location and
+// waits until every node holds it whole.
+func (e *weightsEnv) warmTogether(nodes []string, name, location string, agentArgs func(node string) []string, ctlArgs ...string) warmed {
+	t, ctx := e.t, e.ctx
+	t.Helper()
+	counted, err := shaper.Start(s3srv.Endpoint, shaper.Options{BytesPerSecond: 20 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = counted.Close() })
+	for _, n := range nodes {
+		var args []string
+		if agentArgs != nil {
+			args = agentArgs(n)
+		}
+		e.addNode(n, "ml.g5.24xlarge", counted.URL, args...)
+	}
+	metricsAddr := freeAddr(t)
+	e.startController(append([]string{"--kubeconfig=" + e.cluster.KubeconfigPath, "--leader-elect=false", "--metrics-bind-address=" + metricsAddr,
+		"--health-probe-bind-address=0", "--config=" + e.config(counted.URL), "--gate-timeout=3m", "--agent-image=prewarm/agent:e2e"}, ctlArgs...)...)
+	e.eventually(60*time.Second, "the agents report their peer addresses", func() (bool, string) {
+		for _, n := range nodes {
+			nc := &prewarmv1alpha1.NodeCache{}
+			if err := e.c.Get(ctx, types.NamespacedName{Name: n}, nc); err != nil || nc.Status.PeerAddress == "" {
+				return false, n + " has no peer address yet"
+			}
+		}
+		return true, ""
+	})
+	before := counted.Served.Load()
+	iec := builders.MakeInferenceEndpointConfig("default", name).Location(location).Obj()
+	iec.Spec.ModelCacheConfig.ImageCache = nil
+	if err := e.c.Create(ctx, iec); err != nil {
+		t.Fatal(err)
+	}
+	m := e.waitCacheIn("default", name+"-cache", int32(len(nodes)))
+	for _, n := range nodes {
+		assertTree(t, e.cacheDir(n, string(m.UID)), model)
+	}
+	return warmed{cache: m, served: counted.Served.Load() - before, metricsAddr: metricsAddr}
+}
+
+// getAs GETs url with token as its bearer ("": none): the answer's status and header.
+func getAs(t *testing.T, ctx context.Context, url, token string) (int, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header
 }

@@ -85,3 +85,9 @@ relabelings:
   - sourceLabels: [__meta_kubernetes_pod_node_name]
     targetLabel: node
 {{- end }}
+
+{{/* "true" when the agents read S3 files without a SHA-256 through the controller's witness (config.peers.witness). */}}
+{{- define "prewarm.witnessed" -}}
+{{- $p := .Values.config.peers -}}
+{{- if and (not $p.disabled) (not ($p.witness | default dict).disabled) (ne ($p.trust | default "SourceDigests") "AllNodes") }}true{{ end -}}
+{{- end }}

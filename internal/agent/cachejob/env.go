@@ -7,6 +7,7 @@ package cachejob
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"time"
 
@@ -45,6 +46,9 @@ type Env struct {
 	// source digest come from peers.
 	Swarm      *peer.SwarmOptions
 	TrustPeers bool
+	// Witness, when set with Swarm, is the witness S3 files without a digest of their own are
+	// read through (Job.witnessed).
+	Witness *Witness
 	// Key opens the credentials the controller seals to this agent.
 	Key *credentials.Key
 
@@ -132,4 +136,13 @@ const CredentialCheckInterval = 10 * time.Minute
 func stamp(t time.Time) *metav1.Time {
 	m := metav1.NewTime(t.Truncate(time.Second))
 	return &m
+}
+
+// Witness is where a node reaches the controller's witness (pkg/engine/witness).
+type Witness struct {
+	// URL is its address (scheme://host:port); Token gives the bearer token for it (the
+	// witness audience's); Client sends the requests.
+	URL    string
+	Token  func() (string, error)
+	Client *http.Client
 }

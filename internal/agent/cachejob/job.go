@@ -333,7 +333,9 @@ func (j *Job) fetch(ctx context.Context, model string) (time.Duration, bool) {
 		err = j.download(ctx, func(eng *engine.Engine, src source.Source) error {
 			j.Set(func(st *prewarmv1alpha1.CacheStatus) { Listing(st, j.req.Source) })
 			var err error
-			res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.PinnedRevision(), Swarm: j.swarm(ctx), TrustPeers: j.trustsPeers()})
+			src, digests, stop := j.witnessed(ctx, src)
+			defer stop()
+			res, err = eng.Fetch(ctx, engine.Request{Source: src, Dest: model, Revision: j.PinnedRevision(), Swarm: j.swarm(ctx), TrustPeers: j.trustsPeers(), Digests: digests})
 			return err
 		})
 		// The engine writes nothing before the model is known to fit: the room is made then,

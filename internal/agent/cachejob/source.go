@@ -16,6 +16,7 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine/source"
 	"github.com/prewarm/prewarm/pkg/engine/source/fs"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
+	"github.com/prewarm/prewarm/pkg/engine/witness"
 )
 
 // CheckCredentials checks, at most once per CredentialCheckInterval, that the origin lets the
@@ -64,6 +65,22 @@ func (j *Job) credentialsAccepted(digest string) {
 
 // trustsPeers says whether files without a source digest may come from peers.
 func (j *Job) trustsPeers() bool { return j.env.TrustPeers }
+
+// witnessed is src read through the node's witness, and the digests it vouches for, when the
+// node shares an S3 cache's parts with its peers only where they can be checked: the parts of
+// files S3 has no SHA-256 or SHA-1 of (uploaded in parts, with a CRC) are then shared too. stop
+// ends the learning of its digests. Otherwise src, no digests, and a stop that does nothing.
+func (j *Job) witnessed(ctx context.Context, src source.Source) (source.Source, engine.PartDigests, func()) {
+	w := j.env.Witness
+	if w == nil || j.env.Swarm == nil || j.env.TrustPeers || j.req.Source.Type != inferencev1.ModelSourceS3 {
+		return src, nil, func() {}
+	}
+	c := witness.NewClient(witness.ClientOptions{URL: w.URL, Model: j.req.UID, Origin: src, HTTP: w.Client, Token: w.Token,
+		Log: slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))})
+	ctx, cancel := context.WithCancel(ctx)
+	go c.Run(ctx)
+	return c, c, cancel
+}
 
 // swarm is the Swarm a download of j's cache shares parts through, or nil.
 func (j *Job) swarm(ctx context.Context) engine.Swarm {

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,10 +25,12 @@ import (
 
 	prewarmv1alpha1 "github.com/prewarm/prewarm/api/prewarm/v1alpha1"
 	"github.com/prewarm/prewarm/internal/agent"
+	"github.com/prewarm/prewarm/internal/agent/cachejob"
 	"github.com/prewarm/prewarm/internal/cli"
 	"github.com/prewarm/prewarm/internal/config"
 	"github.com/prewarm/prewarm/internal/csi"
 	"github.com/prewarm/prewarm/internal/scheme"
+	"github.com/prewarm/prewarm/internal/tokenreview"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/peer"
 	"github.com/prewarm/prewarm/pkg/engine/sources"
@@ -51,6 +55,8 @@ type agentFlags struct {
 // that it is one.
 type peerFlags struct {
 	bind, address, tokenFile, serviceAccount string
+	// witnessURL and witnessTokenFile: where the controller's witness is, and the token for it.
+	witnessURL, witnessTokenFile string
 }
 
 // NewAgentCommand returns the command tree of the agent binary.
@@ -94,6 +100,8 @@ the allowed roots.`,
 	f.StringVar(&af.peers.address, "peer-address", "", "IP:port other agents reach the peer server at (default: the IP of --peer-bind-address, else $POD_IP, with the port it listens on)")
 	f.StringVar(&af.peers.tokenFile, "peer-token-file", "/var/run/secrets/prewarm.io/peer/token", "the projected service account token (audience peers.audience) this agent presents to others")
 	f.StringVar(&af.peers.serviceAccount, "peer-service-account", "", "the service account whose tokens other agents present (default system:serviceaccount:$POD_NAMESPACE:$SERVICE_ACCOUNT)")
+	f.StringVar(&af.peers.witnessURL, "witness-url", "", "the controller's witness, which S3 files without a SHA-256 are read through so that peers share them (the chart sets http://"+config.WitnessService+".<namespace>.svc:<peers.witness.port>; empty: none)")
+	f.StringVar(&af.peers.witnessTokenFile, "witness-token-file", "/var/run/secrets/prewarm.io/witness/token", "the projected service account token (audience peers.witness.audience) this agent presents to the witness")
 	af.eng.Register(cmd)
 	cmd.AddCommand(newPrepareCommand())
 	cmd.AddCommand(newPrefetchCommand())
@@ -384,14 +392,20 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 		}
 		pf.serviceAccount = "system:serviceaccount:" + ns + ":" + sa
 	}
-	reviewer := &agent.TokenReviewer{Client: mgr.GetClient(), Audience: pc.Audience, ServiceAccount: pf.serviceAccount}
+	reviewer := &tokenreview.Reviewer{Client: mgr.GetClient(), Audience: pc.Audience, ServiceAccount: pf.serviceAccount}
 	targets := &agent.TargetCheck{Reader: mgr.GetAPIReader()}
 	server := peer.NewServer(peer.ServerOptions{Authorize: reviewer.Authorize, Admit: targets.Admit, MaxPeers: pc.MaxPeers,
 		BytesPerSecond: pc.UploadRateBytes(), Registerer: opts.Registerer})
 	if err := mgr.Add(cli.HTTPServerOn(ln, server)); err != nil {
 		return nil, err
 	}
+	witness, err := setupWitness(pc, pf)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
 	return &agent.Peers{
+		Witness:    witness,
 		Server:     server,
 		Address:    pf.address,
 		Token:      agent.TokenFile(pf.tokenFile),
@@ -402,4 +416,17 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 		TrustPeers: pc.TrustsAllNodes(),
 		Metrics:    peer.NewMetrics(opts.Registerer),
 	}, nil
+}
+
+// setupWitness says where the controller's witness is, or nil when the agents use none.
+func setupWitness(pc config.Peers, pf peerFlags) (*cachejob.Witness, error) {
+	if !pc.Witnessed() || pf.witnessURL == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(pf.witnessURL)
+	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || strings.Trim(u.Path, "/") != "" {
+		return nil, fmt.Errorf("--witness-url %q: want http(s)://host:port", pf.witnessURL)
+	}
+	return &cachejob.Witness{URL: strings.TrimSuffix(pf.witnessURL, "/"), Token: agent.TokenFile(pf.witnessTokenFile),
+		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}}, nil
 }

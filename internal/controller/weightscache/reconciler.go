@@ -90,9 +90,10 @@ type Reconciler struct {
 	// back (15 s when zero): the nodes' caches are reconciled then.
 	LivenessScan time.Duration
 
-	podIPs podIPs
-	sizes  sizes
-	quota  quotaLocks
+	podIPs  podIPs
+	sizes   sizes
+	witness witnessSources
+	quota   quotaLocks
 	// deleting are, for each cache being deleted, the nodes asked for it since its deletion
 	// began: the holders its deletion waits for.
 	deleting askedAtDeletion

@@ -51,20 +51,7 @@ type SourceSizer struct {
 
 // Size lists src.
 func (z SourceSizer) Size(ctx context.Context, src prewarmv1alpha1.CacheSource, creds credentials.Credentials) (ModelSize, error) {
-	var spec sources.Spec
-	var opts sources.Options
-	switch src.Type {
-	case inferencev1.ModelSourceS3:
-		spec = sources.Spec{Kind: sources.S3, Bucket: src.Bucket, Prefix: src.Prefix, Region: src.Region}
-		opts.Endpoint, opts.PathStyle = z.Config.S3.Endpoint, z.Config.S3.UsePathStyle()
-		opts.AccessKeyID, opts.SecretAccessKey, opts.SessionToken = creds.AWSAccessKeyID, creds.AWSSecretAccessKey, creds.AWSSessionToken
-	case inferencev1.ModelSourceHuggingFace:
-		spec = sources.Spec{Kind: sources.HuggingFace, Repo: src.RepoID, Revision: src.Revision}
-		opts.Endpoint, opts.Token = z.Config.HuggingFace.Endpoint, creds.HFToken
-	default:
-		return ModelSize{}, fmt.Errorf("%s: an FSx file system is mounted on the nodes only: %w", src, errNotListable)
-	}
-	s, err := sources.Open(ctx, spec, opts)
+	s, err := openSource(ctx, z.Config, src, creds)
 	if err != nil {
 		return ModelSize{}, err
 	}
@@ -80,6 +67,25 @@ func (z SourceSizer) Size(ctx context.Context, src prewarmv1alpha1.CacheSource, 
 		size.Bytes += f.Size
 	}
 	return size, nil
+}
+
+// openSource opens src from the controller, as the agents do, read with creds (empty: the
+// controller's own identity, or anonymously).
+func openSource(ctx context.Context, cfg config.OperatorConfiguration, src prewarmv1alpha1.CacheSource, creds credentials.Credentials) (source.Source, error) {
+	var spec sources.Spec
+	var opts sources.Options
+	switch src.Type {
+	case inferencev1.ModelSourceS3:
+		spec = sources.Spec{Kind: sources.S3, Bucket: src.Bucket, Prefix: src.Prefix, Region: src.Region}
+		opts.Endpoint, opts.PathStyle = cfg.S3.Endpoint, cfg.S3.UsePathStyle()
+		opts.AccessKeyID, opts.SecretAccessKey, opts.SessionToken = creds.AWSAccessKeyID, creds.AWSSecretAccessKey, creds.AWSSessionToken
+	case inferencev1.ModelSourceHuggingFace:
+		spec = sources.Spec{Kind: sources.HuggingFace, Repo: src.RepoID, Revision: src.Revision}
+		opts.Endpoint, opts.Token = cfg.HuggingFace.Endpoint, creds.HFToken
+	default:
+		return nil, fmt.Errorf("%s: an FSx file system is mounted on the nodes only: %w", src, errNotListable)
+	}
+	return sources.Open(ctx, spec, opts)
 }
 
 // sizeTimeout bounds one listing (it holds one of the reconcile's workers); sizeRetry is how

@@ -42,8 +42,9 @@ type ClientOptions struct {
 type Client struct {
 	o ClientOptions
 
-	rev      atomic.Pointer[string] // the revision the origin last listed
-	listed   chan struct{}          // closed once it has
+	rev      atomic.Pointer[string]          // the revision the origin last listed
+	vouched  atomic.Pointer[map[string]bool] // files the origin lists a digest for
+	listed   chan struct{}                   // closed once it has
 	listOnce sync.Once
 
 	mu        sync.Mutex
@@ -78,6 +79,13 @@ func (c *Client) List(ctx context.Context) (source.Listing, error) {
 			rev = source.ContentRevision(l.Files) // as the engine names it
 		}
 		c.rev.Store(&rev)
+		vouched := map[string]bool{}
+		for _, f := range l.Files {
+			if f.Checksums.Cryptographic() {
+				vouched[f.Path] = true
+			}
+		}
+		c.vouched.Store(&vouched)
 		c.listOnce.Do(func() { close(c.listed) })
 	}
 	return l, err
@@ -86,13 +94,18 @@ func (c *Client) List(ctx context.Context) (source.Listing, error) {
 // String names the origin.
 func (c *Client) String() string { return c.o.Origin.String() }
 
-// Read is how many bytes were read through the witness, and how many from the origin directly.
+// Read is how many bytes of files without a digest of their own were read through the witness,
+// and how many from the origin directly (while the witness could not be reached).
 func (c *Client) Read() (viaWitness, direct int64) { return c.viaWitness.Load(), c.direct.Load() }
 
 // OpenRange reads the range through the witness, or from the origin while the witness cannot be
-// reached.
+// reached. A file the origin lists a digest for is read from the origin: its parts are checked
+// against that.
 func (c *Client) OpenRange(ctx context.Context, path string, off, n int64) (io.ReadCloser, error) {
 	rev := c.rev.Load()
+	if v := c.vouched.Load(); v != nil && (*v)[path] {
+		return c.o.Origin.OpenRange(ctx, path, off, n)
+	}
 	if rev == nil || c.down() {
 		return c.fromOrigin(ctx, path, off, n)
 	}

@@ -44,10 +44,11 @@ import (
 const Prefix = "/prewarm/witness/v1/"
 
 // ErrUnauthenticated, returned by Open, is answered 401; ErrForbidden 403; a
-// source.ErrNotFound 404. Other errors are answered 500.
+// source.ErrNotFound 404; ErrTooManyRequests 429. Other errors are answered 500.
 var (
 	ErrUnauthenticated = errors.New("no valid token")
 	ErrForbidden       = errors.New("not allowed to read this model")
+	ErrTooManyRequests = errors.New("too many requests")
 )
 
 // longPoll is how long a digests request with after waits for news.
@@ -191,6 +192,9 @@ func (s *Server) open(w http.ResponseWriter, r *http.Request, model string) sour
 		http.Error(w, err.Error(), http.StatusForbidden)
 	case errors.Is(err, source.ErrNotFound):
 		http.Error(w, err.Error(), http.StatusNotFound)
+	case errors.Is(err, ErrTooManyRequests):
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, err.Error(), http.StatusTooManyRequests)
 	default:
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -13,14 +14,21 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
 
-// bytesSource is one file in memory; cut, when set, ends every read after that many bytes.
+// bytesSource is one file in memory; cut, when set, ends every read after that many bytes;
+// digest lists the file with its SHA-256.
 type bytesSource struct {
-	data []byte
-	cut  int64
+	data   []byte
+	cut    int64
+	digest bool
 }
 
 func (b *bytesSource) List(context.Context) (source.Listing, error) {
-	return source.Listing{Files: []source.File{{Path: "f", Size: int64(len(b.data))}}}, nil
+	f := source.File{Path: "f", Size: int64(len(b.data))}
+	if b.digest {
+		sum := sha256.Sum256(b.data)
+		f.Checksums.SHA256 = hex.EncodeToString(sum[:])
+	}
+	return source.Listing{Files: []source.File{f}}, nil
 }
 
 func (b *bytesSource) OpenRange(_ context.Context, path string, off, n int64) (io.ReadCloser, error) {
@@ -85,15 +93,7 @@ func TestOnlyARangeReadWholeIsVouchedFor(t *testing.T) {
 	data := bytes.Repeat([]byte("weights!"), 1<<12)
 	src := &bytesSource{data: data}
 	s, c, l, rev := serve(t, src)
-	read := func(off, n int64) []byte {
-		body, err := c.OpenRange(context.Background(), "f", off, n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer body.Close()
-		got, _ := io.ReadAll(body)
-		return got
-	}
+	read := func(off, n int64) []byte { return readRange(t, c, off, n) }
 	if got := read(100, 1000); !bytes.Equal(got, data[100:1100]) {
 		t.Fatal("the witness sent other bytes than the source holds")
 	}
@@ -178,4 +178,55 @@ func TestAWitnessRefusesBadRequests(t *testing.T) {
 	if got := s.BytesRead(); got != 0 {
 		t.Errorf("the witness read %d bytes for bad requests", got)
 	}
+}
+
+// A file the origin lists a SHA-256 for is read from the origin, not through the witness: its
+// parts are checked against its own digest.
+func TestAFileWithADigestIsNotReadThroughTheWitness(t *testing.T) {
+	src := &bytesSource{data: bytes.Repeat([]byte{1}, 4096), digest: true}
+	s, c, _, _ := serve(t, src)
+	if got := readRange(t, c, 0, 4096); !bytes.Equal(got, src.data) {
+		t.Fatal("read other bytes than the source holds")
+	}
+	via, direct := c.Read()
+	if s.BytesRead() != 0 || via != 0 || direct != 0 {
+		t.Errorf("the witness read %d bytes (the client counts %d through it, %d directly); want none of a file with a digest", s.BytesRead(), via, direct)
+	}
+}
+
+// A witness that refuses for now (429) is left alone: the node reads the origin itself, and
+// gets the source's bytes.
+func TestABusyWitnessIsReadAround(t *testing.T) {
+	src := &bytesSource{data: bytes.Repeat([]byte{2}, 4096)}
+	asked := 0
+	s := &Server{Open: func(*http.Request, string) (source.Source, error) {
+		asked++
+		return nil, ErrTooManyRequests
+	}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c := NewClient(ClientOptions{URL: srv.URL, Model: "m", Origin: src})
+	if _, err := c.List(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if got := readRange(t, c, 0, 4096); !bytes.Equal(got, src.data) {
+			t.Fatal("read other bytes than the source holds")
+		}
+	}
+	if via, direct := c.Read(); via != 0 || direct != 2*4096 || asked != 1 {
+		t.Errorf("asked the witness %d times, read %d bytes through it and %d directly; want once, 0 and %d", asked, via, direct, 2*4096)
+	}
+}
+
+// readRange reads n bytes of file f at off through c.
+func readRange(t *testing.T, c *Client, off, n int64) []byte {
+	t.Helper()
+	body, err := c.OpenRange(context.Background(), "f", off, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer body.Close()
+	got, _ := io.ReadAll(body)
+	return got
 }

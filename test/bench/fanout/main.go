@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,6 +68,7 @@ type options struct {
 	concurrency int
 	baseline    bool
 	noDigest    bool
+	witness     bool
 	trace       bool
 	pause       time.Duration // the stalled-owner run's pause (0: not run)
 	pauseAt     time.Duration // when, from the cache's creation
@@ -85,7 +87,8 @@ func main() {
 	flag.StringVar(&o.partSize, "part-size", "1Mi", "the agents' part size (1Mi: a part is 1/256 of the default model, as 16Mi is of a 4 GiB one)")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "the agents' concurrency")
 	flag.BoolVar(&o.baseline, "baseline", true, "also run the largest N with sharing off")
-	flag.BoolVar(&o.noDigest, "no-digest", true, "also run the largest N for the model uploaded in parts (no file has a digest: each node reads it from the origin)")
+	flag.BoolVar(&o.noDigest, "no-digest", true, "also run the largest N for the model uploaded in parts (no file has a digest of its own: only a CRC)")
+	flag.BoolVar(&o.witness, "witness", true, "run the controller's witness, as the chart does: the nodes read the files without a digest through it and share them (false: each node reads them from the origin)")
 	slowRate := flag.String("slow-rate", "2.5M", "also run 1 and the largest N with every link and the origin at this rate, slow enough that the machine's CPUs are not the limit (0: not run)")
 	flag.BoolVar(&o.trace, "trace", false, "log the origin's rate every second")
 	flag.DurationVar(&o.pause, "pause", time.Minute, "also run the largest N with one agent stopped (SIGSTOP) this long mid-download, as a stalled owner (0: not run)")
@@ -157,6 +160,8 @@ type bench struct {
 	rate       int64 // the links' rate now
 	stops      []func()
 	cleanupS3  func()
+	// witnessURL is where the agents reach the controller's witness ("": it runs none).
+	witnessURL string
 }
 
 type result struct {
@@ -165,6 +170,7 @@ type result struct {
 	slow       string // the node whose link was options.slowOwner times slower, if any
 	peers      bool
 	noDigest   bool            // the model without digests (noDigestPrefix)
+	witness    bool            // read through the controller's witness
 	rate       int64           // each link's rate and the origin's, bytes per second
 	times      []time.Duration // each node's time to Ready, sorted
 	originSent int64           // bytes the origin sent (bodies, listings included)
@@ -321,8 +327,20 @@ func (b *bench) setUp(tmp string) error {
 	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": s3fixture.AccessKey, "AWS_SECRET_ACCESS_KEY": s3fixture.SecretKey, "AWS_REGION": s3fixture.Region} {
 		os.Setenv(k, v)
 	}
-	p, err := testutil.StartProcess(logs, "controller", filepath.Join(tmp, "controller"), "--kubeconfig="+b.cluster.KubeconfigPath,
-		"--leader-elect=false", "--metrics-bind-address=0", "--health-probe-bind-address=0", "--config="+b.confPeers)
+	ctlArgs := []string{"--kubeconfig=" + b.cluster.KubeconfigPath, "--leader-elect=false", "--metrics-bind-address=0",
+		"--health-probe-bind-address=0", "--config=" + b.confPeers}
+	if o.witness {
+		// On the bridge, where the namespaces reach it; a port free now (the bench runs alone).
+		ln, err := net.Listen("tcp", b.net.hostIP()+":0")
+		if err != nil {
+			return err
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		ctlArgs = append(ctlArgs, "--witness-bind-address="+addr)
+		b.witnessURL = "http://" + addr
+	}
+	p, err := testutil.StartProcess(logs, "controller", filepath.Join(tmp, "controller"), ctlArgs...)
 	if err != nil {
 		return err
 	}
@@ -397,6 +415,17 @@ type runSpec struct {
 	rate                                  int64
 }
 
+// token writes, into the file named name, a token of the agents for audience bound to node, and
+// returns its path.
+func (b *bench) token(ctx context.Context, node, audience, name string) (string, error) {
+	tok, err := testutil.NodePeerToken(ctx, b.cluster.Client, node, audience)
+	if err != nil {
+		return "", err
+	}
+	file := filepath.Join(b.dir, name)
+	return file, os.WriteFile(file, []byte(tok), 0o600)
+}
+
 // lateType is the instance type of a staggered run's nodes until they are made targets.
 const lateType = "ml.fanout-late.48xlarge"
 
@@ -440,17 +469,20 @@ func (b *bench) runOnce(k int, r runSpec) (result, error) {
 			fmt.Sprintf("--metrics-bind-address=%s:%d", b.net.nodeIP(i), metricsTCP), "--health-probe-bind-address=0",
 			"--part-size=" + b.o.partSize, "--concurrency=" + strconv.Itoa(b.o.concurrency)}
 		if peers {
-			tok, err := testutil.NodePeerToken(ctx, c, name, testutil.PeerAudience)
+			file, err := b.token(ctx, name, testutil.PeerAudience, "token-"+name)
 			if err != nil {
-				return result{}, err
-			}
-			file := filepath.Join(b.dir, "token-"+name)
-			if err := os.WriteFile(file, []byte(tok), 0o600); err != nil {
 				return result{}, err
 			}
 			addr := fmt.Sprintf("%s:%d", b.net.nodeIP(i), peerTCP)
 			args = append(args, "--peer-bind-address="+addr, "--peer-address="+addr, "--peer-token-file="+file,
 				"--peer-service-account="+testutil.PeerUser)
+			if b.witnessURL != "" {
+				file, err := b.token(ctx, name, config.DefaultWitnessAudience, "witness-token-"+name)
+				if err != nil {
+					return result{}, err
+				}
+				args = append(args, "--witness-url="+b.witnessURL, "--witness-token-file="+file)
+			}
 		}
 		p, err := testutil.StartProcess(logs, "agent-"+name, "ip", args...)
 		if err != nil {
@@ -566,7 +598,7 @@ func (b *bench) runOnce(k int, r runSpec) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	res := result{nodes: n, peers: peers, noDigest: noDigest, rate: b.rate, originSent: b.origin.Served.Load() - sentBefore}
+	res := result{nodes: n, peers: peers, noDigest: noDigest, witness: noDigest && peers && b.witnessURL != "", rate: b.rate, originSent: b.origin.Served.Load() - sentBefore}
 	if r.stagger {
 		res.joined = joined.wait()
 	}

@@ -36,8 +36,11 @@ func (res result) sharing() string {
 }
 
 func (res result) class() string {
+	if res.witness {
+		return "CRC only, witness"
+	}
 	if res.noDigest {
-		return "no digest"
+		return "CRC only"
 	}
 	return "MD5 ETag"
 }
@@ -55,8 +58,9 @@ func (r report) markdown() string {
 		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
 		"Time to Ready is from the cache's creation to the node's NodeCache status saying Ready (polled every 100 ms; the agents write state changes every 250 ms). "+
 		"\"Origin sent\" is every byte the origin's proxy sent, listings included. "+
-		"Nodes take from each other only files the source vouches for with a digest (`peers.trust: SourceDigests`, docs/security.md): "+
-		"\"MD5 ETag\" is the model uploaded in one part per file (its ETag is the MD5 of its bytes), \"no digest\" the same model uploaded in 8 MiB parts (CRCs only).\n\n",
+		"Nodes take from each other only parts a digest vouches for (`peers.trust: SourceDigests`, docs/security.md): "+
+		"\"MD5 ETag\" is the model uploaded in one part per file (its ETag is the MD5 of its bytes); \"CRC only\" the same model uploaded in 8 MiB parts (no digest of the source's own), "+
+		"\"CRC only, witness\" with the controller's witness, which the nodes read such files through and which records each part's SHA-256 (its reads are the origin's, counted in \"origin sent\").\n\n",
 		engine.HumanBytes(o.modelBytes), o.files, engine.HumanBytes(o.nodeRate), engine.HumanBytes(o.originRate))
 	b.WriteString("Each link's rate is in the \"links\" column; the origin's cap is the same multiple of it in every run. " +
 		"T(N)/T(1) compares runs at the same link rate. \"Machine CPU\" is the whole machine's busy share over the run, and of it the kernel's softirq (the network stack).\n\n")
@@ -84,6 +88,7 @@ func (r report) markdown() string {
 	}
 	r.stalled(&b)
 	r.staggered(&b, t1)
+	r.classes(&b)
 	for _, res := range r.results {
 		if res.nodes < 2 || !res.peers || res.noDigest || res.paused != "" || res.slow != "" || res.joined != nil {
 			continue
@@ -164,6 +169,25 @@ func (r report) staggered(b *strings.Builder, t1 map[int64]time.Duration) {
 			"From being made a target to Ready the nodes took %s at the median and %s at most (one node alone: %s); the last was Ready at %s; the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
 			res.nodes, engine.HumanBytes(res.rate), r.o.stagger, secs(last), secs(quantile(took, 0.5)), secs(took[len(took)-1]), alone,
 			secs(res.times[len(res.times)-1]), origin, met(origin <= 1.1))
+	}
+}
+
+// classes writes, for the model uploaded in parts, its time and the origin's bytes against the
+// same run of the model with digests, and the origin's goal.
+func (r report) classes(b *strings.Builder) {
+	for _, res := range r.results {
+		if !res.peers || !res.noDigest || res.nodes < 2 {
+			continue
+		}
+		same := "–"
+		for _, o := range r.results {
+			if o.peers && !o.noDigest && o.paused == "" && o.slow == "" && o.joined == nil && o.nodes == res.nodes && o.rate == res.rate {
+				same = secs(o.times[len(o.times)-1])
+			}
+		}
+		origin := float64(res.originSent) / float64(r.o.modelBytes)
+		fmt.Fprintf(b, "\nSource classes: %d nodes sharing, links at %s/s, the model uploaded in parts (%s): the last node was Ready at %s (the model with MD5 ETags: %s); the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
+			res.nodes, engine.HumanBytes(res.rate), res.class(), secs(res.times[len(res.times)-1]), same, origin, met(origin <= 1.1))
 	}
 }
 

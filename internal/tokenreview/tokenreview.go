@@ -1,4 +1,7 @@
-package agent
+// Package tokenreview authenticates prewarm's agents to each other (the peer port) and to the
+// controller (its witness): by the service account token they present, as the API server
+// reviews it.
+package tokenreview
 
 import (
 	"context"
@@ -19,16 +22,17 @@ import (
 	"github.com/prewarm/prewarm/pkg/engine/peer"
 )
 
-// TokenReviewer authorizes peer requests: the bearer token must be a service account token of
-// prewarm's agents, for the peer audience, as the API server says (TokenReview).
+// Reviewer authorizes an agent's request: the bearer token must be a service account token of
+// prewarm's agents, for the Audience, as the API server says (TokenReview). The agent is named by
+// the node its token's pod is bound to.
 //
-// Anyone who reaches the peer port can send tokens, so what a stranger costs is bounded:
+// Anyone who reaches the port can send tokens, so what a stranger costs is bounded:
 // answers, refusals included, are remembered for reviewTTL (at most maxRemembered tokens; a
 // swarm's many requests cost one review per peer and minute); one review runs per token at a
 // time; and tokens not known yet are reviewed at most reviewsPerSecond, and from one remote
 // address at most reviewsPerAddress a second. Beyond that a request is answered 429 without
 // asking the API server.
-type TokenReviewer struct {
+type Reviewer struct {
 	Client client.Client
 	// Audience the token must be for.
 	Audience string
@@ -62,10 +66,8 @@ const (
 	maxTokenBytes = 16 << 10
 )
 
-// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
-
 // Authorize is a peer.ServerOptions.Authorize.
-func (t *TokenReviewer) Authorize(r *http.Request) (string, error) {
+func (t *Reviewer) Authorize(r *http.Request) (string, error) {
 	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	switch {
 	case !ok || strings.TrimSpace(tok) == "":
@@ -88,7 +90,7 @@ func (t *TokenReviewer) Authorize(r *http.Request) (string, error) {
 }
 
 // admit takes a review from the budget of all addresses and of addr's.
-func (t *TokenReviewer) admit(addr string) bool {
+func (t *Reviewer) admit(addr string) bool {
 	t.once.Do(func() {
 		t.byAddr = cache.NewLRUExpireCache(maxAddresses)
 		t.all = rate.NewLimiter(reviewsPerSecond, reviewBurst)
@@ -108,7 +110,7 @@ func (t *TokenReviewer) admit(addr string) bool {
 	return l.(*rate.Limiter).Allow() && t.all.Allow()
 }
 
-func (t *TokenReviewer) review(ctx context.Context, tok string) (review, error) {
+func (t *Reviewer) review(ctx context.Context, tok string) (review, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	tr := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: tok, Audiences: []string{t.Audience}}}

@@ -1,4 +1,4 @@
-package agent
+package tokenreview
 
 import (
 	"context"
@@ -30,7 +30,7 @@ type apiServer struct {
 	down    atomic.Bool
 }
 
-func (a *apiServer) reviewer() *TokenReviewer {
+func (a *apiServer) reviewer() *Reviewer {
 	c := fake.NewClientBuilder().WithScheme(scheme.New()).WithInterceptorFuncs(interceptor.Funcs{
 		Create: func(ctx context.Context, _ client.WithWatch, obj client.Object, _ ...client.CreateOption) error {
 			tr, ok := obj.(*authenticationv1.TokenReview)
@@ -51,7 +51,7 @@ func (a *apiServer) reviewer() *TokenReviewer {
 			return nil
 		},
 	}).Build()
-	return &TokenReviewer{Client: c, Audience: "prewarm-peers", ServiceAccount: testAgentSA}
+	return &Reviewer{Client: c, Audience: "prewarm-peers", ServiceAccount: testAgentSA}
 }
 
 func request(from, token string) *http.Request {
