@@ -97,6 +97,10 @@ func (o OperatorConfiguration) validateSharing() field.ErrorList {
 	if w := p.Witness.Port; w < 1 || w > 65535 {
 		errs = append(errs, field.Invalid(peers.Child("witness", "port"), w, "want a TCP port"))
 	}
+	if a := p.Witness.Audience; a == p.Audience {
+		// A node receives its peers' tokens: with one audience it could read as them there.
+		errs = append(errs, field.Invalid(peers.Child("witness", "audience"), a, "want another audience than peers.audience (agents send their peer tokens to each other)"))
+	}
 	if p.Trust != TrustSourceDigests && p.Trust != TrustAllNodes {
 		errs = append(errs, field.NotSupported(peers.Child("trust"), p.Trust, []string{TrustSourceDigests, TrustAllNodes}))
 	}

@@ -18,6 +18,7 @@ func TestSharingSettingsAreValidated(t *testing.T) {
 		{"peers: {wait: soon}", `peers.wait: Invalid value: "soon": want a duration`},
 		{"peers: {maxPeers: -1}", "peers.maxPeers: Invalid value: -1: must not be negative"},
 		{"peers: {witness: {port: -3}}", "peers.witness.port: Invalid value: -3: want a TCP port"},
+		{"peers: {audience: shared, witness: {audience: shared}}", `peers.witness.audience: Invalid value: "shared": want another audience than peers.audience`},
 		{"peers: {wait: -1s}", `peers.wait: Invalid value: "-1s": want a positive duration`},
 		{"s3: {budget: {maxRate: fast}}", `s3.budget.maxRate: Invalid value: "fast": want a size`},
 		{"huggingFace: {budget: {maxConcurrency: -2}}", "huggingFace.budget.maxConcurrency: Invalid value: -2: must not be negative"},

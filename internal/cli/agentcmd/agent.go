@@ -427,6 +427,11 @@ func setupWitness(pc config.Peers, pf peerFlags) (*cachejob.Witness, error) {
 	if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || strings.Trim(u.Path, "/") != "" {
 		return nil, fmt.Errorf("--witness-url %q: want http(s)://host:port", pf.witnessURL)
 	}
+	// A witness that is gone (its node failed, the Service's endpoint not moved yet) is given
+	// up on in seconds, not the system's connect timeout: the node then reads the origin itself.
+	// An answer's header may wait out the 15 s long poll of the digests.
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &cachejob.Witness{URL: strings.TrimSuffix(pf.witnessURL, "/"), Token: agent.TokenFile(pf.witnessTokenFile),
-		Client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, IdleConnTimeout: 90 * time.Second}}}, nil
+		Client: &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 16,
+			IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 30 * time.Second}}}, nil
 }

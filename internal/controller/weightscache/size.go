@@ -59,14 +59,19 @@ func (z SourceSizer) Size(ctx context.Context, src prewarmv1alpha1.CacheSource, 
 	if err != nil {
 		return ModelSize{}, err
 	}
-	size := ModelSize{Files: len(l.Files), Revision: l.Revision}
-	if size.Revision == "" {
-		size.Revision = source.ContentRevision(l.Files)
-	}
+	size := ModelSize{Files: len(l.Files), Revision: revisionOf(l)}
 	for _, f := range l.Files {
 		size.Bytes += f.Size
 	}
 	return size, nil
+}
+
+// revisionOf names a listing as the agents do: the source's revision, or its content's.
+func revisionOf(l source.Listing) string {
+	if l.Revision != "" {
+		return l.Revision
+	}
+	return source.ContentRevision(l.Files)
 }
 
 // openSource opens src from the controller, as the agents do, read with creds (empty: the

@@ -82,6 +82,45 @@ func (r *Reconciler) WitnessSource(ctx context.Context, node, uid string) (sourc
 	if err != nil {
 		return nil, err
 	}
-	r.witness.by.Add(uid, src, witnessTTL)
-	return src, nil
+	l := &listedSource{Source: src}
+	r.witness.by.Add(uid, l, witnessTTL)
+	return l, nil
+}
+
+// listedSource is a witness.Listed: it lists its source once, and then reads each file only
+// while S3 still holds the object it listed (If-Match on its ETag).
+type listedSource struct {
+	source.Source
+	once  sync.Once
+	rev   string
+	sizes map[string]int64
+	err   error
+}
+
+// listTimeout bounds the one listing of a listedSource.
+const listTimeout = 30 * time.Second
+
+// Revision lists the source the first time, as the agents name what they list.
+func (l *listedSource) Revision(ctx context.Context) (string, error) {
+	l.once.Do(func() {
+		// Shared by every request after it: the first one leaving does not end it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), listTimeout)
+		defer cancel()
+		listing, err := l.List(ctx)
+		l.rev, l.err = revisionOf(listing), err
+		l.sizes = make(map[string]int64, len(listing.Files))
+		for _, f := range listing.Files {
+			l.sizes[f.Path] = f.Size
+		}
+	})
+	return l.rev, l.err
+}
+
+// Size is the listed size of the file at path.
+func (l *listedSource) Size(path string) (int64, bool) {
+	if l.err != nil || l.sizes == nil {
+		return 0, false
+	}
+	n, ok := l.sizes[path]
+	return n, ok
 }

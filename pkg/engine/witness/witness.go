@@ -19,10 +19,14 @@
 //	    seq; with after, the answer waits (up to 15 s) until there is some
 //
 // Who may ask for which model is the Open function's to decide (it authenticates the request);
-// a refusal is answered 401, 403 or 404 as its error says.
+// a refusal is answered 401, 403 or 404 as its error says. A source that is a Listed one is read
+// and vouched for only under the revision it lists itself: a request for another is answered 409
+// (the node's listing and the witness's disagree: the model changed), so bytes of one version
+// are never vouched for under another.
 package witness
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -61,6 +65,21 @@ const (
 	maxRevisions = 256
 	maxParts     = 1 << 20
 )
+
+// Listed is a source that knows the revision it reads: it lists the model (once) and reads
+// each file only while the source still holds what it listed (S3: If-Match on the listed ETag).
+// A Server reads from it only ranges within the files it listed.
+type Listed interface {
+	source.Source
+	// Revision lists the model the first time; its revision, as the engine names it.
+	Revision(ctx context.Context) (string, error)
+	// Size is the listed size of the file at path, once Revision has listed it.
+	Size(path string) (int64, bool)
+}
+
+// minVouched is the smallest range vouched for but a file's last: no engine reads parts smaller
+// than a MiB, and a node asking for many tiny ranges fills no table.
+const minVouched = 64 << 10
 
 // Server reads ranges from their source for the nodes and vouches for what it read.
 type Server struct {
@@ -180,9 +199,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// open asks Open for model's source, answering a refusal; nil when refused.
-func (s *Server) open(w http.ResponseWriter, r *http.Request, model string) source.Source {
+// open asks Open for model's source at rev, answering a refusal; nil when refused.
+func (s *Server) open(w http.ResponseWriter, r *http.Request, model, rev string) source.Source {
 	src, err := s.Open(r, model)
+	if l, ok := src.(Listed); ok && err == nil {
+		cur, lerr := l.Revision(r.Context())
+		switch {
+		case lerr != nil:
+			http.Error(w, "listing the model: "+lerr.Error(), http.StatusBadGateway)
+			return nil
+		case cur != rev:
+			http.Error(w, fmt.Sprintf("the source is at revision %s, not %s", cur, rev), http.StatusConflict)
+			return nil
+		}
+	}
 	switch {
 	case err == nil:
 		return src
@@ -211,9 +241,18 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, model, rev st
 		http.Error(w, "want path, off ≥ 0 and n > 0", http.StatusBadRequest)
 		return
 	}
-	src := s.open(w, r, model)
+	src := s.open(w, r, model, rev)
 	if src == nil {
 		return
+	}
+	whole := true // the range ends the file: vouched for however short
+	if l, ok := src.(Listed); ok {
+		size, listed := l.Size(k.path)
+		if !listed || k.off+k.n > size {
+			http.Error(w, fmt.Sprintf("%s: no such file, or the range ends past it", k.path), http.StatusNotFound)
+			return
+		}
+		whole = k.off+k.n == size
 	}
 	body, err := src.OpenRange(r.Context(), k.path, k.off, k.n)
 	if err != nil {
@@ -235,7 +274,9 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, model, rev st
 		}
 		return // the answer ends short: the node reads the rest again
 	}
-	s.vouch(model, rev, k, h.Sum(nil))
+	if k.n >= minVouched || whole {
+		s.vouch(model, rev, k, h.Sum(nil))
+	}
 }
 
 // counting adds what it reads to n.
@@ -259,7 +300,7 @@ func (s *Server) serveDigests(w http.ResponseWriter, r *http.Request, model, rev
 			return
 		}
 	}
-	if s.open(w, r, model) == nil {
+	if s.open(w, r, model, rev) == nil {
 		return
 	}
 	d, changed := s.since(model, rev, max(after, 0))

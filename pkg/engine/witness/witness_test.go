@@ -230,3 +230,56 @@ func readRange(t *testing.T, c *Client, off, n int64) []byte {
 	got, _ := io.ReadAll(body)
 	return got
 }
+
+// listedBytes is a bytesSource that lists itself under rev.
+type listedBytes struct {
+	*bytesSource
+	rev string
+}
+
+func (l listedBytes) Revision(context.Context) (string, error) { return l.rev, nil }
+
+func (l listedBytes) Size(path string) (int64, bool) { return int64(len(l.data)), path == "f" }
+
+// A source that lists its own revision is read, and vouched for, only under that revision: a
+// node whose listing is of another version of the model (it changed since) is answered 409, and
+// asking about made-up revisions makes the witness remember nothing.
+func TestAWitnessReadsOnlyTheRevisionItsSourceLists(t *testing.T) {
+	src := listedBytes{bytesSource: &bytesSource{data: bytes.Repeat([]byte{3}, 4096)}, rev: "r1"}
+	s := &Server{Open: func(*http.Request, string) (source.Source, error) { return src, nil }}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	for q, want := range map[string]int{
+		"m/read?revision=r0&path=f&off=0&n=1024":    http.StatusConflict,
+		"m/digests?revision=r0&after=0":             http.StatusConflict,
+		"m/digests?revision=made-up":                http.StatusConflict,
+		"m/read?revision=r1&path=../f&off=0&n=1024": http.StatusNotFound, // not a listed file
+		"m/read?revision=r1&path=f&off=4000&n=1024": http.StatusNotFound, // past its end
+		"m/read?revision=r1&path=f&off=0&n=1024":    http.StatusOK,
+		"m/read?revision=r1&path=f&off=3072&n=1024": http.StatusOK, // the file's last range
+	} {
+		resp, err := http.Get(srv.URL + Prefix + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s: %s, want %d", q, resp.Status, want)
+		}
+	}
+	if got := s.BytesRead(); got != 2048 {
+		t.Errorf("the witness read %d bytes, want only the 2048 asked under the listed revision, within the file", got)
+	}
+	d, _ := s.since("m", "r1", 0)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.tables) != 1 {
+		t.Errorf("the witness keeps %d tables, want only the listed revision's", len(s.tables))
+	}
+	// Of the two ranges read, only the file's last is vouched for: the other is shorter than
+	// minVouched.
+	if len(d.Parts) != 1 || d.Parts[0].Off != 3072 {
+		t.Errorf("vouched for %+v, want only the file's last range", d.Parts)
+	}
+}
