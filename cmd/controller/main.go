@@ -15,7 +15,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -302,7 +301,13 @@ func setupWitness(mgr ctrl.Manager, o *options, caches *weightscache.Reconciler)
 	}, func() float64 { return float64(served.BytesRead()) })); err != nil {
 		return err
 	}
-	if err := mgr.Add(&witness.Server{Addr: addr, Witness: served}); err != nil {
+	// Every replica serves (the Service's endpoint may lag a change of leader); listening now
+	// tells the port the leader publishes.
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("serving the witness: %w", err)
+	}
+	if err := mgr.Add(cli.HTTPServerOn(ln, served)); err != nil {
 		return err
 	}
 	podIP := os.Getenv("POD_IP")
@@ -310,13 +315,6 @@ func setupWitness(mgr ctrl.Manager, o *options, caches *weightscache.Reconciler)
 		ctrl.Log.WithName("witness").Info("POD_IP is not set: this replica serves the witness but does not publish itself as the prewarm-witness Service's endpoint")
 		return nil
 	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("--witness-bind-address: %w", err)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n == 0 {
-		return fmt.Errorf("--witness-bind-address %s: want a port the Service can name", addr)
-	}
-	return mgr.Add(&witness.Publisher{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Namespace: o.cfg.OperatorNamespace, PodIP: podIP, Port: n})
+	return mgr.Add(&witness.Publisher{Reader: mgr.GetAPIReader(), Client: mgr.GetClient(), Namespace: o.cfg.OperatorNamespace,
+		PodIP: podIP, Port: ln.Addr().(*net.TCPAddr).Port})
 }

@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -62,33 +61,6 @@ func Open(reviewer *tokenreview.Reviewer, sources func(ctx context.Context, node
 		}
 		return sources(r.Context(), node, model)
 	}
-}
-
-// Server serves the witness on Addr, on every replica (not only the leader: the Service's
-// endpoint may lag a change of leader by a few seconds).
-type Server struct {
-	Addr    string
-	Witness *witness.Server
-}
-
-// NeedLeaderElection is false: every replica serves.
-func (s *Server) NeedLeaderElection() bool { return false }
-
-// Start serves until ctx ends.
-func (s *Server) Start(ctx context.Context) error {
-	srv := &http.Server{Addr: s.Addr, Handler: s.Witness, ReadHeaderTimeout: 10 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return ctx }}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving the witness on %s: %w", s.Addr, err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	return nil
 }
 
 // Publisher makes the leader the witness's endpoint: it writes the EndpointSlice of the

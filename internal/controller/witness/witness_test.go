@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -70,31 +72,16 @@ func TestTheWitnessOpensForAnAgentsNodeOnly(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+tok)
 		}
 		req.RemoteAddr = "10.0.0.1:5555"
-		rec := &recorder{header: http.Header{}}
+		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, req)
-		if rec.code != want {
-			t.Errorf("token %q: %d, want %d", tok, rec.code, want)
+		if rec.Code != want || want == http.StatusOK && !strings.Contains(rec.Body.String(), `"seq"`) {
+			t.Errorf("token %q: %d %q, want %d", tok, rec.Code, rec.Body, want)
 		}
 	}
 	if fmt.Sprint(asked) != "[gpu-1/uid-1]" {
 		t.Errorf("sources asked for %v; want only gpu-1's", asked)
 	}
 }
-
-// recorder is a minimal http.ResponseWriter.
-type recorder struct {
-	header http.Header
-	code   int
-}
-
-func (r *recorder) Header() http.Header { return r.header }
-func (r *recorder) Write(b []byte) (int, error) {
-	if r.code == 0 {
-		r.code = http.StatusOK
-	}
-	return len(b), nil
-}
-func (r *recorder) WriteHeader(code int) { r.code = code }
 
 // The leader publishes its address as the Service's one endpoint, and moves it there when
 // another replica's address is published.
