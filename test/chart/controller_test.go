@@ -66,7 +66,8 @@ func TestControllerRunsOnTheChartsRBAC(t *testing.T) {
 	}
 	installed := 0
 	for _, u := range objs {
-		if !slices.Contains([]string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap"}, u.GetKind()) {
+		if !slices.Contains([]string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap"}, u.GetKind()) &&
+			(u.GetKind() != "Service" || u.GetName() != "prewarm-witness") {
 			continue
 		}
 		if err := c.Create(ctx, u.DeepCopy()); err != nil {
@@ -213,13 +214,20 @@ func TestControllerRunsOnTheChartsRBAC(t *testing.T) {
 		return nil
 	})
 
-	running("the leader to publish itself as the witness's endpoint in the release namespace", func() error {
+	running("the leader to publish itself as the witness's endpoint in the release namespace, owned by its Service", func() error {
+		svc := &corev1.Service{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "prewarm-witness"}, svc); err != nil {
+			return err
+		}
 		s := &discoveryv1.EndpointSlice{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "prewarm-witness"}, s); err != nil {
 			return err
 		}
 		if len(s.Endpoints) != 1 || len(s.Endpoints[0].Addresses) != 1 || s.Endpoints[0].Addresses[0] != "10.1.2.3" {
 			return fmt.Errorf("endpoints %+v", s.Endpoints)
+		}
+		if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != svc.UID {
+			return fmt.Errorf("owners %+v, want the Service %s", s.OwnerReferences, svc.UID)
 		}
 		return nil
 	})

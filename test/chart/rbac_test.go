@@ -19,7 +19,8 @@ const controllerSA = "prewarm-controller"
 // there alone (a Role): its leader election Lease; the agents' Leases, watched to tell which
 // agents are alive; the image caches' DaemonSets and their pods; the pull secrets it copies and
 // the tokens it seals; the JumpStart catalog; the dry-run pod that asks how the API server
-// admits pods; the witness's endpoint. Each is "group resource verb name" (name * for any).
+// admits pods; the witness's endpoint and its Service (the endpoint's owner). Each is "group
+// resource verb name" (name * for any).
 var controllerRoleRights = []string{
 	" configmaps list *",
 	" configmaps watch *",
@@ -32,6 +33,7 @@ var controllerRoleRights = []string{
 	" secrets list *",
 	" secrets update *",
 	" secrets watch *",
+	" services get prewarm-witness",
 	"apps daemonsets create *",
 	"apps daemonsets delete *",
 	"apps daemonsets list *",

@@ -35,6 +35,7 @@ import (
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=discovery.k8s.io,namespace=hyperpod-inference-system,resources=endpointslices,verbs=create
 // +kubebuilder:rbac:groups=discovery.k8s.io,namespace=hyperpod-inference-system,resources=endpointslices,resourceNames=prewarm-witness,verbs=get;update;delete
+// +kubebuilder:rbac:groups="",namespace=hyperpod-inference-system,resources=services,resourceNames=prewarm-witness,verbs=get
 
 // ServiceName names the Service, in the operator namespace, the agents reach the witness by,
 // and the EndpointSlice the leader writes for it. PortName is its port's name.
@@ -64,7 +65,9 @@ func Open(reviewer *tokenreview.Reviewer, sources func(ctx context.Context, node
 }
 
 // Publisher makes the leader the witness's endpoint: it writes the EndpointSlice of the
-// prewarm-witness Service with this replica's address, and writes it again if it changes.
+// prewarm-witness Service with this replica's address, and writes it again if it changes. The
+// slice is owned by the Service, so it goes with it (an uninstall, or the witness turned off);
+// without the Service nothing is published.
 type Publisher struct {
 	// Reader reads the slice from the API server (no informer: it is one object); Client
 	// writes it.
@@ -111,8 +114,8 @@ func (p *Publisher) Start(ctx context.Context) error {
 // retryPublish is how soon a failed write of the slice is tried again.
 const retryPublish = 5 * time.Second
 
-// Slice is the EndpointSlice naming ip as the witness.
-func (p *Publisher) Slice(ip netip.Addr) *discoveryv1.EndpointSlice {
+// Slice is the EndpointSlice naming ip as the witness, owned by svc.
+func (p *Publisher) Slice(ip netip.Addr, svc *corev1.Service) *discoveryv1.EndpointSlice {
 	family := discoveryv1.AddressTypeIPv4
 	if ip.Is6() {
 		family = discoveryv1.AddressTypeIPv6
@@ -121,7 +124,7 @@ func (p *Publisher) Slice(ip netip.Addr) *discoveryv1.EndpointSlice {
 		ObjectMeta: metav1.ObjectMeta{Name: ServiceName, Namespace: p.Namespace, Labels: map[string]string{
 			discoveryv1.LabelServiceName: ServiceName,
 			discoveryv1.LabelManagedBy:   "controller.prewarm.io",
-		}},
+		}, OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc.Name, UID: svc.UID, Controller: ptr.To(true)}}},
 		AddressType: family,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{ip.String()}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To(PortName), Port: ptr.To(int32(p.Port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
@@ -129,7 +132,11 @@ func (p *Publisher) Slice(ip netip.Addr) *discoveryv1.EndpointSlice {
 }
 
 func (p *Publisher) publish(ctx context.Context, ip netip.Addr) error {
-	want := p.Slice(ip)
+	svc := &corev1.Service{}
+	if err := p.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: ServiceName}, svc); err != nil {
+		return fmt.Errorf("the %s Service, which the endpoint belongs to: %w", ServiceName, err)
+	}
+	want := p.Slice(ip, svc)
 	have := &discoveryv1.EndpointSlice{}
 	switch err := p.Reader.Get(ctx, types.NamespacedName{Namespace: p.Namespace, Name: ServiceName}, have); {
 	case apierrors.IsNotFound(err):
@@ -138,7 +145,8 @@ func (p *Publisher) publish(ctx context.Context, ip netip.Addr) error {
 		return err
 	}
 	if have.AddressType == want.AddressType && len(have.Endpoints) == 1 && len(have.Ports) == 1 &&
-		fmt.Sprint(have.Endpoints[0].Addresses) == fmt.Sprint(want.Endpoints[0].Addresses) && ptr.Deref(have.Ports[0].Port, 0) == int32(p.Port) {
+		fmt.Sprint(have.Endpoints[0].Addresses) == fmt.Sprint(want.Endpoints[0].Addresses) && ptr.Deref(have.Ports[0].Port, 0) == int32(p.Port) &&
+		len(have.OwnerReferences) == 1 && have.OwnerReferences[0].UID == svc.UID {
 		return nil
 	}
 	if have.AddressType != want.AddressType { // immutable
@@ -147,6 +155,6 @@ func (p *Publisher) publish(ctx context.Context, ip netip.Addr) error {
 		}
 		return p.Client.Create(ctx, want)
 	}
-	have.Labels, have.Endpoints, have.Ports = want.Labels, want.Endpoints, want.Ports
+	have.Labels, have.OwnerReferences, have.Endpoints, have.Ports = want.Labels, want.OwnerReferences, want.Endpoints, want.Ports
 	return p.Client.Update(ctx, have)
 }

@@ -10,7 +10,10 @@ import (
 	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -83,11 +86,27 @@ func TestTheWitnessOpensForAnAgentsNodeOnly(t *testing.T) {
 	}
 }
 
-// The leader publishes its address as the Service's one endpoint, and moves it there when
-// another replica's address is published.
+// The leader publishes its address as the Service's one endpoint, owned by the Service (so it
+// goes with it), and moves it there when another replica's address is published. Without the
+// Service nothing is published.
 func TestTheLeaderPublishesItselfAsTheWitness(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme.New()).Build()
 	ctx := context.Background()
+	orphan := &Publisher{Reader: c, Client: c, Namespace: "prewarm-system", Port: 8444}
+	if err := orphan.publish(ctx, netip.MustParseAddr("10.0.0.7")); err == nil {
+		t.Fatal("published an endpoint for a Service that does not exist")
+	}
+	if err := c.Get(ctx, types.NamespacedName{Namespace: "prewarm-system", Name: ServiceName}, &discoveryv1.EndpointSlice{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a slice without its Service: %v", err)
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "prewarm-system", Name: ServiceName, UID: "svc-1"}}
+	if err := c.Create(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	owned := func(s *discoveryv1.EndpointSlice, uid types.UID) bool {
+		return len(s.OwnerReferences) == 1 && s.OwnerReferences[0].Kind == "Service" && s.OwnerReferences[0].Name == ServiceName &&
+			s.OwnerReferences[0].UID == uid && *s.OwnerReferences[0].Controller
+	}
 	read := func() *discoveryv1.EndpointSlice {
 		s := &discoveryv1.EndpointSlice{}
 		if err := c.Get(ctx, types.NamespacedName{Namespace: "prewarm-system", Name: ServiceName}, s); err != nil {
@@ -100,7 +119,7 @@ func TestTheLeaderPublishesItselfAsTheWitness(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := read()
-	if s.Labels[discoveryv1.LabelServiceName] != ServiceName || len(s.Endpoints) != 1 || s.Endpoints[0].Addresses[0] != "10.0.0.7" || *s.Ports[0].Port != 8444 || *s.Ports[0].Name != PortName {
+	if s.Labels[discoveryv1.LabelServiceName] != ServiceName || len(s.Endpoints) != 1 || s.Endpoints[0].Addresses[0] != "10.0.0.7" || *s.Ports[0].Port != 8444 || *s.Ports[0].Name != PortName || !owned(s, "svc-1") {
 		t.Fatalf("published %+v", s)
 	}
 	leader := &Publisher{Reader: c, Client: c, Namespace: "prewarm-system", Port: 8444}
@@ -114,8 +133,21 @@ func TestTheLeaderPublishesItselfAsTheWitness(t *testing.T) {
 	if err := leader.publish(ctx, netip.MustParseAddr("fd00::9")); err != nil {
 		t.Fatal(err)
 	}
-	if s := read(); s.AddressType != discoveryv1.AddressTypeIPv6 || s.Endpoints[0].Addresses[0] != "fd00::9" {
-		t.Errorf("after moving to IPv6: %s %+v", s.AddressType, s.Endpoints)
+	if s := read(); s.AddressType != discoveryv1.AddressTypeIPv6 || s.Endpoints[0].Addresses[0] != "fd00::9" || !owned(s, "svc-1") {
+		t.Errorf("after moving to IPv6: %s %+v %+v", s.AddressType, s.Endpoints, s.OwnerReferences)
+	}
+	// The Service made again (another UID): the slice follows it.
+	if err := c.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "prewarm-system", Name: ServiceName, UID: "svc-2"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.publish(ctx, netip.MustParseAddr("fd00::9")); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); !owned(s, "svc-2") {
+		t.Errorf("after the Service was made again: %+v", s.OwnerReferences)
 	}
 }
 
