@@ -103,7 +103,7 @@ const (
 	DefaultMaxPeers      = 4
 	DefaultPeerWait      = 30 * time.Second
 	DefaultPeerStall     = 3 * time.Second
-	DefaultPeerStreams   = 4
+	DefaultPeerStreams   = 8
 	DefaultPeerAudience  = "prewarm-peer"
 	DefaultPeerTrust     = TrustSourceDigests
 	// DefaultWitnessPort and DefaultWitnessAudience are Peers.Witness's defaults.

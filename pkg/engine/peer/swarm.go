@@ -53,7 +53,7 @@ type SwarmOptions struct {
 	// SlowPart is the most time one part may take from a peer: a slower peer is dropped
 	// (default 2 min).
 	SlowPart time.Duration
-	// Streams is how many parts this node takes from peers at once (default 4).
+	// Streams is how many parts this node takes from peers at once (default 8).
 	Streams int
 	// Window is how many of the first parts this node still wants are taken from peers rarest
 	// first (default 64); past it, parts are taken in file order.
@@ -139,7 +139,7 @@ func NewSwarm(o SwarmOptions) *Swarm {
 		o.JoinWait = 2 * time.Second
 	}
 	if o.Streams <= 0 {
-		o.Streams = 4
+		o.Streams = 8
 	}
 	if o.RefreshInterval <= 0 {
 		o.RefreshInterval = time.Second

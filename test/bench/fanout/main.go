@@ -66,6 +66,8 @@ type options struct {
 	partSize    string
 	partBytes   int64
 	concurrency int
+	streams     int
+	maxPeers    int
 	baseline    bool
 	noDigest    bool
 	witness     bool
@@ -86,6 +88,8 @@ func main() {
 	originRate := flag.String("origin-rate", "", "the origin's cap for all nodes together, bytes per second (default: --node-rate)")
 	flag.StringVar(&o.partSize, "part-size", "1Mi", "the agents' part size (1Mi: a part is 1/256 of the default model, as 16Mi is of a 4 GiB one)")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "the agents' concurrency")
+	flag.IntVar(&o.streams, "streams", 0, "the agents' peers.streams, parts taken from peers at once (0: the default)")
+	flag.IntVar(&o.maxPeers, "max-peers", 0, "the agents' peers.maxPeers, peers sent parts at once (0: the default)")
 	flag.BoolVar(&o.baseline, "baseline", true, "also run the largest N with sharing off")
 	flag.BoolVar(&o.noDigest, "no-digest", true, "also run the largest N for the model uploaded in parts (no file has a digest of its own: only a CRC)")
 	flag.BoolVar(&o.witness, "witness", true, "run the controller's witness, as the chart does: the nodes read the files without a digest through it and share them (false: each node reads them from the origin)")
@@ -317,7 +321,7 @@ func (b *bench) setUp(tmp string) error {
 			S3:           config.S3{Endpoint: b.origin.URL, PathStyle: true},
 			SourceAccess: []config.SourceRule{{Namespaces: []string{"*"}, S3: &config.S3Rule{Bucket: bucket}}},
 			Agent:        config.Agent{ProgressInterval: metav1.Duration{Duration: time.Second}, Kubelet: testutil.NoKubelet()},
-			Peers:        config.Peers{Disabled: c.disabled},
+			Peers:        config.Peers{Disabled: c.disabled, Streams: o.streams, MaxPeers: o.maxPeers},
 		}
 		*c.path = filepath.Join(b.dir, fmt.Sprintf("config-%v.yaml", !c.disabled))
 		if err := op.Write(*c.path); err != nil {

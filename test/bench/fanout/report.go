@@ -51,8 +51,15 @@ func (r report) markdown() string {
 	o := r.o
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s\n## Fan-out: N nodes warming one model together\n\n", beginMarker)
-	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --slow-rate %d --part-size %s --concurrency %d --stagger %s`), %s, on this machine (%d CPUs, %s).\n\n",
-		testutil.JoinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.slowRate, o.partSize, o.concurrency, o.stagger,
+	var tuned string
+	if o.streams > 0 {
+		tuned += fmt.Sprintf(" --streams %d", o.streams)
+	}
+	if o.maxPeers > 0 {
+		tuned += fmt.Sprintf(" --max-peers %d", o.maxPeers)
+	}
+	fmt.Fprintf(&b, "`make bench-fanout` (`go run ./test/bench/fanout --nodes %s --model %s --files %d --node-rate %d --origin-rate %d --slow-rate %d --part-size %s --concurrency %d%s --stagger %s`), %s, on this machine (%d CPUs, %s).\n\n",
+		testutil.JoinInts(o.nodes), o.model, o.files, o.nodeRate, o.originRate, o.slowRate, o.partSize, o.concurrency, tuned, o.stagger,
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.GOARCH)
 	fmt.Fprintf(&b, "A model of %s in %d files. Each node is a network namespace with its own agent process and disk folder, on a veth link shaped with `tbf` to %s/s in each direction; "+
 		"the origin (versitygw) is behind a proxy capped at %s/s for all nodes together. The controller groups the nodes (one group up to 16). "+
@@ -89,6 +96,7 @@ func (r report) markdown() string {
 	r.stalled(&b)
 	r.staggered(&b, t1)
 	r.classes(&b)
+	r.goals(&b, t1)
 	for _, res := range r.results {
 		if res.nodes < 2 || !res.peers || res.noDigest || res.paused != "" || res.slow != "" || res.joined != nil {
 			continue
@@ -189,6 +197,33 @@ func (r report) classes(b *strings.Builder) {
 		fmt.Fprintf(b, "\nSource classes: %d nodes sharing, links at %s/s, the model uploaded in parts (%s): the last node was Ready at %s (the model with MD5 ETags: %s); the origin sent %.2f× the model (goal ≤ 1.1×: %s).\n",
 			res.nodes, engine.HumanBytes(res.rate), res.class(), secs(res.times[len(res.times)-1]), same, origin, met(origin <= 1.1))
 	}
+}
+
+// goals writes the closing line: each of the fan-out's goals this run measured, met or not.
+func (r report) goals(b *strings.Builder, t1 map[int64]time.Duration) {
+	largest := slices.Max(r.o.nodes)
+	if largest < 2 {
+		return
+	}
+	var lines []string
+	for _, res := range r.results {
+		plain := res.paused == "" && res.slow == "" && res.joined == nil
+		if !plain || !res.peers || res.nodes != largest {
+			continue
+		}
+		t := res.times[len(res.times)-1]
+		if one := t1[res.rate]; one > 0 && !res.noDigest {
+			ratio := t.Seconds() / one.Seconds()
+			lines = append(lines, fmt.Sprintf("T(%d)/T(1) ≤ 1.2 at %s/s: %.2f, %s", largest, engine.HumanBytes(res.rate), ratio, met(ratio <= 1.2)))
+		}
+		origin := float64(res.originSent) / float64(r.o.modelBytes)
+		lines = append(lines, fmt.Sprintf("origin ≤ 1.1× the model, %s, %d nodes at %s/s: %.2f×, %s", res.class(), largest, engine.HumanBytes(res.rate), origin, met(origin <= 1.1)))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	b.WriteString("\nGoals, in this run: " + strings.Join(lines, "; ") +
+		"; files of an FSx or directory source: not run (no trusted reader reads file systems, so every node reads them whole, as with sharing off). The stalled owner's goal is in its paragraph above.\n")
 }
 
 func met(ok bool) string {
