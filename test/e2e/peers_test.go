@@ -201,12 +201,14 @@ func TestNodesShareFilesWithoutADigestThroughTheWitness(t *testing.T) {
 		return tok
 	}
 	nodes := []string{"wit-a", "wit-b", "wit-c"}
+	agentMetrics := map[string]string{}
 	w := e.warmTogether(nodes, "witnessed", inParts, func(n string) []string {
 		file := filepath.Join(e.logDir, "witness-token-"+n)
 		if err := os.WriteFile(file, []byte(witnessToken(n)), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		return []string{"--witness-url=http://" + witnessAddr, "--witness-token-file=" + file}
+		agentMetrics[n] = freeAddr(t)
+		return []string{"--witness-url=http://" + witnessAddr, "--witness-token-file=" + file, "--metrics-bind-address=" + agentMetrics[n]}
 	}, "--witness-bind-address="+witnessAddr)
 	m, served, metricsAddr := w.cache, w.served, w.metricsAddr
 	uid := string(m.UID)
@@ -219,6 +221,17 @@ func TestNodesShareFilesWithoutADigestThroughTheWitness(t *testing.T) {
 	// The files without a digest were read through the witness, once or nearly.
 	if witnessed < float64(multipart) || witnessed > 1.5*float64(multipart) {
 		t.Errorf("the witness read %.0f bytes; want about the %d of the files uploaded in parts", witnessed, multipart)
+	}
+	// The agents say what they read through the witness: every byte uploaded in parts, by one
+	// node or another, none of it from the origin directly.
+	var via, direct float64
+	for _, n := range nodes {
+		url := "http://" + agentMetrics[n] + "/metrics"
+		via += metricValue(t, url, `prewarm_agent_witness_read_bytes_total{path="witness"}`)
+		direct += metricValue(t, url, `prewarm_agent_witness_read_bytes_total{path="origin"}`)
+	}
+	if via < float64(multipart) || via > witnessed || direct != 0 {
+		t.Errorf("the agents read %.0f bytes through the witness and %.0f around it; want from %d (the files uploaded in parts) to %.0f (what the witness read), and none around it", via, direct, multipart, witnessed)
 	}
 	if got := m.Status.OriginBytes + m.Status.PeerBytes; got < int64(len(nodes))*total || m.Status.PeerBytes < multipart {
 		t.Errorf("origin + peer bytes %d (peers %d), want at least %d, with at least the %d bytes uploaded in parts from peers", got, m.Status.PeerBytes, int64(len(nodes))*total, multipart)
@@ -249,7 +262,7 @@ func TestNodesShareFilesWithoutADigestThroughTheWitness(t *testing.T) {
 	})
 }
 
-// metricValue is the value of the series named name (without labels) at url.
+// metricValue is the value of the series named name (with its labels, as exposed) at url.
 func metricValue(t *testing.T, url, name string) float64 {
 	t.Helper()
 	body, err := httpGet(url)

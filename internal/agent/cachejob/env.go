@@ -145,4 +145,8 @@ type Witness struct {
 	URL    string
 	Token  func() (string, error)
 	Client *http.Client
+	// Bytes, when set, counts the bytes of files without a digest of their own read for the
+	// group, by path: "witness" (through it: peers take them) or "origin" (directly, while the
+	// witness is away: peers read them too).
+	Bytes *prometheus.CounterVec
 }

@@ -75,8 +75,19 @@ func (j *Job) witnessed(ctx context.Context, src source.Source) (source.Source, 
 	if w == nil || j.env.Swarm == nil || j.env.TrustPeers || j.req.Source.Type != inferencev1.ModelSourceS3 {
 		return src, nil, func() {}
 	}
-	c := witness.NewClient(witness.ClientOptions{URL: w.URL, Model: j.req.UID, Origin: src, HTTP: w.Client, Token: w.Token,
-		Log: slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))})
+	o := witness.ClientOptions{URL: w.URL, Model: j.req.UID, Origin: src, HTTP: w.Client, Token: w.Token,
+		Log: slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))}
+	if w.Bytes != nil {
+		via, direct := w.Bytes.WithLabelValues("witness"), w.Bytes.WithLabelValues("origin")
+		o.Counted = func(viaWitness bool, n int) {
+			if viaWitness {
+				via.Add(float64(n))
+			} else {
+				direct.Add(float64(n))
+			}
+		}
+	}
+	c := witness.NewClient(o)
 	ctx, cancel := context.WithCancel(ctx)
 	go c.Run(ctx)
 	return c, c, cancel

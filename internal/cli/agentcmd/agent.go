@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -399,7 +400,7 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 	if err := mgr.Add(cli.HTTPServerOn(ln, server)); err != nil {
 		return nil, err
 	}
-	witness, err := setupWitness(pc, pf)
+	witness, err := setupWitness(pc, pf, opts.Registerer)
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -419,7 +420,7 @@ func setupPeers(mgr ctrl.Manager, opts *agent.Options, pf peerFlags) (*agent.Pee
 }
 
 // setupWitness says where the controller's witness is, or nil when the agents use none.
-func setupWitness(pc config.Peers, pf peerFlags) (*cachejob.Witness, error) {
+func setupWitness(pc config.Peers, pf peerFlags, reg prometheus.Registerer) (*cachejob.Witness, error) {
 	if !pc.Witnessed() || pf.witnessURL == "" {
 		return nil, nil
 	}
@@ -431,7 +432,16 @@ func setupWitness(pc config.Peers, pf peerFlags) (*cachejob.Witness, error) {
 	// up on in seconds, not the system's connect timeout: the node then reads the origin itself.
 	// An answer's header may wait out the 15 s long poll of the digests.
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	return &cachejob.Witness{URL: strings.TrimSuffix(pf.witnessURL, "/"), Token: agent.TokenFile(pf.witnessTokenFile),
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "prewarm_agent_witness_read_bytes_total",
+		Help: "Bytes of S3 files without a digest of their own this agent read for its group, by path: witness (through the controller's witness: its peers take them) or origin (directly, while the witness was away or busy: its peers read them too).",
+	}, []string{"path"})
+	if reg != nil {
+		if err := reg.Register(bytes); err != nil {
+			return nil, err
+		}
+	}
+	return &cachejob.Witness{URL: strings.TrimSuffix(pf.witnessURL, "/"), Token: agent.TokenFile(pf.witnessTokenFile), Bytes: bytes,
 		Client: &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 16,
 			IdleConnTimeout: 90 * time.Second, ResponseHeaderTimeout: 30 * time.Second}}}, nil
 }

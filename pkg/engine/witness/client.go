@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,7 +33,15 @@ type ClientOptions struct {
 	Token func() (string, error)
 	// Retry is how long the witness is left alone after it failed to answer (30 s when zero).
 	Retry time.Duration
-	Log   *slog.Logger
+	// Counted, when set, is told of the bytes of files without a digest of their own as they
+	// are read: through the witness, or from the origin directly while it is away.
+	Counted func(viaWitness bool, n int)
+	// Busy is how long a read waits, in all, on a witness that answers it is busy (429 or 503,
+	// each wait as its Retry-After says, a second when it says nothing) before it reads the
+	// origin instead (10 s when zero). A whole fleet asking at once is slowed down, not sent
+	// to the origin: what a node reads around the witness, its peers read too.
+	Busy time.Duration
+	Log  *slog.Logger
 }
 
 // Client is a source.Source that reads a model through a witness, and an engine.PartDigests
@@ -50,6 +59,7 @@ type Client struct {
 	mu        sync.Mutex
 	known     map[rangeKey][sha256.Size]byte // under *rev
 	knownRev  string
+	epoch     string // the witness's table the sequence numbers count in
 	seq       int
 	downUntil time.Time
 
@@ -63,6 +73,9 @@ func NewClient(o ClientOptions) *Client {
 	}
 	if o.Retry <= 0 {
 		o.Retry = 30 * time.Second
+	}
+	if o.Busy <= 0 {
+		o.Busy = 10 * time.Second
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -110,15 +123,48 @@ func (c *Client) OpenRange(ctx context.Context, path string, off, n int64) (io.R
 		return c.fromOrigin(ctx, path, off, n)
 	}
 	q := url.Values{"revision": {*rev}, "path": {path}, "off": {strconv.FormatInt(off, 10)}, "n": {strconv.FormatInt(n, 10)}}
-	resp, err := c.get(ctx, "read", q) //nolint:bodyclose // the caller closes the body it is given
-	if err != nil {
+	var waited time.Duration
+	for {
+		resp, err := c.get(ctx, "read", q) //nolint:bodyclose // the caller closes the body it is given
+		if err == nil {
+			return c.countBody(resp.Body, true), nil
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		var busy *busyError
+		if errors.As(err, &busy) && waited < c.o.Busy {
+			wait := min(busy.after, c.o.Busy-waited)
+			waited += wait
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+				continue
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			}
 		}
 		c.failed(err)
 		return c.fromOrigin(ctx, path, off, n)
 	}
-	return countBody(resp.Body, &c.viaWitness), nil
+}
+
+// busyError is a witness's answer that it is busy: ask again after.
+type busyError struct {
+	status string
+	after  time.Duration
+}
+
+func (e *busyError) Error() string { return fmt.Sprintf("the witness is busy (%s)", e.status) }
+
+// retryAfter is how long a busy answer asks to wait: its Retry-After in seconds, a second when
+// it says nothing usable, and never more than a minute.
+func retryAfter(h http.Header) time.Duration {
+	if secs, err := strconv.Atoi(h.Get("Retry-After")); err == nil && secs >= 0 {
+		return min(time.Duration(secs)*time.Second, time.Minute)
+	}
+	return time.Second
 }
 
 func (c *Client) fromOrigin(ctx context.Context, path string, off, n int64) (io.ReadCloser, error) {
@@ -126,7 +172,7 @@ func (c *Client) fromOrigin(ctx context.Context, path string, off, n int64) (io.
 	if err != nil {
 		return nil, err
 	}
-	return countBody(body, &c.direct), nil
+	return c.countBody(body, false), nil
 }
 
 // down reports whether the witness failed within Retry.
@@ -164,6 +210,9 @@ func (c *Client) get(ctx context.Context, op string, q url.Values) (*http.Respon
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			return nil, &busyError{status: resp.Status, after: retryAfter(resp.Header)}
+		}
 		return nil, fmt.Errorf("witness %s: %s: %s", op, resp.Status, msg)
 	}
 	return resp, nil
@@ -196,9 +245,9 @@ func (c *Client) Run(ctx context.Context) {
 		if rev != c.knownRev {
 			c.known, c.knownRev, c.seq = map[rangeKey][sha256.Size]byte{}, rev, 0
 		}
-		after := c.seq
+		after, epoch := c.seq, c.epoch
 		c.mu.Unlock()
-		d, err := c.digests(ctx, rev, after)
+		d, err := c.digests(ctx, rev, epoch, after)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -219,8 +268,12 @@ func (c *Client) Run(ctx context.Context) {
 	}
 }
 
-func (c *Client) digests(ctx context.Context, rev string, after int) (Digests, error) {
-	resp, err := c.get(ctx, "digests", url.Values{"revision": {rev}, "after": {strconv.Itoa(after)}})
+func (c *Client) digests(ctx context.Context, rev, epoch string, after int) (Digests, error) {
+	q := url.Values{"revision": {rev}, "after": {strconv.Itoa(after)}}
+	if epoch != "" {
+		q.Set("epoch", epoch)
+	}
+	resp, err := c.get(ctx, "digests", q)
 	if err != nil {
 		return Digests{}, err
 	}
@@ -232,15 +285,25 @@ func (c *Client) digests(ctx context.Context, rev string, after int) (Digests, e
 	return d, nil
 }
 
-// learn adds what the witness answered for rev past after. An answer whose sequence went back
-// (the witness restarted and forgot) is learnt from the start again.
+// learn adds what the witness answered for rev past after. An answer from another table of the
+// witness's (another epoch: a new leader, or the witness restarted and forgot) counts from its
+// start, as the witness answers it; one whose sequence went back without saying so (a witness
+// that names no epoch) is asked from the start again. What was learnt stays known: the old
+// table's digests are as true as the new one's.
 func (c *Client) learn(rev string, after int, d Digests) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if rev != c.knownRev || after != c.seq {
 		return
 	}
-	if d.Seq < after {
+	if d.Epoch != c.epoch {
+		asked := c.epoch // the epoch the request named
+		c.epoch = d.Epoch
+		if after > 0 && (asked == "" || d.Epoch == "") { // counted from after in a table it did not name
+			c.seq = 0
+			return
+		}
+	} else if d.Seq < after {
 		c.seq = 0
 		return
 	}
@@ -255,10 +318,20 @@ func (c *Client) learn(rev string, after int, d Digests) {
 	c.seq = d.Seq
 }
 
-// countBody returns body, adding what is read from it to n.
-func countBody(body io.ReadCloser, n *atomic.Int64) io.ReadCloser {
+// countBody returns body, counting what is read from it as read through the witness or not.
+func (c *Client) countBody(body io.ReadCloser, viaWitness bool) io.ReadCloser {
+	n := &c.direct
+	if viaWitness {
+		n = &c.viaWitness
+	}
+	count := func(k int) {
+		n.Add(int64(k))
+		if c.o.Counted != nil {
+			c.o.Counted(viaWitness, k)
+		}
+	}
 	return struct {
 		io.Reader
 		io.Closer
-	}{&counting{r: body, n: n}, body}
+	}{&counting{r: body, add: count}, body}
 }

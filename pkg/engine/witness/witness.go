@@ -27,6 +27,7 @@ package witness
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -100,6 +101,7 @@ func (s *Server) BytesRead() int64 { return s.read.Load() }
 
 // table is what a Server vouches for under one model revision.
 type table struct {
+	epoch   string // names this table among all a witness ever made
 	used    uint64 // Server.tick when last asked about
 	parts   []Part
 	index   map[rangeKey]int
@@ -120,8 +122,11 @@ type Part struct {
 }
 
 // Digests is the answer to a digests request: parts vouched for, and the sequence number past
-// which to ask next.
+// which to ask next, counted in the table named by Epoch. A witness answers a request naming
+// another epoch (its table was made again: a new leader, a restart, a revision forgotten and
+// asked about again) from the start of its own table.
 type Digests struct {
+	Epoch string `json:"epoch,omitempty"`
 	Seq   int    `json:"seq"`
 	Parts []Part `json:"parts"`
 }
@@ -145,7 +150,7 @@ func (s *Server) table(model, rev string) *table {
 			}
 			delete(s.tables, oldest)
 		}
-		t = &table{index: map[rangeKey]int{}, changed: make(chan struct{})}
+		t = &table{epoch: newEpoch(), index: map[rangeKey]int{}, changed: make(chan struct{})}
 		s.tables[key] = t
 	}
 	t.used = s.tick
@@ -166,14 +171,24 @@ func (s *Server) vouch(model, rev string, k rangeKey, sum []byte) {
 	t.changed = make(chan struct{})
 }
 
-// since returns what is vouched for under model's rev past seq, or a channel closed when there is
-// more.
-func (s *Server) since(model, rev string, seq int) (Digests, <-chan struct{}) {
+// since returns what is vouched for under model's rev past seq (from the start when epoch, when
+// given, is not the table's), and a channel closed when there is more.
+func (s *Server) since(model, rev, epoch string, seq int) (Digests, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.table(model, rev)
+	if epoch != "" && epoch != t.epoch {
+		seq = 0
+	}
 	seq = max(0, min(seq, len(t.parts)))
-	return Digests{Seq: len(t.parts), Parts: append([]Part(nil), t.parts[seq:]...)}, t.changed
+	return Digests{Epoch: t.epoch, Seq: len(t.parts), Parts: append([]Part(nil), t.parts[seq:]...)}, t.changed
+}
+
+// newEpoch names a new table: random, so that no two witnesses' tables share a name.
+func newEpoch() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -279,15 +294,20 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, model, rev st
 	}
 }
 
-// counting adds what it reads to n.
+// counting adds what it reads to n, or tells add of it.
 type counting struct {
-	r io.Reader
-	n *atomic.Int64
+	r   io.Reader
+	n   *atomic.Int64
+	add func(int)
 }
 
 func (c *counting) Read(b []byte) (int, error) {
 	k, err := c.r.Read(b)
-	c.n.Add(int64(k))
+	if c.add != nil {
+		c.add(k)
+	} else {
+		c.n.Add(int64(k))
+	}
 	return k, err
 }
 
@@ -303,8 +323,9 @@ func (s *Server) serveDigests(w http.ResponseWriter, r *http.Request, model, rev
 	if s.open(w, r, model, rev) == nil {
 		return
 	}
-	d, changed := s.since(model, rev, max(after, 0))
-	if after >= 0 && len(d.Parts) == 0 && d.Seq == after { // (less: it forgot; say so at once)
+	epoch := r.URL.Query().Get("epoch")
+	d, changed := s.since(model, rev, epoch, max(after, 0))
+	if after >= 0 && len(d.Parts) == 0 && d.Seq == after && (epoch == "" || epoch == d.Epoch) { // (less, or another table: say so at once)
 		t := time.NewTimer(longPoll)
 		select {
 		case <-changed:
@@ -312,7 +333,7 @@ func (s *Server) serveDigests(w http.ResponseWriter, r *http.Request, model, rev
 		case <-r.Context().Done():
 		}
 		t.Stop()
-		d, _ = s.since(model, rev, after)
+		d, _ = s.since(model, rev, epoch, after)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(d)

@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -64,7 +66,7 @@ func serve(t *testing.T, src *bytesSource) (*Server, *Client, source.Listing, st
 // learnAll runs the client until it has learnt what the witness vouches for now.
 func learnAll(t *testing.T, s *Server, c *Client, rev string) {
 	t.Helper()
-	want, _ := s.since("m", rev, 0)
+	want, _ := s.since("m", rev, "", 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for {
@@ -74,7 +76,7 @@ func learnAll(t *testing.T, s *Server, c *Client, rev string) {
 		if seq >= want.Seq && c.knownRev == rev {
 			return
 		}
-		d, err := c.digests(ctx, rev, seq)
+		d, err := c.digests(ctx, rev, c.epoch, seq)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +120,10 @@ func TestOnlyARangeReadWholeIsVouchedFor(t *testing.T) {
 	}
 }
 
-// A client whose witness restarted (and forgot) learns what it vouches for again from the start.
+// A client whose witness restarted (and forgot), or was replaced by another, learns what it
+// vouches for from the start of its new table, even when that table has grown past where the
+// client had got to in the old one; a witness that names no epoch and counts back is asked
+// from the start again.
 func TestAClientLearnsAgainFromAWitnessThatForgot(t *testing.T) {
 	data := bytes.Repeat([]byte{7}, 4096)
 	s, c, l, rev := serve(t, &bytesSource{data: data})
@@ -131,21 +136,49 @@ func TestAClientLearnsAgainFromAWitnessThatForgot(t *testing.T) {
 		body.Close()
 	}
 	learnAll(t, s, c, rev)
+	if c.seq != 4 || c.epoch == "" {
+		t.Fatalf("learnt up to %d in epoch %q, want 4 in the witness's", c.seq, c.epoch)
+	}
 	s.mu.Lock()
-	s.tables = nil // a restart
+	s.tables = nil // a restart, or a new leader
 	s.mu.Unlock()
-	s.vouch("m", rev, rangeKey{"f", 0, 512}, make([]byte, sha256.Size))
-	d, err := c.digests(context.Background(), rev, c.seq) // past what it holds: answered at once
+	for k := range int64(6) { // more than the client had learnt of the old table
+		s.vouch("m", rev, rangeKey{"f", 512 * k, 512}, make([]byte, sha256.Size))
+	}
+	d, err := c.digests(context.Background(), rev, c.epoch, c.seq)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.learn(rev, c.seq, d)
-	if c.seq != 0 {
-		t.Fatalf("after the witness forgot, the client asks past %d, not from the start", c.seq)
+	c.learn(rev, 4, d)
+	for k := range int64(6) {
+		if _, ok := c.PartSHA256(rev, l.Files[0], 512*k, 512); !ok {
+			t.Errorf("range %d+512, vouched for by the new table, is not learnt", 512*k)
+		}
 	}
-	learnAll(t, s, c, rev)
-	if _, ok := c.PartSHA256(rev, l.Files[0], 0, 512); !ok {
-		t.Error("what the witness vouched for after its restart is not learnt")
+	if _, ok := c.PartSHA256(rev, l.Files[0], 0, 1024); !ok {
+		t.Error("what the old table vouched for was forgotten")
+	}
+	if c.seq != 6 {
+		t.Errorf("the client asks past %d in the new table, want 6", c.seq)
+	}
+	// Another restart to a table exactly as long: asked past 6 in the old epoch, it answers
+	// from its start rather than waiting for a seventh.
+	s.mu.Lock()
+	s.tables = nil
+	s.mu.Unlock()
+	for k := range int64(6) {
+		s.vouch("m", rev, rangeKey{"f", 1024 + 512*k, 512}, make([]byte, sha256.Size))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), longPoll/2)
+	defer cancel()
+	if d, err = c.digests(ctx, rev, c.epoch, c.seq); err != nil || len(d.Parts) != 6 {
+		t.Fatalf("asked in an old epoch past a table as long: %d parts, %v; want its 6 at once", len(d.Parts), err)
+	}
+
+	// A witness that names no epoch (an older one) and counts from another start.
+	c.learn(rev, 6, Digests{Seq: 7, Parts: []Part{{Path: "f", Off: 0, N: 100, SHA256: hex.EncodeToString(make([]byte, sha256.Size))}}})
+	if c.seq != 0 {
+		t.Errorf("after an answer from a table it did not name, the client asks past %d, not from the start", c.seq)
 	}
 }
 
@@ -194,28 +227,51 @@ func TestAFileWithADigestIsNotReadThroughTheWitness(t *testing.T) {
 	}
 }
 
-// A witness that refuses for now (429) is left alone: the node reads the origin itself, and
-// gets the source's bytes.
+// A witness that answers it is busy (429) is waited for as its answer asks, within the client's
+// Busy; past that it is left alone for a while: the node reads the origin itself, and gets the
+// source's bytes.
 func TestABusyWitnessIsReadAround(t *testing.T) {
 	src := &bytesSource{data: bytes.Repeat([]byte{2}, 4096)}
-	asked := 0
+	var asked atomic.Int32
+	var busyFor atomic.Int32
 	s := &Server{Open: func(*http.Request, string) (source.Source, error) {
-		asked++
-		return nil, ErrTooManyRequests
+		if asked.Add(1) <= busyFor.Load() {
+			return nil, ErrTooManyRequests
+		}
+		return src, nil
 	}}
 	srv := httptest.NewServer(s)
 	defer srv.Close()
-	c := NewClient(ClientOptions{URL: srv.URL, Model: "m", Origin: src})
-	if _, err := c.List(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
+	read := func(c *Client) {
+		t.Helper()
 		if got := readRange(t, c, 0, 4096); !bytes.Equal(got, src.data) {
 			t.Fatal("read other bytes than the source holds")
 		}
 	}
-	if via, direct := c.Read(); via != 0 || direct != 2*4096 || asked != 1 {
-		t.Errorf("asked the witness %d times, read %d bytes through it and %d directly; want once, 0 and %d", asked, via, direct, 2*4096)
+
+	// Busy once: the read waits the second its answer asks for, and goes through the witness.
+	busyFor.Store(1)
+	c := NewClient(ClientOptions{URL: srv.URL, Model: "m", Origin: src})
+	if _, err := c.List(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	read(c)
+	if via, direct := c.Read(); via != 4096 || direct != 0 || asked.Load() != 2 {
+		t.Errorf("busy once: asked the witness %d times, read %d bytes through it and %d directly; want twice, 4096 and 0", asked.Load(), via, direct)
+	}
+
+	// Busy for longer than the read waits: it reads the origin, and so does the next read,
+	// without asking, for Retry.
+	asked.Store(0)
+	busyFor.Store(1 << 30)
+	c = NewClient(ClientOptions{URL: srv.URL, Model: "m", Origin: src, Busy: 200 * time.Millisecond})
+	if _, err := c.List(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	read(c)
+	read(c)
+	if via, direct := c.Read(); via != 0 || direct != 2*4096 || asked.Load() != 2 {
+		t.Errorf("busy: asked the witness %d times, read %d bytes through it and %d directly; want twice (once after waiting), 0 and %d", asked.Load(), via, direct, 2*4096)
 	}
 }
 
@@ -271,7 +327,7 @@ func TestAWitnessReadsOnlyTheRevisionItsSourceLists(t *testing.T) {
 	if got := s.BytesRead(); got != 2048 {
 		t.Errorf("the witness read %d bytes, want only the 2048 asked under the listed revision, within the file", got)
 	}
-	d, _ := s.since("m", "r1", 0)
+	d, _ := s.since("m", "r1", "", 0)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.tables) != 1 {
