@@ -70,13 +70,18 @@ func (j *Job) trustsPeers() bool { return j.env.TrustPeers }
 // node shares an S3 cache's parts with its peers only where they can be checked: the parts of
 // files S3 has no SHA-256 or SHA-1 of (uploaded in parts, with a CRC) are then shared too. stop
 // ends the learning of its digests. Otherwise src, no digests, and a stop that does nothing.
+//
+// While the node has no peer for the cache (its only node, or its peers not listed yet) it
+// reads the origin directly: nobody would take those parts, and the witness's pod would carry
+// them for nothing. A node that joins later reads those parts itself.
 func (j *Job) witnessed(ctx context.Context, src source.Source) (source.Source, engine.PartDigests, func()) {
 	w := j.env.Witness
 	if w == nil || j.env.Swarm == nil || j.env.TrustPeers || j.req.Source.Type != inferencev1.ModelSourceS3 {
 		return src, nil, func() {}
 	}
 	o := witness.ClientOptions{URL: w.URL, Model: j.req.UID, Origin: src, HTTP: w.Client, Token: w.Token,
-		Log: slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))}
+		Alone: func() bool { return len(j.Current().Peers) == 0 },
+		Log:   slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))}
 	if w.Bytes != nil {
 		via, direct := w.Bytes.WithLabelValues("witness"), w.Bytes.WithLabelValues("origin")
 		o.Counted = func(viaWitness bool, n int) {

@@ -36,6 +36,9 @@ type ClientOptions struct {
 	// Counted, when set, is told of the bytes of files without a digest of their own as they
 	// are read: through the witness, or from the origin directly while it is away.
 	Counted func(viaWitness bool, n int)
+	// Alone, when set, says the node has no one to share parts with now: ranges are then read
+	// from the origin directly, and counted nowhere.
+	Alone func() bool
 	// Busy is how long a read waits, in all, on a witness that answers it is busy (429 or 503,
 	// each wait as its Retry-After says, a second when it says nothing) before it reads the
 	// origin instead (10 s when zero). A whole fleet asking at once is slowed down, not sent
@@ -113,10 +116,10 @@ func (c *Client) Read() (viaWitness, direct int64) { return c.viaWitness.Load(),
 
 // OpenRange reads the range through the witness, or from the origin while the witness cannot be
 // reached. A file the origin lists a digest for is read from the origin: its parts are checked
-// against that.
+// against that; so is every file while the node is alone (Alone).
 func (c *Client) OpenRange(ctx context.Context, path string, off, n int64) (io.ReadCloser, error) {
 	rev := c.rev.Load()
-	if v := c.vouched.Load(); v != nil && (*v)[path] {
+	if v := c.vouched.Load(); v != nil && (*v)[path] || c.o.Alone != nil && c.o.Alone() {
 		return c.o.Origin.OpenRange(ctx, path, off, n)
 	}
 	if rev == nil || c.down() {
