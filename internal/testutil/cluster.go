@@ -328,13 +328,6 @@ func (c *Cluster) AddNode(ctx context.Context, name string, opts NodeOptions) (*
 	for k, v := range opts.Labels {
 		labels[k] = v
 	}
-	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{KwokNodeAnnotation: "fake"}},
-		Spec:       corev1.NodeSpec{Taints: opts.Taints},
-	}
-	if err := c.Client.Create(ctx, node); err != nil {
-		return nil, err
-	}
 	capacity := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("96"),
 		corev1.ResourceMemory: resource.MustParse("384Gi"),
@@ -345,6 +338,17 @@ func (c *Cluster) AddNode(ctx context.Context, name string, opts NodeOptions) (*
 	}
 	ip := cmp.Or(opts.InternalIP, "127.0.0.1")
 	addresses := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}, {Type: corev1.NodeHostName, Address: name}}
+	// The addresses are the node's from its creation, as a kubelet registers its node: kwok
+	// keeps the addresses a node already has, but writes its own into a node that has none, and
+	// a write of its made from a copy older than a later patch of ours would put them back.
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels, Annotations: map[string]string{KwokNodeAnnotation: "fake"}},
+		Spec:       corev1.NodeSpec{Taints: opts.Taints},
+		Status:     corev1.NodeStatus{Addresses: addresses, Capacity: capacity, Allocatable: capacity},
+	}
+	if err := c.Client.Create(ctx, node); err != nil {
+		return nil, err
+	}
 	patch, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity, "addresses": addresses}})
 	if err != nil {
 		return nil, err
