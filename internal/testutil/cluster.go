@@ -356,8 +356,8 @@ func (c *Cluster) AddNode(ctx context.Context, name string, opts NodeOptions) (*
 	if err := c.Client.Status().Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return nil, err
 	}
-	// kwok's first status write (addresses included) may land after ours; once the node is
-	// Ready kwok leaves its addresses alone, so they are put back until they hold.
+	// Should a status write of kwok's still replace them before the node is Ready, they are put
+	// back until they hold.
 	addrPatch, err := json.Marshal(map[string]any{"status": map[string]any{"addresses": addresses}})
 	if err != nil {
 		return nil, err

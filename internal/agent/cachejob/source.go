@@ -71,17 +71,15 @@ func (j *Job) trustsPeers() bool { return j.env.TrustPeers }
 // files S3 has no SHA-256 or SHA-1 of (uploaded in parts, with a CRC) are then shared too. stop
 // ends the learning of its digests. Otherwise src, no digests, and a stop that does nothing.
 //
-// While the node has no peer for the cache (its only node, or its peers not listed yet) it
-// reads the origin directly: nobody would take those parts, and the witness's pod would carry
-// them for nothing. A node that joins later reads those parts itself.
+// A node that has no peer yet reads through the witness too: a node that joins later (a
+// scale-out) takes those parts from it, checked, instead of reading the origin again.
 func (j *Job) witnessed(ctx context.Context, src source.Source) (source.Source, engine.PartDigests, func()) {
 	w := j.env.Witness
 	if w == nil || j.env.Swarm == nil || j.env.TrustPeers || j.req.Source.Type != inferencev1.ModelSourceS3 {
 		return src, nil, func() {}
 	}
 	o := witness.ClientOptions{URL: w.URL, Model: j.req.UID, Origin: src, HTTP: w.Client, Token: w.Token,
-		Alone: func() bool { return len(j.Current().Peers) == 0 },
-		Log:   slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))}
+		Log: slog.New(logr.ToSlogHandler(logr.FromContextOrDiscard(ctx).WithValues("cache", j.req.UID)))}
 	if w.Bytes != nil {
 		via, direct := w.Bytes.WithLabelValues("witness"), w.Bytes.WithLabelValues("origin")
 		o.Counted = func(viaWitness bool, n int) {

@@ -36,13 +36,12 @@ type ClientOptions struct {
 	// Counted, when set, is told of the bytes of files without a digest of their own as they
 	// are read: through the witness, or from the origin directly while it is away.
 	Counted func(viaWitness bool, n int)
-	// Alone, when set, says the node has no one to share parts with now: ranges are then read
-	// from the origin directly, and counted nowhere.
-	Alone func() bool
 	// Busy is how long a read waits, in all, on a witness that answers it is busy (429 or 503,
-	// each wait as its Retry-After says, a second when it says nothing) before it reads the
-	// origin instead (10 s when zero). A whole fleet asking at once is slowed down, not sent
-	// to the origin: what a node reads around the witness, its peers read too.
+	// each wait as its Retry-After says, a second when it says nothing, at least 100 ms)
+	// before it reads the origin instead (2 s when zero: under peers.stall, after which a part
+	// that does not move is claimed by another node, which would ask the witness again). A
+	// whole fleet asking at once is slowed down, not sent to the origin: what a node reads
+	// around the witness, its peers read too.
 	Busy time.Duration
 	Log  *slog.Logger
 }
@@ -78,7 +77,7 @@ func NewClient(o ClientOptions) *Client {
 		o.Retry = 30 * time.Second
 	}
 	if o.Busy <= 0 {
-		o.Busy = 10 * time.Second
+		o.Busy = 2 * time.Second
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -116,10 +115,10 @@ func (c *Client) Read() (viaWitness, direct int64) { return c.viaWitness.Load(),
 
 // OpenRange reads the range through the witness, or from the origin while the witness cannot be
 // reached. A file the origin lists a digest for is read from the origin: its parts are checked
-// against that; so is every file while the node is alone (Alone).
+// against that.
 func (c *Client) OpenRange(ctx context.Context, path string, off, n int64) (io.ReadCloser, error) {
 	rev := c.rev.Load()
-	if v := c.vouched.Load(); v != nil && (*v)[path] || c.o.Alone != nil && c.o.Alone() {
+	if v := c.vouched.Load(); v != nil && (*v)[path] {
 		return c.o.Origin.OpenRange(ctx, path, off, n)
 	}
 	if rev == nil || c.down() {
@@ -137,7 +136,7 @@ func (c *Client) OpenRange(ctx context.Context, path string, off, n int64) (io.R
 		}
 		var busy *busyError
 		if errors.As(err, &busy) && waited < c.o.Busy {
-			wait := min(busy.after, c.o.Busy-waited)
+			wait := min(max(busy.after, minBusyWait), c.o.Busy-waited)
 			waited += wait
 			t := time.NewTimer(wait)
 			select {
@@ -160,6 +159,9 @@ type busyError struct {
 }
 
 func (e *busyError) Error() string { return fmt.Sprintf("the witness is busy (%s)", e.status) }
+
+// minBusyWait is the shortest wait on a busy witness, whatever its Retry-After says.
+const minBusyWait = 100 * time.Millisecond
 
 // retryAfter is how long a busy answer asks to wait: its Retry-After in seconds, a second when
 // it says nothing usable, and never more than a minute.

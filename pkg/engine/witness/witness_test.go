@@ -227,9 +227,9 @@ func TestAFileWithADigestIsNotReadThroughTheWitness(t *testing.T) {
 	}
 }
 
-// A witness that answers it is busy (429) is waited for as its answer asks, within the client's
-// Busy; past that it is left alone for a while: the node reads the origin itself, and gets the
-// source's bytes.
+// A witness that answers it is busy (429, 503) is waited for as its answer asks (never less
+// than minBusyWait), within the client's Busy; past that it is left alone for a while: the node
+// reads the origin itself, and gets the source's bytes.
 func TestABusyWitnessIsReadAround(t *testing.T) {
 	src := &bytesSource{data: bytes.Repeat([]byte{2}, 4096)}
 	var asked atomic.Int32
@@ -272,6 +272,23 @@ func TestABusyWitnessIsReadAround(t *testing.T) {
 	read(c)
 	if via, direct := c.Read(); via != 0 || direct != 2*4096 || asked.Load() != 2 {
 		t.Errorf("busy: asked the witness %d times, read %d bytes through it and %d directly; want twice (once after waiting), 0 and %d", asked.Load(), via, direct, 2*4096)
+	}
+
+	// A busy answer that asks for no wait at all is still waited on, at least minBusyWait.
+	var zero atomic.Int32
+	rude := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		zero.Add(1)
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer rude.Close()
+	c = NewClient(ClientOptions{URL: rude.URL, Model: "m", Origin: src, Busy: 3 * minBusyWait})
+	if _, err := c.List(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	read(c)
+	if n := zero.Load(); n > 4 {
+		t.Errorf("a witness answering 503 with Retry-After: 0 was asked %d times within %s; want at most 4", n, 3*minBusyWait)
 	}
 }
 

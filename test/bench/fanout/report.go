@@ -222,8 +222,12 @@ func (r report) goals(b *strings.Builder, t1 map[int64]time.Duration) {
 	if len(lines) == 0 {
 		return
 	}
+	stalled := ""
+	if slices.ContainsFunc(r.results, func(res result) bool { return res.paused != "" }) {
+		stalled = " The stalled owner's goal is in its paragraph above."
+	}
 	b.WriteString("\nGoals, in this run: " + strings.Join(lines, "; ") +
-		"; files of an FSx or directory source: not run (no trusted reader reads file systems, so every node reads them whole, as with sharing off). The stalled owner's goal is in its paragraph above.\n")
+		"; files of an FSx or directory source: not run (no trusted reader reads file systems, so every node reads them whole, as with sharing off)." + stalled + "\n")
 }
 
 func met(ok bool) string {
