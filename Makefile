@@ -126,14 +126,18 @@ RELEASE_PLATFORMS ?= linux/amd64,linux/arm64
 HELM_PUSH_FLAGS ?=
 HELM = $(shell bash hack/testbin.sh --print)/helm-$(shell sed -n 's/^HELM_VERSION=\([^ ]*\).*/\1/p' hack/testbin.sh)
 
+# The OCI layout the images are written to (hack/images empties it first: two builds at once
+# need two folders).
+IMAGES_OUT ?= bin/images
+
 .PHONY: images
-images: ## Build the controller and agent images, without a Docker daemon, into the OCI layout bin/images (VERSION, PLATFORMS).
-	go run ./hack/images --out bin/images --version $(VERSION) --platforms $(PLATFORMS)
+images: ## Build the controller and agent images, without a Docker daemon, into the OCI layout IMAGES_OUT (bin/images; VERSION, PLATFORMS).
+	go run ./hack/images --out $(IMAGES_OUT) --version $(VERSION) --platforms $(PLATFORMS)
 
 .PHONY: push
 push: ## Build the images and push them to REGISTRY as REGISTRY/{controller,agent}:VERSION, the tags the chart pulls (e.g. make push REGISTRY=registry.example.com/prewarm); credentials from ~/.docker/config.json.
 	@test -n "$(REGISTRY)" || { echo "set REGISTRY, e.g. make push REGISTRY=registry.example.com/prewarm"; exit 2; }
-	go run ./hack/images --out bin/images --version $(VERSION) --platforms $(PLATFORMS) --push $(REGISTRY)
+	go run ./hack/images --out $(IMAGES_OUT) --version $(VERSION) --platforms $(PLATFORMS) --push $(REGISTRY)
 
 .PHONY: chart
 chart: ## Package the Helm chart into bin/chart/prewarm-CHART_VERSION.tgz.

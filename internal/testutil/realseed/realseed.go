@@ -296,7 +296,10 @@ func (e *Env) Registry() string { return e.C.Registry + "/prewarm" }
 func (e *Env) publish(ctx context.Context) error {
 	start := time.Now()
 	for _, target := range []string{"push", "chart-push"} {
-		cmd := exec.CommandContext(ctx, "make", "--no-print-directory", target, "REGISTRY="+e.Registry(), "HELM_PUSH_FLAGS=--plain-http")
+		// Its own image folder: hack/images empties the one it writes, and test/chart's release
+		// test may push beside it.
+		cmd := exec.CommandContext(ctx, "make", "--no-print-directory", target, "REGISTRY="+e.Registry(), "HELM_PUSH_FLAGS=--plain-http",
+			"IMAGES_OUT="+filepath.Join(e.Dir, "release-images"))
 		cmd.Dir = e.Root
 		cmd.Env = append(os.Environ(), e.helmEnv()...)
 		if out, err := cmd.CombinedOutput(); err != nil {
