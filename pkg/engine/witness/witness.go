@@ -282,7 +282,7 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, model, rev st
 	w.Header().Set("Content-Length", strconv.FormatInt(k.n, 10))
 	w.Header().Set("Content-Type", "application/octet-stream")
 	h := sha256.New()
-	got, err := io.Copy(io.MultiWriter(w, h), &counting{r: io.LimitReader(body, k.n), n: &s.read})
+	got, err := io.Copy(io.MultiWriter(w, h), &counting{r: io.LimitReader(body, k.n), add: func(n int) { s.read.Add(int64(n)) }})
 	if err != nil || got != k.n {
 		if s.Log != nil {
 			s.Log.Warn("a range was not read whole", "model", model, "path", k.path, "off", k.off, "n", k.n, "read", got, "err", err)
@@ -294,20 +294,15 @@ func (s *Server) serveRead(w http.ResponseWriter, r *http.Request, model, rev st
 	}
 }
 
-// counting adds what it reads to n, or tells add of it.
+// counting tells add how many bytes each read gave.
 type counting struct {
 	r   io.Reader
-	n   *atomic.Int64
 	add func(int)
 }
 
 func (c *counting) Read(b []byte) (int, error) {
 	k, err := c.r.Read(b)
-	if c.add != nil {
-		c.add(k)
-	} else {
-		c.n.Add(int64(k))
-	}
+	c.add(k)
 	return k, err
 }
 
