@@ -2,6 +2,8 @@ package engine
 
 import (
 	"errors"
+	"io"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -13,7 +15,14 @@ type metrics struct {
 	peerFailures prometheus.Counter
 	peerWait     prometheus.Counter
 	directBytes  prometheus.Counter
+	// partWait and partStall are observed once per part, by where it came from (peer, source).
+	partWait  *prometheus.HistogramVec
+	partStall *prometheus.HistogramVec
 }
+
+// partBuckets are the part waits' and stalls' histogram buckets, in seconds: fine below the
+// peers' stall (3 s by default), with 5 s (the fan-out goal's bound) one of them.
+var partBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120}
 
 // newMetrics registers the engine's metrics with reg, or keeps them unregistered when reg is
 // nil (they still count, for nobody). Engines sharing a registry share the counters.
@@ -37,17 +46,80 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		directBytes: register(reg, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "prewarm_engine_direct_written_bytes_total", Help: "Bytes written with direct I/O (O_DIRECT), past the page cache.",
 		})),
+		partWait: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prewarm_engine_part_wait_seconds",
+			Help:    "Per part, from a worker asking for it (of a peer, or of the source) to its first byte, by where it came from (peer, source); retries and other peers asked count in.",
+			Buckets: partBuckets,
+		}, []string{"from"})),
+		partStall: register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "prewarm_engine_part_stall_seconds",
+			Help:    "Per part, the longest time it went without a byte arriving, from a worker asking for it until its last byte, by where it came from (peer, source).",
+			Buckets: partBuckets,
+		}, []string{"from"})),
 	}
 }
 
-func register(reg prometheus.Registerer, c prometheus.Counter) prometheus.Counter {
+// partClock times one part's arrival: when it was asked for, its first byte, and the longest
+// time between bytes (the wait for the first counts). It spans every try of the part.
+type partClock struct {
+	asked, first, last time.Time
+	longest            time.Duration
+	now                func() time.Time
+}
+
+func newPartClock() *partClock {
+	now := time.Now()
+	return &partClock{asked: now, last: now, now: time.Now}
+}
+
+// moved records that bytes arrived.
+func (c *partClock) moved() {
+	now := c.now()
+	if c.first.IsZero() {
+		c.first = now
+	}
+	c.longest = max(c.longest, now.Sub(c.last))
+	c.last = now
+}
+
+// observe records the part, which came from from (peer or source), once it has all arrived.
+func (c *partClock) observe(m *metrics, from string) {
+	if c.first.IsZero() {
+		c.first = c.now()
+	}
+	m.partWait.WithLabelValues(from).Observe(c.first.Sub(c.asked).Seconds())
+	m.partStall.WithLabelValues(from).Observe(max(c.longest, c.first.Sub(c.asked)).Seconds())
+}
+
+// reader is r, telling c of every read that brings bytes (nil c: r itself).
+func (c *partClock) reader(r io.Reader) io.Reader {
+	if c == nil {
+		return r
+	}
+	return &clockedReader{r: r, c: c}
+}
+
+type clockedReader struct {
+	r io.Reader
+	c *partClock
+}
+
+func (cr *clockedReader) Read(b []byte) (int, error) {
+	n, err := cr.r.Read(b)
+	if n > 0 {
+		cr.c.moved()
+	}
+	return n, err
+}
+
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	if reg == nil {
 		return c
 	}
 	if err := reg.Register(c); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
+			if existing, ok := are.ExistingCollector.(C); ok {
 				return existing
 			}
 		}

@@ -648,7 +648,7 @@ type fetched struct {
 func (r *run) partFromSource(ctx context.Context, p part, i int) (sums, error) {
 	e := r.e
 	f := r.listing.Files[p.file]
-	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file], fromSource: true, track: i, base: p.off}
+	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file], fromSource: true, track: i, base: p.off, clock: newPartClock()}
 	end := p.off + p.n
 	var lastErr error
 	for attempt := 0; attempt < e.maxAttempts; attempt++ {
@@ -674,6 +674,7 @@ func (r *run) partFromSource(ctx context.Context, p part, i int) (sums, error) {
 		e.budget.observe(err)
 		req.off, req.n, req.sums = req.off+got.n, req.n-got.n, got.sums
 		if err == nil && req.off == end {
+			req.clock.observe(e.metrics, "source")
 			return req.sums, nil
 		}
 		if err == nil {
@@ -706,7 +707,7 @@ func (r *run) partFromPeers(ctx context.Context, p part) (fetched, error) {
 		return fetched{}, nil // resumed from another part size: not a part peers know
 	}
 	f := r.listing.Files[p.file]
-	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file]}
+	req := copyReq{h: p.handle, path: f.Path, off: p.off, n: p.n, kind: r.inline[p.file], clock: newPartClock()}
 	var want [sha256.Size]byte
 	if r.vouched[p.file] {
 		var ok bool
@@ -740,6 +741,7 @@ func (r *run) partFromPeers(ctx context.Context, p part) (fetched, error) {
 			r.fromPeers.Add(c.n)
 			r.done.Add(c.n)
 			r.e.metrics.peerBytes.Add(float64(c.n))
+			req.clock.observe(r.e.metrics, "peer")
 			if req.sha != nil {
 				return fetched{sums: c.sums, fromPeer: true, checked: true}, nil
 			}
@@ -784,6 +786,8 @@ type copyReq struct {
 	base  int64
 	// sha, when set, hashes the bytes too (a peer's part of a vouched file).
 	sha hash.Hash
+	// clock, when set, is told of every read that brings bytes.
+	clock *partClock
 }
 
 // copied is what a copy wrote: n bytes, all good even when the copy ended in an error, and
@@ -827,6 +831,7 @@ func (p *progressReader) Read(b []byte) (int, error) {
 
 // copyBody is copyRange's loop over a body already open.
 func (r *run) copyBody(ctx context.Context, body io.Reader, req copyReq) (copied, error) {
+	body = req.clock.reader(body)
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	buf := *bufp

@@ -563,6 +563,42 @@ func TestTimeWaitingOnPeersIsCounted(t *testing.T) {
 	if want := float64(parts) * delay.Seconds(); waited < want {
 		t.Errorf("the workers waited %.3f s on the peer by the metric; each of its %d parts was %s late: at least %.3f s", waited, parts, delay, want)
 	}
+	// Each part is observed once, its wait at least the peer's delay, and its longest time
+	// without a byte at least its wait.
+	count, sum := histogram(t, reg, "prewarm_engine_part_wait_seconds", "peer")
+	if count != uint64(parts) {
+		t.Errorf("%d parts observed waited for; %d came from the peer", count, parts)
+	}
+	if want := float64(parts) * delay.Seconds(); sum < want {
+		t.Errorf("the parts from the peer waited %.3f s for their first byte by the histogram; at least %.3f s", sum, want)
+	}
+	stallCount, stallSum := histogram(t, reg, "prewarm_engine_part_stall_seconds", "peer")
+	if stallCount != count || stallSum < sum {
+		t.Errorf("part stalls: %d parts, %.3f s; want %d parts and at least the waits' %.3f s", stallCount, stallSum, count, sum)
+	}
+}
+
+// histogram is the count and sum of the histogram name's series whose from label is from.
+func histogram(t *testing.T, g prometheus.Gatherer, name, from string) (uint64, float64) {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "from" && l.GetValue() == from {
+					return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+	}
+	t.Fatalf("%s{from=%q} is not registered", name, from)
+	return 0, 0
 }
 
 func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {

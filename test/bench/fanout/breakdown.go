@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -22,6 +25,80 @@ type nodeSample struct {
 	peerBytes     float64
 	claims, busy  float64 // parts claimed from another owner; peers refused with 429
 	rx, tx        int64   // bytes the node received and sent
+	// wait and stall are the agent's part histograms (prewarm_engine_part_wait_seconds and
+	// prewarm_engine_part_stall_seconds), parts from peers and from the source together.
+	wait, stall hist
+}
+
+// hist is a Prometheus histogram's cumulative bucket counts, by upper bound (+Inf last).
+type hist struct {
+	bounds []float64
+	counts []float64
+}
+
+// add adds the histogram family f's series (every label value) to h.
+func (h *hist) add(f *dto.MetricFamily) {
+	for _, m := range f.GetMetric() {
+		for k, bk := range m.GetHistogram().GetBucket() {
+			if k == len(h.bounds) {
+				h.bounds = append(h.bounds, bk.GetUpperBound())
+				h.counts = append(h.counts, 0)
+			}
+			h.counts[k] += float64(bk.GetCumulativeCount())
+		}
+		if n := len(m.GetHistogram().GetBucket()); n == len(h.bounds) {
+			h.bounds = append(h.bounds, math.Inf(1))
+			h.counts = append(h.counts, 0)
+		}
+		h.counts[len(h.counts)-1] += float64(m.GetHistogram().GetSampleCount())
+	}
+}
+
+// plus is h with o's counts added (o may be empty).
+func (h hist) plus(o hist) hist {
+	if len(h.bounds) == 0 {
+		return hist{bounds: o.bounds, counts: slices.Clone(o.counts)}
+	}
+	out := hist{bounds: h.bounds, counts: slices.Clone(h.counts)}
+	for k := range o.counts {
+		out.counts[k] += o.counts[k]
+	}
+	return out
+}
+
+// minus is h with o's counts taken away (o: a sample from before the run, or empty).
+func (h hist) minus(o hist) hist {
+	out := hist{bounds: h.bounds, counts: slices.Clone(h.counts)}
+	for k := range o.counts {
+		out.counts[k] -= o.counts[k]
+	}
+	return out
+}
+
+// total is how many observations h holds.
+func (h hist) total() float64 {
+	if len(h.counts) == 0 {
+		return 0
+	}
+	return h.counts[len(h.counts)-1]
+}
+
+// quantile is the upper bound of the bucket holding h's q-quantile ("≤ 0.5 s"), or "–" for an
+// empty h; q = 1 is the bound under which every observation fell, the maximum to a bucket.
+func (h hist) quantile(q float64) string {
+	n := h.total()
+	if n == 0 {
+		return "–"
+	}
+	for k, c := range h.counts {
+		if c >= q*n {
+			if math.IsInf(h.bounds[k], 1) {
+				return fmt.Sprintf("> %g s", h.bounds[k-1])
+			}
+			return fmt.Sprintf("≤ %g s", h.bounds[k])
+		}
+	}
+	return "–"
 }
 
 // nodeUse is a node's share of one run: the difference of two samples over the run's time.
@@ -129,6 +206,12 @@ func sampleNode(ctx context.Context, metricsURL, hostLink string) (nodeSample, e
 				s.busy = m.GetCounter().GetValue()
 			}
 		}
+	}
+	if f, ok := fams["prewarm_engine_part_wait_seconds"]; ok { // from the first part on
+		s.wait.add(f)
+	}
+	if f, ok := fams["prewarm_engine_part_stall_seconds"]; ok {
+		s.stall.add(f)
 	}
 	// The host end's transmit is what the node receives, and the other way round.
 	if s.rx, err = linkCounter(hostLink, "tx_bytes"); err != nil {

@@ -94,7 +94,7 @@ func main() {
 	flag.BoolVar(&o.noDigest, "no-digest", true, "also run the largest N for the model uploaded in parts (no file has a digest of its own: only a CRC)")
 	flag.BoolVar(&o.witness, "witness", true, "run the controller's witness, as the chart does: the nodes read the files without a digest through it and share them (false: each node reads them from the origin)")
 	slowRate := flag.String("slow-rate", "2.5M", "also run 1 and the largest N with every link and the origin at this rate, slow enough that the machine's CPUs are not the limit (0: not run)")
-	flag.BoolVar(&o.trace, "trace", false, "log the origin's rate every second")
+	flag.BoolVar(&o.trace, "trace", false, "log every second the origin's rate and each node's downlink and uplink")
 	flag.DurationVar(&o.pause, "pause", time.Minute, "also run the largest N with one agent stopped (SIGSTOP) this long mid-download, as a stalled owner (0: not run)")
 	flag.DurationVar(&o.pauseAt, "pause-at", 5*time.Second, "when the stalled-owner run stops the agent, from the cache's creation")
 	flag.Int64Var(&o.slowOwner, "slow-owner", 4, "also run the largest N with the first node's link this many times slower than the others', as a slow owner (0: not run)")
@@ -185,6 +185,9 @@ type result struct {
 	// joined is, in a staggered run, when each node was made a target (nil otherwise).
 	joined  map[string]time.Duration
 	machine machineUse // the whole machine's CPU over the run
+	// wait and stall are every node's parts over the run: the wait for a part's first byte,
+	// and the longest time it went without one.
+	wait, stall hist
 }
 
 func run(o options) error {
@@ -539,6 +542,15 @@ func (b *bench) runOnce(k int, r runSpec) (result, error) {
 		defer stop()
 		go func() {
 			last := sentBefore
+			links := func() (rx, tx []int64) {
+				for i := range n {
+					r, _ := linkCounter(b.net.hostLink(i), "tx_bytes") // the host end's transmit is the node's receive
+					t, _ := linkCounter(b.net.hostLink(i), "rx_bytes")
+					rx, tx = append(rx, r), append(tx, t)
+				}
+				return rx, tx
+			}
+			lastRx, lastTx := links()
 			for t := time.NewTicker(time.Second); ; {
 				select {
 				case <-tctx.Done():
@@ -546,8 +558,13 @@ func (b *bench) runOnce(k int, r runSpec) (result, error) {
 				case <-t.C:
 				}
 				now := b.origin.Served.Load()
-				log.Printf("origin %.1f MB/s", float64(now-last)/1e6)
-				last = now
+				rx, tx := links()
+				var line strings.Builder
+				for i := range n {
+					fmt.Fprintf(&line, " %4.1f/%4.1f", float64(rx[i]-lastRx[i])/1e6, float64(tx[i]-lastTx[i])/1e6)
+				}
+				log.Printf("origin %.1f MB/s; nodes down/up MB/s:%s", float64(now-last)/1e6, line.String())
+				last, lastRx, lastTx = now, rx, tx
 			}
 		}()
 	}
@@ -623,6 +640,8 @@ func (b *bench) runOnce(k int, r runSpec) (result, error) {
 		u := after[i].use(before[i], res.times[len(res.times)-1], b.rate)
 		u.name, u.ready = name, ready[name]
 		res.uses = append(res.uses, u)
+		res.wait = res.wait.plus(after[i].wait.minus(before[i].wait))
+		res.stall = res.stall.plus(after[i].stall.minus(before[i].stall))
 	}
 	slices.SortFunc(res.uses, func(a, b nodeUse) int { return cmp.Compare(a.ready, b.ready) })
 	// The cache's status, once the controller has summed every node's report.

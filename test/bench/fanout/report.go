@@ -93,6 +93,7 @@ func (r report) markdown() string {
 			secs(quantile(res.times, 0.5)), secs(quantile(res.times, 0.95)), float64(res.originSent)/m,
 			float64(res.status.OriginBytes)/m, float64(res.status.PeerBytes)/m, 100*res.machine.busy, 100*res.machine.softirq)
 	}
+	r.partWaits(&b)
 	r.stalled(&b)
 	r.staggered(&b, t1)
 	r.classes(&b)
@@ -124,6 +125,38 @@ func (r report) markdown() string {
 	b.WriteString("\nWhat limits T(N), and what was tried: [Fan-out: what limits T(N)](#fan-out-what-limits-tn), below.\n")
 	fmt.Fprintf(&b, "\n%s\n", endMarker)
 	return b.String()
+}
+
+// partWaits writes every run's part waits: how long the parts waited for their first byte, and
+// the longest any went without a byte, from the agents' histograms.
+func (r report) partWaits(b *strings.Builder) {
+	b.WriteString("\nPart waits, every node's parts together, from the agents' histograms (so to a bucket's bound: ≤ 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120 s). " +
+		"The wait is from a worker asking for a part (of a peer, or of the source) to its first byte (`prewarm_engine_part_wait_seconds`); " +
+		"without progress is a part's longest time with no byte arriving, from being asked for to its last byte (`prewarm_engine_part_stall_seconds`; goal: none over 5 s). " +
+		"A part no worker has asked for yet, its owner still reading it, counts in neither.\n\n")
+	b.WriteString("| run | nodes | links | source | parts | wait p50 | wait p99 | wait max | without progress p99 | without progress max | none over 5 s |\n")
+	b.WriteString("|:---|---:|---:|:---|---:|---:|---:|---:|---:|---:|:---|\n")
+	for _, res := range r.results {
+		if !res.peers {
+			continue
+		}
+		kind := "all together"
+		switch {
+		case res.paused != "":
+			kind = "stalled owner"
+		case res.slow != "":
+			kind = "slow owner"
+		case res.joined != nil:
+			kind = "staggered"
+		}
+		over := "–"
+		if n := res.stall.total(); n > 0 {
+			k := slices.Index(res.stall.bounds, 5)
+			over = met(k >= 0 && res.stall.counts[k] == n)
+		}
+		fmt.Fprintf(b, "| %s | %d | %s/s | %s | %.0f | %s | %s | %s | %s | %s | %s |\n", kind, res.nodes, engine.HumanBytes(res.rate), res.class(), res.wait.total(),
+			res.wait.quantile(0.5), res.wait.quantile(0.99), res.wait.quantile(1), res.stall.quantile(0.99), res.stall.quantile(1), over)
+	}
 }
 
 // stalled writes the stalled-owner run's paragraph: the other nodes' time against the same run
