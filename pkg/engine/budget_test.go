@@ -7,9 +7,12 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/prewarm/prewarm/internal/testutil/gen"
 	"github.com/prewarm/prewarm/pkg/engine"
 	"github.com/prewarm/prewarm/pkg/engine/source"
 )
@@ -139,5 +142,59 @@ func TestAPartWaitingOnTheOriginIsNotStalled(t *testing.T) {
 				sawWaiting = true
 			}
 		}
+	}
+}
+
+// sharedSource is a sourceOnly Swarm that gives this node reads of its own of the source
+// workers (engine.SourceSharer).
+type sharedSource struct {
+	sourceOnly
+	reads int
+}
+
+func (s *sharedSource) SourceReads(int) int { return s.reads }
+
+// A download reads parts for its group with as many source workers at once as its Swarm's
+// SourceReads allows; a Swarm without it gets them all.
+func TestTheSwarmSetsHowManyPartsAreReadAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sw   engine.Swarm
+		want func(most int64) bool
+		says string
+	}{
+		{"all workers", &sourceOnly{joined: make(chan *engine.Plan, 1)}, func(most int64) bool { return most > 1 }, "more than 1"},
+		{"a share of one", &sharedSource{sourceOnly: sourceOnly{joined: make(chan *engine.Plan, 1)}, reads: 1}, func(most int64) bool { return most == 1 }, "1"},
+		{"a share of two", &sharedSource{sourceOnly: sourceOnly{joined: make(chan *engine.Plan, 1)}, reads: 2}, func(most int64) bool { return most == 2 }, "2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files := map[string][]byte{"model.safetensors": gen.Bytes(7, 2<<20)}
+			mem := newMemSource(files)
+			sum := sha256.Sum256(files["model.safetensors"])
+			mem.sums["model.safetensors"] = source.Checksums{SHA256: hex.EncodeToString(sum[:])} // shared with peers
+			var mu sync.Mutex
+			var inFlight, most int64
+			mem.fault = func(string, int64, int64) (int64, error) {
+				mu.Lock()
+				inFlight++
+				most = max(most, inFlight)
+				mu.Unlock()
+				time.Sleep(50 * time.Millisecond) // the read is open this long
+				mu.Lock()
+				inFlight--
+				mu.Unlock()
+				return 0, nil
+			}
+			// 8 workers take from peers, 4 read the source; 8 parts of 256 KiB.
+			e := testEngine(engine.WithConcurrency(8), engine.WithPartSize(256<<10))
+			dest := filepath.Join(t.TempDir(), "model")
+			if _, err := e.Fetch(context.Background(), engine.Request{Source: mem, Dest: dest, Swarm: tc.sw}); err != nil {
+				t.Fatal(err)
+			}
+			assertTree(t, dest, files)
+			if got := most; !tc.want(got) {
+				t.Errorf("%d parts were read from the source at once; want %s", got, tc.says)
+			}
+		})
 	}
 }

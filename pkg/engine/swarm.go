@@ -45,6 +45,13 @@ type Swarm interface {
 	Leave()
 }
 
+// A SourceSharer is a Swarm that says how many parts this node is to read for its group from
+// the source at once (Fetch asks before each; a Swarm without the method: every source worker).
+type SourceSharer interface {
+	// SourceReads is how many of workers may read parts from the source at once now.
+	SourceReads(workers int) int
+}
+
 // Lane is the kind of work a download worker does with a Swarm.
 type Lane int
 

@@ -72,7 +72,8 @@ func (r *run) download(ctx context.Context) error {
 		// Workers of their own read parts from the source: those never wait behind parts that
 		// wait for peers, and the peers waiting for them get them sooner.
 		lanes := []Lane{LanePeers, LaneSource}
-		for k, n := range []int{r.e.concurrency, max(1, r.e.concurrency/2)} {
+		b.sourceWorkers = max(1, r.e.concurrency/2)
+		for k, n := range []int{r.e.concurrency, b.sourceWorkers} {
 			for range n {
 				workers.Add(1)
 				g.Go(func() error {
@@ -294,6 +295,7 @@ func (p *pipeline) take(ctx context.Context, b *board, lane Lane) error {
 			r.plan.setReading(i, true)
 		}
 		got, err := r.partFromSource(ctx, pt, i)
+		b.sourceRead(i)
 		if err != nil {
 			if i >= 0 {
 				r.plan.setReading(i, false)
@@ -307,6 +309,17 @@ func (p *pipeline) take(ctx context.Context, b *board, lane Lane) error {
 	}
 }
 
+// sourceRead ends a worker's read of a part from the source taken from the board (i ≥ 0).
+func (b *board) sourceRead(i int) {
+	if i < 0 {
+		return
+	}
+	b.mu.Lock()
+	b.reading--
+	b.notify()
+	b.mu.Unlock()
+}
+
 // board is the parts a download with a swarm still wants, which its workers pick from.
 type board struct {
 	mu      sync.Mutex
@@ -315,6 +328,9 @@ type board struct {
 	direct  []part       // parts read from the source whatever peers hold: files no peer may supply, ranges resumed from another part size
 	left    int          // parts not yet written
 	changed chan struct{}
+	// reading is how many parts of pending the source workers read now, of sourceWorkers; a
+	// SourceSharer swarm may allow fewer.
+	reading, sourceWorkers int
 }
 
 // newBoard opens every file with parts missing and puts its parts on a board.
@@ -351,10 +367,13 @@ func (b *board) next(ctx context.Context, sw Swarm, lane Lane) (_ part, _ int, o
 			b.mu.Unlock()
 			return pt, -1, true, nil
 		}
-		if len(b.pending) > 0 {
+		if len(b.pending) > 0 && (lane != LaneSource || b.reading < sourceReads(sw, b.sourceWorkers)) {
 			i := sw.Pick(b.pending, lane)
 			if k, found := slices.BinarySearch(b.pending, i); i >= 0 && found {
 				b.pending = slices.Delete(b.pending, k, k+1)
+				if lane == LaneSource {
+					b.reading++
+				}
 				pt := b.parts[i]
 				b.mu.Unlock()
 				return pt, i, true, nil
@@ -373,6 +392,14 @@ func (b *board) next(ctx context.Context, sw Swarm, lane Lane) (_ part, _ int, o
 		}
 		t.Stop()
 	}
+}
+
+// sourceReads is how many of workers sw lets read parts from the source at once.
+func sourceReads(sw Swarm, workers int) int {
+	if s, ok := sw.(SourceSharer); ok {
+		return min(workers, max(1, s.SourceReads(workers)))
+	}
+	return workers
 }
 
 // put returns part i to the board, for any worker to pick again.

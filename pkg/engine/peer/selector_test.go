@@ -443,3 +443,46 @@ func TestABusyHolderStillHoldsItsPart(t *testing.T) {
 		t.Errorf("picked part %d that a peer which stopped sending is still reading, moving", got)
 	}
 }
+
+// A node reads from the source with its share of the workers: the group's live members split
+// them, so that the group keeps about as many reads in flight at the origin as one node would.
+// Upstream peers, silent ones, stalled readers and members taking from an upstream group of their
+// own read nothing for the group, and do not count.
+func TestTheGroupSplitsTheSourceReads(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var peers []Peer
+	for k := range 7 {
+		peers = append(peers, Peer{Name: string(rune('b' + k)), URL: "http://peer"})
+	}
+	s := NewSwarm(SwarmOptions{Self: "a", Peers: peers, Now: func() time.Time { return now }})
+	if got := s.SourceReads(32); got != 32 {
+		t.Errorf("no peer live yet: %d reads of 32; want all", got)
+	}
+	for _, p := range s.list() {
+		p.setLive(true, bitmap(64), bitmap(64), nil, now)
+	}
+	if got := s.SourceReads(32); got != 4 {
+		t.Errorf("8 members: %d reads of 32; want 4", got)
+	}
+	if got := s.SourceReads(4); got != 1 {
+		t.Errorf("8 members: %d reads of 4; want 1", got)
+	}
+	ps := s.list()
+	ps[0].setLive(false, nil, nil, nil, now)              // silent
+	ps[1].setLive(true, bitmap(64), bitmap(64), nil, now) // taking from an upstream: below
+	ps[1].fromUp = true
+	ps[2].setLive(true, bitmap(64), bitmap(64, 5), []int64{100}, now) // reading part 5
+	now = now.Add(4 * time.Second)                                    // past the stall: part 5 has not moved
+	for _, p := range ps[3:] {
+		p.setLive(true, bitmap(64), bitmap(64), nil, now)
+	}
+	ps[2].setLive(true, bitmap(64), bitmap(64, 5), []int64{100}, now)
+	if got := s.SourceReads(32); got != 7 {
+		t.Errorf("5 members (one silent, one from upstream, one stalled left out): %d reads of 32; want 7", got)
+	}
+	up := NewSwarm(SwarmOptions{Self: "a", Peers: []Peer{{Name: "u", URL: "http://up", Upstream: true}}, Now: func() time.Time { return now }})
+	up.list()[0].setLive(true, bitmap(64), bitmap(64), nil, now)
+	if got := up.SourceReads(32); got != 32 {
+		t.Errorf("an upstream peer is not of the group: %d reads of 32; want all", got)
+	}
+}

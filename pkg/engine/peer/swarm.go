@@ -370,6 +370,26 @@ func (s *Swarm) Pick(pending []int, lane engine.Lane) int {
 	return i
 }
 
+// SourceReads is how many of workers this node reads parts with from the source at once: its
+// share of them, the group's live members (itself included; upstream peers, stalled members and
+// members taking their parts from an upstream group left out) splitting workers between them.
+// The group then keeps about as many reads in flight at the origin as one node alone would, and
+// each part read, at about one node's share of the origin's rate, lands sooner: its peers can
+// take a part only once it is whole, so four reads at a quarter of the rate each delay the first
+// part, and leave the last four to pass on at once at the end (engine.SourceSharer).
+func (s *Swarm) SourceReads(workers int) int {
+	now := s.opts.Now()
+	vs := snapshot(s.list(), now)
+	markStalled(vs, now, s.sel.stall)
+	members := 1
+	for _, v := range vs {
+		if v.live && !v.upstream && !v.stalled && !v.fromUp {
+			members++
+		}
+	}
+	return max(1, (workers+members-1)/members)
+}
+
 // Changed is closed when a peer's holdings, reading or liveness change.
 func (s *Swarm) Changed() <-chan struct{} { return s.changes() }
 

@@ -640,6 +640,9 @@ func (b *bench) runOnce(k int, r runSpec) (result, error) {
 		u := after[i].use(before[i], res.times[len(res.times)-1], b.rate)
 		u.name, u.ready = name, ready[name]
 		res.uses = append(res.uses, u)
+		if name == res.paused {
+			continue // its own parts stood still while it was stopped: the others' are the goal's
+		}
 		res.wait = res.wait.plus(after[i].wait.minus(before[i].wait))
 		res.stall = res.stall.plus(after[i].stall.minus(before[i].stall))
 	}

@@ -133,7 +133,7 @@ func (r report) partWaits(b *strings.Builder) {
 	b.WriteString("\nPart waits, every node's parts together, from the agents' histograms (so to a bucket's bound: ≤ 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 120 s). " +
 		"The wait is from a worker asking for a part (of a peer, or of the source) to its first byte (`prewarm_engine_part_wait_seconds`); " +
 		"without progress is a part's longest time with no byte arriving, from being asked for to its last byte (`prewarm_engine_part_stall_seconds`; goal: none over 5 s). " +
-		"A part no worker has asked for yet, its owner still reading it, counts in neither.\n\n")
+		"A part no worker has asked for yet, its owner still reading it, counts in neither; in the stalled owner's run, the stopped node's own parts (which stood still with it) count in neither.\n\n")
 	b.WriteString("| run | nodes | links | source | parts | wait p50 | wait p99 | wait max | without progress p99 | without progress max | none over 5 s |\n")
 	b.WriteString("|:---|---:|---:|:---|---:|---:|---:|---:|---:|---:|:---|\n")
 	for _, res := range r.results {
