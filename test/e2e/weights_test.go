@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -259,13 +260,21 @@ func applySeed(t *testing.T, c client.Client) {
 	}
 }
 
+// freeAddr is a loopback address free now, for a process to bind later. Its port is drawn below
+// Linux's ephemeral range (32768 and up), which the kernel hands out to every outgoing
+// connection and every bind to port 0: a port freed there can be taken by another test's
+// connection before the process binds it.
 func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+		if err != nil {
+			continue // in use
+		}
+		defer ln.Close()
+		return ln.Addr().String()
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free port found below the ephemeral range")
+	return ""
 }
 
 func httpGet(u string) (string, error) {
