@@ -84,11 +84,11 @@ func (c *partClock) moved() {
 
 // observe records the part, which came from from (peer or source), once it has all arrived.
 func (c *partClock) observe(m *metrics, from string) {
-	if c.first.IsZero() {
-		c.first = c.now()
+	if c.first.IsZero() { // no byte came (an empty part): its wait ends now
+		c.moved()
 	}
 	m.partWait.WithLabelValues(from).Observe(c.first.Sub(c.asked).Seconds())
-	m.partStall.WithLabelValues(from).Observe(max(c.longest, c.first.Sub(c.asked)).Seconds())
+	m.partStall.WithLabelValues(from).Observe(c.longest.Seconds())
 }
 
 // reader is r, telling c of every read that brings bytes (nil c: r itself).

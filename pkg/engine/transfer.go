@@ -367,7 +367,7 @@ func (b *board) next(ctx context.Context, sw Swarm, lane Lane) (_ part, _ int, o
 			b.mu.Unlock()
 			return pt, -1, true, nil
 		}
-		if len(b.pending) > 0 && (lane != LaneSource || b.reading < sourceReads(sw, b.sourceWorkers)) {
+		if len(b.pending) > 0 && (lane != LaneSource || b.reading == 0 || b.reading < sourceReads(sw, b.sourceWorkers)) {
 			i := sw.Pick(b.pending, lane)
 			if k, found := slices.BinarySearch(b.pending, i); i >= 0 && found {
 				b.pending = slices.Delete(b.pending, k, k+1)
@@ -394,7 +394,8 @@ func (b *board) next(ctx context.Context, sw Swarm, lane Lane) (_ part, _ int, o
 	}
 }
 
-// sourceReads is how many of workers sw lets read parts from the source at once.
+// sourceReads is how many of workers sw lets read parts from the source at once (at least one:
+// next asks only while one reads already).
 func sourceReads(sw Swarm, workers int) int {
 	if s, ok := sw.(SourceSharer); ok {
 		return min(workers, max(1, s.SourceReads(workers)))

@@ -5,13 +5,13 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -39,6 +39,7 @@ import (
 	"github.com/prewarm/prewarm/internal/testutil"
 	"github.com/prewarm/prewarm/internal/testutil/builders"
 	"github.com/prewarm/prewarm/internal/testutil/gen"
+	"github.com/prewarm/prewarm/internal/testutil/ports"
 	"github.com/prewarm/prewarm/internal/testutil/s3fixture"
 	"github.com/prewarm/prewarm/internal/testutil/shaper"
 	"github.com/prewarm/prewarm/test/compat/hyperpodstatus"
@@ -260,21 +261,13 @@ func applySeed(t *testing.T, c client.Client) {
 	}
 }
 
-// freeAddr is a loopback address free now, for a process to bind later. Its port is drawn below
-// Linux's ephemeral range (32768 and up), which the kernel hands out to every outgoing
-// connection and every bind to port 0: a port freed there can be taken by another test's
-// connection before the process binds it.
+// freeAddr is a loopback address free now, for a process to bind later (ports.Free).
 func freeAddr(t *testing.T) string {
-	for range 100 {
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
-		if err != nil {
-			continue // in use
-		}
-		defer ln.Close()
-		return ln.Addr().String()
+	port, err := ports.Free("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port found below the ephemeral range")
-	return ""
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 func httpGet(u string) (string, error) {

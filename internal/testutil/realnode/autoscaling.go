@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/prewarm/prewarm/internal/testutil"
+	"github.com/prewarm/prewarm/internal/testutil/ports"
 )
 
 // KEDA's namespace and the Service its metrics adapter serves external.metrics.k8s.io behind, as
@@ -290,7 +291,7 @@ func (a *Autoscaling) Query(ctx context.Context, query string) (float64, bool, e
 	return v, err == nil, err
 }
 
-// freePorts returns n TCP ports free on every address at the time of the call.
+// freePorts returns n TCP ports free on every address at the time of the call (ports.Listen).
 func freePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
@@ -300,7 +301,7 @@ func freePorts(n int) ([]int, error) {
 	}()
 	var out []int
 	for range n {
-		l, err := net.Listen("tcp", ":0")
+		l, err := ports.Listen("")
 		if err != nil {
 			return nil, err
 		}

@@ -21,6 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+
+	"github.com/prewarm/prewarm/internal/testutil/ports"
 )
 
 // Credentials of the server's root user.
@@ -88,7 +90,7 @@ func StartOn(host, dir, logPath string) (*Server, error) {
 	}
 	var lastErr error
 	for range 3 { // the free port can be taken between probe and bind
-		port, err := freePort(host)
+		port, err := ports.Free(host)
 		if err != nil {
 			return nil, err
 		}
@@ -150,15 +152,6 @@ func start(bin, dir, host string, port int, logPath string) (*Server, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // CPUSeconds is the user and system time the server process has used so far (from
